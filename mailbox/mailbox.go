@@ -1,0 +1,456 @@
+package mailbox
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Overflow is what a Mailbox does with a new item when it is full.
+type Overflow int
+
+const (
+	// Reject refuses the new item: Post returns a *CapacityError.
+	Reject Overflow = iota
+	// DropOldest evicts the oldest queued item (to OnDrop) and queues the new one.
+	DropOldest
+	// DropNewest drops the new item (to OnDrop) and Post returns a *CapacityError.
+	DropNewest
+)
+
+// String returns the name ParseOverflow accepts.
+func (o Overflow) String() string {
+	switch o {
+	case Reject:
+		return "reject"
+	case DropOldest:
+		return "drop-oldest"
+	case DropNewest:
+		return "drop-newest"
+	}
+	return fmt.Sprintf("Overflow(%d)", int(o))
+}
+
+// ParseOverflow parses "reject", "drop-oldest" or "drop-newest".
+func ParseOverflow(s string) (Overflow, error) {
+	switch s {
+	case "reject":
+		return Reject, nil
+	case "drop-oldest":
+		return DropOldest, nil
+	case "drop-newest":
+		return DropNewest, nil
+	}
+	return 0, fmt.Errorf("mailbox: parse overflow %q (want reject, drop-oldest or drop-newest): %w", s, ErrInvalidConfig)
+}
+
+// MarshalText implements encoding.TextMarshaler (for TOML/JSON configs).
+func (o Overflow) MarshalText() ([]byte, error) {
+	if !o.valid() {
+		return nil, fmt.Errorf("mailbox: marshal overflow %d: %w", int(o), ErrInvalidConfig)
+	}
+	return []byte(o.String()), nil
+}
+
+// UnmarshalText implements encoding.TextUnmarshaler (for TOML/JSON configs).
+func (o *Overflow) UnmarshalText(b []byte) error {
+	v, err := ParseOverflow(string(b))
+	if err != nil {
+		return err
+	}
+	*o = v
+	return nil
+}
+
+func (o Overflow) valid() bool { return o >= Reject && o <= DropNewest }
+
+// DefaultCapacity is the capacity of a mailbox whose Config.Capacity is 0.
+const DefaultCapacity = 1024
+
+// DropReason says why an item was handed to OnDrop.
+type DropReason int
+
+const (
+	// DroppedOldest: evicted by a newer item under DropOldest.
+	DroppedOldest DropReason = iota + 1
+	// DroppedNewest: refused under DropNewest because the mailbox was full.
+	DroppedNewest
+	// DroppedClosed: still queued when the mailbox was closed.
+	DroppedClosed
+	// DroppedPanicked: Handle panicked on it (a permanent failure).
+	DroppedPanicked
+)
+
+// String implements fmt.Stringer.
+func (r DropReason) String() string {
+	switch r {
+	case DroppedOldest:
+		return "dropped-oldest"
+	case DroppedNewest:
+		return "dropped-newest"
+	case DroppedClosed:
+		return "dropped-closed"
+	case DroppedPanicked:
+		return "dropped-panicked"
+	}
+	return fmt.Sprintf("DropReason(%d)", int(r))
+}
+
+// Config configures a Mailbox.
+type Config[T any] struct {
+	// Capacity is the maximum number of queued items (not counting the one
+	// being handled); 0 means DefaultCapacity, < 0 is invalid.
+	Capacity int
+	// Overflow says what happens to a new item when the mailbox is full.
+	Overflow Overflow
+	// Handle is required. It is called for one item at a time, in FIFO
+	// order, on a goroutine the mailbox starts only while items are queued.
+	// It must not call Close or Drain of its own mailbox (that deadlocks).
+	Handle func(T)
+	// OnDrop is optional. It is called for every dropped item (a dead-letter
+	// event), on the goroutine of Post, Close or the handler. It must not
+	// block and must not call Post or Close of the same mailbox.
+	OnDrop func(item T, r DropReason)
+}
+
+// DefaultConfig returns a Config with every field set to its default.
+// Handle must still be set by the caller.
+func DefaultConfig[T any]() Config[T] {
+	return Config[T]{
+		Capacity: DefaultCapacity, // bounded: 1024 queued items per actor
+		Overflow: Reject,          // refuse and tell the sender when to retry
+		Handle:   nil,             // required: the caller supplies it
+		OnDrop:   nil,             // optional: dead-letter events are counted in Stats anyway
+	}
+}
+
+// Validate reports the first invalid field.
+func (c Config[T]) Validate() error {
+	if c.Capacity < 0 {
+		return fmt.Errorf("mailbox: config: capacity %d < 0: %w", c.Capacity, ErrInvalidConfig)
+	}
+	if !c.Overflow.valid() {
+		return fmt.Errorf("mailbox: config: unknown overflow %d: %w", int(c.Overflow), ErrInvalidConfig)
+	}
+	if c.Handle == nil {
+		return fmt.Errorf("mailbox: config: Handle is required: %w", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// Stats is a snapshot of a mailbox's counters.
+type Stats struct {
+	Depth          int           // items queued now
+	Capacity       int           // maximum items queued
+	Processed      uint64        // Handle calls that returned (including panics)
+	Rejected       uint64        // Posts refused under Reject
+	DroppedOldest  uint64        // items evicted under DropOldest
+	DroppedNewest  uint64        // items refused under DropNewest
+	DroppedClosed  uint64        // items still queued at Close
+	Panicked       uint64        // Handle calls that panicked (item went to OnDrop)
+	HandleTimeEWMA time.Duration // moving average of Handle durations (0: no sample yet)
+	Running        bool          // a handler goroutine exists now
+	Closed         bool          // Close was called
+}
+
+const (
+	// minRing is the first buffer size and the size kept after draining,
+	// so a mailbox that handles a trickle does not reallocate every time.
+	minRing = 8
+	// defaultRetryAfter is the hint before any Handle duration was measured.
+	defaultRetryAfter = 10 * time.Millisecond
+	minRetryAfter     = time.Millisecond
+	maxRetryAfter     = 10 * time.Second
+	// ewmaWeight is the weight of a new sample in the Handle-time average.
+	ewmaWeight = 0.2
+)
+
+// Mailbox is a bounded FIFO queue with exactly one consumer. It holds no
+// goroutine while idle: Post starts one when it finds the mailbox idle, and
+// that goroutine exits when the queue is empty. Safe for concurrent use.
+type Mailbox[T any] struct {
+	capacity int
+	overflow Overflow
+	handle   func(T)
+	onDrop   func(T, DropReason)
+	runFn    func() // m.run bound once so `go m.runFn()` does not allocate per start
+
+	// wg tracks the handler goroutine so Close can wait for it.
+	wg sync.WaitGroup
+
+	// mu guards the fields below. It is never held while Handle or OnDrop runs.
+	mu sync.Mutex
+	// buf is a ring of len(buf) slots holding n items from head. It grows
+	// by doubling up to capacity and is released when drained.
+	buf     []T
+	head    int
+	n       int
+	running bool          // a handler goroutine exists
+	closed  bool          // Close was called
+	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
+	ewmaNs  float64       // EWMA of Handle durations in ns; 0 until the first sample
+	stats   Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
+}
+
+// New returns an idle mailbox. It starts no goroutine.
+func New[T any](cfg Config[T]) (*Mailbox[T], error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("mailbox: new: %w", err)
+	}
+	if cfg.Capacity == 0 {
+		cfg.Capacity = DefaultCapacity
+	}
+	m := &Mailbox[T]{
+		capacity: cfg.Capacity,
+		overflow: cfg.Overflow,
+		handle:   cfg.Handle,
+		onDrop:   cfg.OnDrop,
+	}
+	m.runFn = m.run
+	return m, nil
+}
+
+// Post enqueues item.
+//
+// When the mailbox is full: under Reject, Post returns a *CapacityError with
+// a positive RetryAfter; under DropNewest, item is not queued, OnDrop(item,
+// DroppedNewest) is called and Post returns a *CapacityError (a drop never
+// reports success); under DropOldest, the oldest queued item goes to
+// OnDrop(old, DroppedOldest), item is queued and Post returns nil.
+// After Close, Post returns ErrClosed and does not call OnDrop.
+func (m *Mailbox[T]) Post(item T) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	if m.n >= m.capacity {
+		switch m.overflow {
+		case DropOldest:
+			old := m.popLocked()
+			m.pushLocked(item)
+			m.stats.DroppedOldest++
+			// A runner must exist: the queue was non-empty and runners only
+			// exit on an empty queue.
+			m.mu.Unlock()
+			m.drop(old, DroppedOldest)
+			return nil
+		case DropNewest:
+			m.stats.DroppedNewest++
+			err := m.capacityErrorLocked()
+			m.mu.Unlock()
+			m.drop(item, DroppedNewest)
+			return err
+		default:
+			m.stats.Rejected++
+			err := m.capacityErrorLocked()
+			m.mu.Unlock()
+			return err
+		}
+	}
+	m.pushLocked(item)
+	if !m.running {
+		m.running = true
+		m.wg.Add(1)
+		go m.runFn()
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// Len returns the number of queued items (not counting one being handled).
+func (m *Mailbox[T]) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.n
+}
+
+// Cap returns the capacity.
+func (m *Mailbox[T]) Cap() int { return m.capacity }
+
+// Stats returns a snapshot of the counters.
+func (m *Mailbox[T]) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.stats
+	s.Depth = m.n
+	s.Capacity = m.capacity
+	s.Running = m.running
+	s.Closed = m.closed
+	s.HandleTimeEWMA = time.Duration(m.ewmaNs)
+	return s
+}
+
+// RetryAfter returns the hint Post would give if the mailbox were full now.
+func (m *Mailbox[T]) RetryAfter() time.Duration {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.retryAfterLocked(m.n)
+}
+
+// Close stops accepting items, waits for a running Handle call to return,
+// and hands the items still queued to OnDrop(DroppedClosed). Idempotent and
+// safe to call concurrently; every call returns after the handler goroutine
+// has exited. Must not be called from Handle or OnDrop.
+func (m *Mailbox[T]) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		m.wg.Wait()
+		return
+	}
+	m.closed = true
+	left := make([]T, 0, m.n)
+	for m.n > 0 {
+		left = append(left, m.popLocked())
+	}
+	m.buf, m.head = nil, 0
+	m.stats.DroppedClosed += uint64(len(left))
+	if !m.running {
+		m.signalIdleLocked()
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	for _, it := range left {
+		m.drop(it, DroppedClosed)
+	}
+}
+
+// Drain blocks until the mailbox is empty and no Handle call runs, or ctx
+// ends (then it returns ctx's error wrapped). Must not be called from Handle.
+func (m *Mailbox[T]) Drain(ctx context.Context) error {
+	for {
+		m.mu.Lock()
+		if m.n == 0 && !m.running {
+			m.mu.Unlock()
+			return nil
+		}
+		if m.idle == nil {
+			m.idle = make(chan struct{})
+		}
+		idle := m.idle
+		m.mu.Unlock()
+		select {
+		case <-idle:
+			// Loop: a Post may have made it busy again; re-check under mu.
+		case <-ctx.Done():
+			return fmt.Errorf("mailbox: drain: %w", ctx.Err())
+		}
+	}
+}
+
+// run is the handler goroutine: it handles queued items one at a time and
+// exits when the queue is empty or the mailbox is closed.
+func (m *Mailbox[T]) run() {
+	defer m.wg.Done()
+	m.mu.Lock()
+	for m.n > 0 && !m.closed {
+		item := m.popLocked()
+		m.mu.Unlock()
+
+		start := time.Now()
+		panicked := m.safeHandle(item)
+		d := float64(time.Since(start))
+
+		m.mu.Lock()
+		if m.ewmaNs == 0 {
+			m.ewmaNs = max(d, 1)
+		} else {
+			m.ewmaNs += ewmaWeight * (d - m.ewmaNs)
+		}
+		m.stats.Processed++
+		if panicked {
+			m.stats.Panicked++
+			m.mu.Unlock()
+			m.drop(item, DroppedPanicked)
+			m.mu.Lock()
+		}
+	}
+	m.running = false
+	if m.n == 0 && len(m.buf) > minRing {
+		// Release a grown buffer: idle actors must stay small.
+		m.buf, m.head = nil, 0
+	}
+	m.signalIdleLocked()
+	m.mu.Unlock()
+}
+
+// safeHandle calls Handle and recovers a panic (reported, not re-raised:
+// one poison item must not kill the actor or the process).
+func (m *Mailbox[T]) safeHandle(item T) (panicked bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			panicked = true
+		}
+	}()
+	m.handle(item)
+	return false
+}
+
+func (m *Mailbox[T]) drop(item T, r DropReason) {
+	if m.onDrop != nil {
+		m.onDrop(item, r)
+	}
+}
+
+func (m *Mailbox[T]) signalIdleLocked() {
+	if m.idle != nil {
+		close(m.idle)
+		m.idle = nil
+	}
+}
+
+func (m *Mailbox[T]) capacityErrorLocked() *CapacityError {
+	return &CapacityError{
+		RetryAfter: m.retryAfterLocked(m.n),
+		Depth:      m.n,
+		Capacity:   m.capacity,
+	}
+}
+
+// retryAfterLocked estimates the time to drain half of depth items.
+func (m *Mailbox[T]) retryAfterLocked(depth int) time.Duration {
+	if m.ewmaNs == 0 {
+		return defaultRetryAfter
+	}
+	d := time.Duration(m.ewmaNs * float64(depth) / 2)
+	return min(max(d, minRetryAfter), maxRetryAfter)
+}
+
+func (m *Mailbox[T]) pushLocked(item T) {
+	if m.n == len(m.buf) {
+		m.growLocked()
+	}
+	i := m.head + m.n
+	if i >= len(m.buf) {
+		i -= len(m.buf)
+	}
+	m.buf[i] = item
+	m.n++
+}
+
+func (m *Mailbox[T]) popLocked() T {
+	var zero T
+	item := m.buf[m.head]
+	m.buf[m.head] = zero // release the reference for the GC
+	m.head++
+	if m.head == len(m.buf) {
+		m.head = 0
+	}
+	m.n--
+	if m.n == 0 {
+		m.head = 0
+	}
+	return item
+}
+
+func (m *Mailbox[T]) growLocked() {
+	size := min(max(2*len(m.buf), minRing), m.capacity)
+	nb := make([]T, size)
+	k := copy(nb, m.buf[m.head:])
+	if k < m.n {
+		copy(nb[k:], m.buf[:m.n-k])
+	}
+	m.buf, m.head = nb, 0
+}
