@@ -1,0 +1,112 @@
+package outbox
+
+import "sync/atomic"
+
+// LimiterConfig sets the AIMD concurrency limit per destination node.
+type LimiterConfig struct {
+	Initial int // starting limit; default 10
+	Min     int // floor of multiplicative decrease; default 1
+	Max     int // ceiling of additive increase; default 100
+}
+
+// DefaultLimiterConfig returns the DESIGN defaults.
+func DefaultLimiterConfig() LimiterConfig {
+	return LimiterConfig{
+		Initial: 10,  // DESIGN: initial 10
+		Min:     1,   // DESIGN: min 1
+		Max:     100, // DESIGN: max 100
+	}
+}
+
+// Limiter is an AIMD concurrency limit for one destination node (a bulkhead
+// per peer): +1 on success, ÷2 on a capacity receipt, unchanged on a
+// transient error. It is lock-free: every method is a few atomic operations
+// and CAS loops, so the relay's delivery goroutines never queue on a mutex.
+type Limiter struct {
+	cfg      LimiterConfig
+	limit    atomic.Int64
+	inFlight atomic.Int64
+}
+
+// NewLimiter returns a limiter at c.Initial. Out-of-range values are
+// clamped so a bad config can never produce a limit of 0 (which would stall
+// the peer forever).
+func NewLimiter(c LimiterConfig) *Limiter {
+	if c.Min < 1 {
+		c.Min = 1
+	}
+	if c.Max < c.Min {
+		c.Max = c.Min
+	}
+	c.Initial = min(max(c.Initial, c.Min), c.Max)
+	l := &Limiter{cfg: c}
+	l.limit.Store(int64(c.Initial))
+	return l
+}
+
+// TryAcquire reserves up to n in-flight slots under the current limit and
+// returns how many were granted (0 = at the limit, or n <= 0).
+func (l *Limiter) TryAcquire(n int) int {
+	if n <= 0 {
+		return 0
+	}
+	for {
+		in := l.inFlight.Load()
+		free := l.limit.Load() - in
+		if free <= 0 {
+			return 0
+		}
+		g := min(int64(n), free)
+		if l.inFlight.CompareAndSwap(in, in+g) {
+			return int(g)
+		}
+	}
+}
+
+// Release returns n slots. Releasing more than is held clamps at zero.
+func (l *Limiter) Release(n int) {
+	if n <= 0 {
+		return
+	}
+	for {
+		in := l.inFlight.Load()
+		next := max(in-int64(n), 0)
+		if l.inFlight.CompareAndSwap(in, next) {
+			return
+		}
+	}
+}
+
+// OnSuccess raises the limit by one, up to Max (additive increase).
+func (l *Limiter) OnSuccess() {
+	for {
+		cur := l.limit.Load()
+		if cur >= int64(l.cfg.Max) {
+			return
+		}
+		if l.limit.CompareAndSwap(cur, cur+1) {
+			return
+		}
+	}
+}
+
+// OnCapacity halves the limit, down to Min (multiplicative decrease).
+func (l *Limiter) OnCapacity() {
+	for {
+		cur := l.limit.Load()
+		next := max(cur/2, int64(l.cfg.Min))
+		if next == cur || l.limit.CompareAndSwap(cur, next) {
+			return
+		}
+	}
+}
+
+// OnTransient leaves the limit unchanged: a transient failure says nothing
+// about the peer's capacity. It exists so call sites read symmetrically.
+func (l *Limiter) OnTransient() {}
+
+// Limit returns the current concurrency limit.
+func (l *Limiter) Limit() int { return int(l.limit.Load()) }
+
+// InFlight returns the slots currently held.
+func (l *Limiter) InFlight() int { return int(l.inFlight.Load()) }
