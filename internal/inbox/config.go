@@ -1,0 +1,47 @@
+package inbox
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config configures a Store.
+type Config struct {
+	Path        string        // the bbolt file (the daemon uses DataDir/inbox.db)
+	LockTimeout time.Duration // how long Open waits for another process's lock before ErrLocked (1 s)
+	MaxMessages int           // unacknowledged messages per inbox before Append returns ErrFull (100000)
+	MaxPull     int           // most messages one Pull returns, whatever max asks (1000)
+	MaxWait     time.Duration // longest long-poll a Pull may ask for (60 s)
+	BatchDelay  time.Duration // group commit: how long concurrent appends wait to share one fsync (2 ms)
+}
+
+// DefaultConfig returns a Config for the file at path with every field set.
+func DefaultConfig(path string) Config {
+	return Config{
+		Path:        path,
+		LockTimeout: time.Second,
+		MaxMessages: 100_000,
+		MaxPull:     1000,
+		MaxWait:     time.Minute,
+		BatchDelay:  2 * time.Millisecond,
+	}
+}
+
+// Validate reports the first problem with c, wrapped in ErrBadConfig.
+func (c Config) Validate() error {
+	switch {
+	case c.Path == "":
+		return fmt.Errorf("%w: path is empty", ErrBadConfig)
+	case c.LockTimeout <= 0:
+		return fmt.Errorf("%w: lock timeout must be positive", ErrBadConfig)
+	case c.MaxMessages <= 0:
+		return fmt.Errorf("%w: max messages %d must be positive", ErrBadConfig, c.MaxMessages)
+	case c.MaxPull <= 0:
+		return fmt.Errorf("%w: max pull %d must be positive", ErrBadConfig, c.MaxPull)
+	case c.MaxWait < 0:
+		return fmt.Errorf("%w: max wait must not be negative", ErrBadConfig)
+	case c.BatchDelay < 0:
+		return fmt.Errorf("%w: batch delay must not be negative", ErrBadConfig)
+	}
+	return nil
+}

@@ -1,0 +1,44 @@
+// Package inbox is the daemon's durable inbox for programs in any language:
+// named queues on their own bbolt file (DataDir/inbox.db) implementing the
+// Send / Pull / AckUpTo contract of the mailbox seed document.
+//
+// The daemon spawns one actor per declared inbox; its handler calls Append,
+// which returns only after the message is fsynced, so a reliable sender is
+// told Delivered only for messages that are on disk. A program pulls
+// messages after a cursor (long-polling) and acknowledges up to a cursor.
+//
+//	s, err := inbox.Open(inbox.DefaultConfig(filepath.Join(dataDir, "inbox.db")))
+//	if err != nil { ... }
+//	defer s.Close()
+//	_, _ = s.Declare("orders")
+//	cur, err := s.Append(ctx, "orders", env)           // durable before return
+//	msgs, err := s.Pull(ctx, "orders", 0, 100, 30*time.Second)
+//	n, err := s.AckUpTo("orders", msgs[len(msgs)-1].GetEventSeq())
+//
+// # Guarantees
+//
+//   - Cursors are per inbox, start at 1 and only grow, across restarts and
+//     after everything was acknowledged (bbolt's bucket sequence).
+//   - Pull returns every stored message with a cursor greater than after,
+//     acknowledged or not pulled before, so a program that restarts from
+//     its last acknowledged cursor sees the unacknowledged ones again.
+//   - AckUpTo deletes messages with cursor <= up_to. Acking past the last
+//     stored message is refused (ErrAckBeyond): the watermark never passes
+//     durable work. Acks are idempotent.
+//   - Each inbox is bounded (MaxMessages); Append on a full inbox returns
+//     ErrFull and stores nothing.
+//
+// # Decisions where DESIGN.md is silent
+//
+//   - AckUpTo(c) deletes cursors <= c (the seed's AckUpTo deletes < c); the
+//     daemon's HTTP API says up_to, and a program acks the cursor of the last
+//     message it finished, which reads more naturally.
+//   - Messages are stored as the wire Envelope with event_seq set to the
+//     cursor, so ids, sender, headers and the idempotency key survive.
+//   - Group commit uses bbolt's DB.Batch (BatchDelay), so many concurrent
+//     deliveries share an fsync.
+//   - Duplicates: the inbox itself does not dedupe; the node's reliable
+//     delivery dedupes by idempotency key before the handler runs. A crash
+//     between Append's commit and the sender's receipt can store a message
+//     twice (at least once); programs dedupe by msg id or key if needed.
+package inbox

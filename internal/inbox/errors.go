@@ -1,0 +1,24 @@
+package inbox
+
+import "errors"
+
+// Sentinels of the inbox store. Check them with errors.Is.
+var (
+	// ErrClosed: the store is closed.
+	ErrClosed = errors.New("inbox: closed")
+	// ErrLocked: another process holds the inbox file (another meshnode on
+	// the same data directory).
+	ErrLocked = errors.New("inbox: data file is locked by another process")
+	// ErrNoSuchInbox: the inbox was never declared.
+	ErrNoSuchInbox = errors.New("inbox: no such inbox")
+	// ErrFull: the inbox holds MaxMessages unacknowledged messages; the
+	// sender should back off until the program acknowledges some.
+	ErrFull = errors.New("inbox: full")
+	// ErrAckBeyond: an ack names a cursor past the last stored message; the
+	// watermark never passes durable work.
+	ErrAckBeyond = errors.New("inbox: ack beyond the last stored message")
+	// ErrBadName: an inbox name is empty, too long or has '@', '/' or spaces.
+	ErrBadName = errors.New("inbox: bad name")
+	// ErrBadConfig: Config.Validate refused the configuration.
+	ErrBadConfig = errors.New("inbox: bad config")
+)

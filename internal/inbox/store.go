@@ -1,0 +1,363 @@
+package inbox
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+)
+
+var (
+	bucketInboxes = []byte("inboxes") // name -> declared-at unix ms
+	prefixQueue   = "q/"              // q/<name>: big-endian cursor -> pb.Envelope (event_seq = cursor)
+)
+
+// Store is the durable inbox of a daemon: named queues of envelopes with a
+// monotonic cursor each. All methods are safe for concurrent use.
+type Store struct {
+	cfg  Config
+	db   *bolt.DB
+	done chan struct{} // closed by Close: wakes long polls
+
+	closeOnce sync.Once
+
+	// mu guards the fields below.
+	mu     sync.Mutex
+	boxes  map[string]*box
+	closed bool
+}
+
+// box is the in-memory state of one inbox; it holds no message bodies.
+type box struct {
+	count  int           // stored (unacknowledged) messages, plus reservations of appends in progress
+	last   uint64        // highest committed cursor
+	acked  uint64        // highest acknowledged cursor this run
+	notify chan struct{} // closed and replaced when a message is committed
+}
+
+// Stats describes one inbox.
+type Stats struct {
+	Depth      int    // unacknowledged messages stored
+	LastCursor uint64 // cursor of the newest stored message (0: none yet)
+	AckedTo    uint64 // highest cursor acknowledged since the store opened
+}
+
+// Open opens (creating if needed) the inbox file. Another process holding
+// it gives ErrLocked after cfg.LockTimeout.
+func Open(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(cfg.Path, 0o600, &bolt.Options{Timeout: cfg.LockTimeout})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("inbox: open %s: %w (stop the other meshnode or use another data directory)", cfg.Path, ErrLocked)
+		}
+		return nil, fmt.Errorf("inbox: open %s: %w", cfg.Path, err)
+	}
+	db.MaxBatchDelay = cfg.BatchDelay
+	s := &Store{cfg: cfg, db: db, done: make(chan struct{}), boxes: make(map[string]*box)}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketInboxes)
+		if err != nil {
+			return err
+		}
+		return b.ForEach(func(k, _ []byte) error {
+			name := string(k)
+			q, err := tx.CreateBucketIfNotExists([]byte(prefixQueue + name))
+			if err != nil {
+				return err
+			}
+			s.boxes[name] = &box{count: q.Stats().KeyN, last: q.Sequence(), notify: make(chan struct{})}
+			return nil
+		})
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("inbox: load %s: %w", cfg.Path, err)
+	}
+	return s, nil
+}
+
+// Close releases the file and ends pending long polls. Idempotent.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.done)
+		if cerr := s.db.Close(); cerr != nil {
+			err = fmt.Errorf("inbox: close: %w", cerr)
+		}
+	})
+	return err
+}
+
+// ValidName checks an inbox name: 1-255 bytes, no '@', '/', space or control character.
+func ValidName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: empty", ErrBadName)
+	case len(name) > 255:
+		return fmt.Errorf("%w: %q is longer than 255 bytes", ErrBadName, name[:32]+"...")
+	case strings.ContainsFunc(name, func(r rune) bool { return r == '@' || r == '/' || r <= ' ' || r == 0x7f }):
+		return fmt.Errorf("%w: %q contains '@', '/', a space or a control character", ErrBadName, name)
+	}
+	return nil
+}
+
+// Declare creates the inbox name durably (idempotent); created reports
+// whether it is new.
+func (s *Store) Declare(name string) (created bool, err error) {
+	if err := ValidName(name); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	_, exists := s.boxes[name]
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return false, ErrClosed
+	}
+	if exists {
+		return false, nil
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if _, err := tx.CreateBucketIfNotExists([]byte(prefixQueue + name)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketInboxes).Put([]byte(name), be(uint64(time.Now().UnixMilli())))
+	})
+	if err != nil {
+		return false, fmt.Errorf("inbox: declare %q: %w", name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.boxes[name]; ok {
+		return false, nil
+	}
+	s.boxes[name] = &box{notify: make(chan struct{})}
+	return true, nil
+}
+
+// Inboxes returns the declared inbox names, sorted.
+func (s *Store) Inboxes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names := make([]string, 0, len(s.boxes))
+	for n := range s.boxes {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Stats returns the state of every inbox.
+func (s *Store) Stats() map[string]Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]Stats, len(s.boxes))
+	for n, b := range s.boxes {
+		out[n] = Stats{Depth: b.count, LastCursor: b.last, AckedTo: b.acked}
+	}
+	return out
+}
+
+// Append stores a copy of env in inbox name with the next cursor (set as
+// its event_seq) and returns once it is fsynced; concurrent appends share
+// one commit. A full inbox gives ErrFull; nothing is stored then.
+func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("inbox: append to %q: %w", name, err)
+	}
+	s.mu.Lock()
+	b, ok := s.boxes[name]
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		return 0, ErrClosed
+	case !ok:
+		s.mu.Unlock()
+		return 0, fmt.Errorf("inbox: append to %q: %w", name, ErrNoSuchInbox)
+	case b.count >= s.cfg.MaxMessages:
+		s.mu.Unlock()
+		return 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, b.count)
+	}
+	b.count++ // reserve the slot so concurrent appends cannot overshoot the bound
+	s.mu.Unlock()
+
+	msg := proto.CloneOf(env)
+	var cursor uint64
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		q := tx.Bucket([]byte(prefixQueue + name))
+		if q == nil {
+			return ErrNoSuchInbox
+		}
+		seq, err := q.NextSequence()
+		if err != nil {
+			return err
+		}
+		msg.EventSeq = seq
+		data, err := proto.Marshal(msg)
+		if err != nil {
+			return err
+		}
+		cursor = seq
+		return q.Put(be(seq), data)
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err != nil {
+		b.count--
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return 0, ErrClosed
+		}
+		return 0, fmt.Errorf("inbox: append to %q: %w", name, err)
+	}
+	if cursor > b.last {
+		b.last = cursor
+		close(b.notify)
+		b.notify = make(chan struct{})
+	}
+	return cursor, nil
+}
+
+// Pull returns up to max messages of inbox name with a cursor greater than
+// after, in cursor order, including ones pulled before but not acknowledged.
+// When there are none it waits up to wait (bounded by Config.MaxWait) for
+// one to arrive; an empty result is not an error.
+func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wait time.Duration) ([]*pb.Envelope, error) {
+	if max <= 0 || max > s.cfg.MaxPull {
+		max = s.cfg.MaxPull
+	}
+	wait = min(wait, s.cfg.MaxWait)
+	var timer <-chan time.Time
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		timer = t.C
+	}
+	for {
+		s.mu.Lock()
+		b, ok := s.boxes[name]
+		closed := s.closed
+		var notify chan struct{}
+		var last uint64
+		if ok {
+			notify, last = b.notify, b.last
+		}
+		s.mu.Unlock()
+		switch {
+		case closed:
+			return nil, ErrClosed
+		case !ok:
+			return nil, fmt.Errorf("inbox: pull %q: %w", name, ErrNoSuchInbox)
+		}
+		if last > after {
+			msgs, err := s.read(name, after, max)
+			if err != nil || len(msgs) > 0 {
+				return msgs, err
+			}
+		}
+		if timer == nil {
+			return nil, nil
+		}
+		select {
+		case <-notify:
+		case <-timer:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, fmt.Errorf("inbox: pull %q: %w", name, ctx.Err())
+		case <-s.done:
+			return nil, ErrClosed
+		}
+	}
+}
+
+func (s *Store) read(name string, after uint64, max int) ([]*pb.Envelope, error) {
+	var out []*pb.Envelope
+	err := s.db.View(func(tx *bolt.Tx) error {
+		q := tx.Bucket([]byte(prefixQueue + name))
+		if q == nil {
+			return ErrNoSuchInbox
+		}
+		c := q.Cursor()
+		for k, v := c.Seek(be(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
+			env := &pb.Envelope{}
+			if err := proto.Unmarshal(v, env); err != nil {
+				return fmt.Errorf("message %d is corrupt: %w", binary.BigEndian.Uint64(k), err)
+			}
+			out = append(out, env)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return nil, ErrClosed
+		}
+		return nil, fmt.Errorf("inbox: pull %q: %w", name, err)
+	}
+	return out, nil
+}
+
+// AckUpTo deletes the messages of inbox name with a cursor up to and
+// including upTo and returns how many it deleted. Acking again (or below)
+// is a no-op; a cursor beyond the last stored message is refused with
+// ErrAckBeyond, so the watermark never passes durable work.
+func (s *Store) AckUpTo(name string, upTo uint64) (int, error) {
+	s.mu.Lock()
+	b, ok := s.boxes[name]
+	closed := s.closed
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return 0, ErrClosed
+	case !ok:
+		return 0, fmt.Errorf("inbox: ack %q: %w", name, ErrNoSuchInbox)
+	}
+	deleted := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		q := tx.Bucket([]byte(prefixQueue + name))
+		if q == nil {
+			return ErrNoSuchInbox
+		}
+		if upTo > q.Sequence() { // the durable high-water, not the in-memory view
+			return fmt.Errorf("%w: cursor %d, last stored %d", ErrAckBeyond, upTo, q.Sequence())
+		}
+		c := q.Cursor()
+		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= upTo; k, _ = c.First() {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			deleted++
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return 0, ErrClosed
+		}
+		return 0, fmt.Errorf("inbox: ack %q up to %d: %w", name, upTo, err)
+	}
+	s.mu.Lock()
+	b.count -= deleted
+	b.acked = max(b.acked, upTo)
+	s.mu.Unlock()
+	return deleted, nil
+}
+
+func be(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
