@@ -1,0 +1,104 @@
+package transport
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+)
+
+// maxLanes bounds Config.Lanes; the QUIC stream limit is derived from it.
+const maxLanes = 256
+
+// Config configures a Transport. Start from DefaultConfig.
+type Config struct {
+	NodeName string // this node's name; must equal Identity.Name
+	Cluster  string // peers of another cluster are refused
+	BootID   string // changes on every start; lets peers tell a restart from a reconnect
+
+	ListenAddr string   // UDP address for listening and dialing; "127.0.0.1:0" picks a free port
+	Identity   Identity // CA roots and this node's certificate
+	DataDir    string   // the stateless-reset key is persisted as DataDir/quic-reset.key; "" = random per run
+
+	MaxFrameSize  int // largest frame sent or accepted; a larger length prefix is refused before allocating
+	SendQueueSize int // envelopes queued per peer before Send returns ErrQueueFull
+	Lanes         int // unidirectional envelope streams per connection and direction
+
+	KeepAlivePeriod  time.Duration // PING interval so an idle connection stays open and a dead one is noticed
+	MaxIdleTimeout   time.Duration // a connection with no packets from the peer for this long is dead
+	HandshakeTimeout time.Duration // dial + TLS + Hello exchange must finish within this
+
+	WrapPacketConn func(net.PacketConn) net.PacketConn // fault injection in tests; nil = the plain UDP socket
+	Logger         *slog.Logger                        // nil = discard logs
+
+	// helloHook lets tests send a different Hello (see export_test.go).
+	helloHook func(*pb.Hello)
+}
+
+// DefaultConfig returns a Config with every field set except Identity,
+// which the caller must provide (see CA.NewIdentity, LoadIdentityFiles).
+func DefaultConfig(nodeName string) Config {
+	return Config{
+		NodeName:         nodeName,
+		Cluster:          "meshnode",      // the cluster name peers must share
+		BootID:           newBootID(),     // random per process start
+		ListenAddr:       "0.0.0.0:7947",  // next to memberlist's 7946
+		Identity:         Identity{},      // required: set by the caller
+		DataDir:          "",              // no persisted reset key: resets only work within one run
+		MaxFrameSize:     4 << 20,         // 4 MiB, as DESIGN.md says
+		SendQueueSize:    8192,            // ~1 MiB of 128-byte messages per peer
+		Lanes:            16,              // 16 recipients can progress independently per peer
+		KeepAlivePeriod:  time.Second,     // ping every second
+		MaxIdleTimeout:   5 * time.Second, // dead peer noticed within 5 s
+		HandshakeTimeout: 3 * time.Second, // a dial never hangs longer than 3 s
+		WrapPacketConn:   nil,             // no fault injection
+		Logger:           slog.Default(),  // the process logger
+	}
+}
+
+func newBootID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// Validate reports the first problem in c, or nil.
+func (c Config) Validate() error {
+	switch {
+	case c.NodeName == "":
+		return fmt.Errorf("transport: config: NodeName is empty")
+	case c.Cluster == "":
+		return fmt.Errorf("transport: config: Cluster is empty")
+	case c.BootID == "":
+		return fmt.Errorf("transport: config: BootID is empty")
+	case len(c.Identity.Cert.Certificate) == 0 || c.Identity.Roots == nil:
+		return fmt.Errorf("transport: config: Identity is not set (use CA.NewIdentity or LoadIdentityFiles)")
+	case c.Identity.Name != c.NodeName:
+		return fmt.Errorf("transport: config: certificate is for %q but NodeName is %q", c.Identity.Name, c.NodeName)
+	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
+		return fmt.Errorf("transport: config: MaxFrameSize %d outside [1 KiB, 1 GiB]", c.MaxFrameSize)
+	case c.SendQueueSize < 1:
+		return fmt.Errorf("transport: config: SendQueueSize %d must be at least 1", c.SendQueueSize)
+	case c.Lanes < 1 || c.Lanes > maxLanes:
+		return fmt.Errorf("transport: config: Lanes %d outside [1, %d]", c.Lanes, maxLanes)
+	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:
+		return fmt.Errorf("transport: config: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive")
+	case c.KeepAlivePeriod >= c.MaxIdleTimeout:
+		return fmt.Errorf("transport: config: KeepAlivePeriod %v must be below MaxIdleTimeout %v", c.KeepAlivePeriod, c.MaxIdleTimeout)
+	}
+	host, port, err := net.SplitHostPort(c.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("transport: config: ListenAddr %q: %w", c.ListenAddr, err)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("transport: config: ListenAddr %q: bad port: %w", c.ListenAddr, err)
+	} else if p == 0 && host == "" {
+		return fmt.Errorf("transport: config: ListenAddr %q: give a host with port 0", c.ListenAddr)
+	}
+	return nil
+}

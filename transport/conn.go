@@ -1,0 +1,460 @@
+package transport
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/quic-go/quic-go"
+)
+
+// readBufSize is the bufio buffer per received stream; frames up to this
+// size are decoded without copying them out first.
+const readBufSize = 64 << 10
+
+// keepBufCap: a writer drops a batch buffer larger than this after use so a
+// burst of big frames does not pin memory.
+const keepBufCap = 1 << 20
+
+// conn is one established, Hello-verified connection to a peer.
+type conn struct {
+	t      *Transport
+	qc     *quic.Conn
+	peer   PeerInfo
+	stats  *peer          // set by register
+	dialed bool           // this node dialed it
+	remote netip.AddrPort // the peer's UDP address
+	done   chan struct{}  // closed by shutdown
+	queued atomic.Int64   // envelopes queued on all lanes, bounded by SendQueueSize
+	lanes  []*lane        // Lanes envelope lanes, then the control lane (receipts, GoAway)
+
+	closeOnce sync.Once
+
+	// mu guards the fields below.
+	mu       sync.Mutex
+	closed   bool
+	closeErr error
+	waiters  map[string]*waiter
+}
+
+// waiter is a Request waiting for one receipt.
+type waiter struct {
+	done chan struct{} // closed once rc or err is set
+	rc   *pb.Receipt
+	err  error
+}
+
+// setup exchanges and checks Hello frames on a new QUIC connection and, on
+// success, registers it and starts its goroutines. The dialer speaks first;
+// the acceptor answers only when the dialer's Hello is acceptable, so a
+// refused dialer learns why from the close code instead of a later failure.
+func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expect string) (*conn, error) {
+	leaf := qc.ConnectionState().TLS.PeerCertificates
+	if len(leaf) == 0 { // cannot happen with RequireAndVerifyClientCert; be safe
+		_ = qc.CloseWithError(CodeNameMismatch, "no certificate")
+		return nil, fmt.Errorf("%w: peer sent no certificate", ErrIncompatible)
+	}
+	certNames := leaf[0].DNSNames
+	var ctrl *quic.SendStream
+	var ph *pb.Hello
+	var br *bufio.Reader
+	var err error
+	if dialed {
+		if ctrl, err = t.sendHello(ctx, qc); err != nil {
+			return nil, err
+		}
+		if ph, br, err = t.readHello(ctx, qc); err != nil {
+			return nil, err
+		}
+	} else if ph, br, err = t.readHello(ctx, qc); err != nil {
+		return nil, err
+	}
+	if code, err := t.checkHello(ph, certNames, expect); err != nil {
+		_ = qc.CloseWithError(code, err.Error())
+		return nil, err
+	}
+	if !dialed {
+		if ctrl, err = t.sendHello(ctx, qc); err != nil {
+			return nil, err
+		}
+	}
+	c := &conn{
+		t:       t,
+		qc:      qc,
+		peer:    PeerInfo{Name: ph.GetNodeName(), BootID: ph.GetBootId()},
+		dialed:  dialed,
+		remote:  remoteAddrPort(qc),
+		done:    make(chan struct{}),
+		waiters: make(map[string]*waiter),
+	}
+	c.lanes = make([]*lane, t.cfg.Lanes+1)
+	for i := range c.lanes {
+		c.lanes[i] = &lane{c: c, wake: make(chan struct{}, 1)}
+	}
+	c.lanes[t.cfg.Lanes].stream = ctrl
+	c.lanes[t.cfg.Lanes].control = true
+
+	loser, code, reason := t.register(c)
+	if loser == c {
+		c.shutdown(code, reason, ErrConnLost)
+		if code == CodeGoAway {
+			return nil, ErrClosed
+		}
+		return c, nil // the other connection serves; not an error
+	}
+	// Start goroutines before closing the loser so its waiters, failing
+	// with ErrConnLost, can retry on c at once.
+	t.wg.Add(len(c.lanes) + 2)
+	for _, l := range c.lanes {
+		go l.run()
+	}
+	go c.readControl(br)
+	go c.acceptStreams()
+	if loser != nil {
+		t.log.Info("replacing connection", "peer", c.peer.Name, "reason", reason)
+		loser.shutdown(code, reason, ErrConnLost)
+	}
+	t.log.Debug("connected", "peer", c.peer.Name, "boot", c.peer.BootID, "dialed", dialed, "remote", qc.RemoteAddr())
+	return c, nil
+}
+
+func (t *Transport) hello() *pb.Hello {
+	h := &pb.Hello{
+		NodeName:         t.cfg.NodeName,
+		BootId:           t.cfg.BootID,
+		ProtocolVersions: slices.Clone(pb.SupportedVersions),
+		Cluster:          t.cfg.Cluster,
+	}
+	if t.cfg.helloHook != nil {
+		t.cfg.helloHook(h)
+	}
+	return h
+}
+
+// sendHello opens the control stream and writes our Hello on it.
+func (t *Transport) sendHello(ctx context.Context, qc *quic.Conn) (*quic.SendStream, error) {
+	s, err := qc.OpenUniStreamSync(ctx)
+	if err != nil {
+		_ = qc.CloseWithError(CodeProtocol, "cannot open control stream")
+		return nil, fmt.Errorf("transport: open control stream: %w", closeCause(qc, err))
+	}
+	b, err := AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Hello{Hello: t.hello()}})
+	if err == nil {
+		_, err = s.Write(b)
+	}
+	if err != nil {
+		_ = qc.CloseWithError(CodeProtocol, "cannot send hello")
+		return nil, fmt.Errorf("transport: send hello: %w", closeCause(qc, err))
+	}
+	return s, nil
+}
+
+// readHello accepts the peer's control stream and reads its Hello.
+func (t *Transport) readHello(ctx context.Context, qc *quic.Conn) (*pb.Hello, *bufio.Reader, error) {
+	rs, err := qc.AcceptUniStream(ctx)
+	if err != nil {
+		_ = qc.CloseWithError(CodeProtocol, "no control stream")
+		return nil, nil, fmt.Errorf("transport: await hello: %w", closeCause(qc, err))
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = rs.SetReadDeadline(dl)
+	}
+	br := bufio.NewReaderSize(rs, readBufSize)
+	var f pb.Frame
+	if _, err := ReadFrame(br, t.cfg.MaxFrameSize, &f); err != nil {
+		_ = qc.CloseWithError(CodeProtocol, "bad hello")
+		return nil, nil, fmt.Errorf("transport: read hello: %w", closeCause(qc, err))
+	}
+	_ = rs.SetReadDeadline(time.Time{})
+	h := f.GetHello()
+	if h == nil {
+		_ = qc.CloseWithError(CodeProtocol, "first frame is not a hello")
+		return nil, nil, fmt.Errorf("%w: first frame from %s is not a hello", ErrBadFrame, qc.RemoteAddr())
+	}
+	return h, br, nil
+}
+
+// checkHello validates the peer's Hello against its certificate and our
+// cluster; it returns the close code to use when it fails.
+func (t *Transport) checkHello(h *pb.Hello, certNames []string, expect string) (quic.ApplicationErrorCode, error) {
+	name := h.GetNodeName()
+	if !slices.Contains(certNames, name) {
+		certName := "(none)"
+		if len(certNames) > 0 {
+			certName = certNames[0]
+		}
+		return CodeNameMismatch, fmt.Errorf("%w: peer claims %s but certificate is for %s", ErrIncompatible, name, certName)
+	}
+	if expect != "" && name != expect {
+		return CodeNameMismatch, fmt.Errorf("%w: dialed %s but peer is %s", ErrIncompatible, expect, name)
+	}
+	if name == t.cfg.NodeName {
+		return CodeNameMismatch, fmt.Errorf("%w: peer claims our own name %s", ErrIncompatible, name)
+	}
+	if h.GetCluster() != t.cfg.Cluster {
+		return CodeIncompatible, fmt.Errorf("%w: peer %s is in cluster %q, we are in %q", ErrIncompatible, name, h.GetCluster(), t.cfg.Cluster)
+	}
+	if !pb.Compatible(h.GetProtocolVersions()) {
+		return CodeIncompatible, fmt.Errorf("%w: peer %s speaks protocol versions %v, we speak %v", ErrIncompatible, name, h.GetProtocolVersions(), pb.SupportedVersions)
+	}
+	if h.GetBootId() == "" {
+		return CodeProtocol, fmt.Errorf("%w: peer %s sent no boot id", ErrIncompatible, name)
+	}
+	return 0, nil
+}
+
+// closeCause turns the error of a failed stream operation into the reason
+// the connection ended, mapping our refusal codes to sentinels.
+func closeCause(qc *quic.Conn, err error) error {
+	cause := context.Cause(qc.Context())
+	if cause == nil {
+		return err
+	}
+	var ae *quic.ApplicationError
+	if errors.As(cause, &ae) && ae.Remote {
+		switch ae.ErrorCode {
+		case CodeIncompatible, CodeNameMismatch:
+			return fmt.Errorf("%w: refused by peer: %s", ErrIncompatible, ae.ErrorMessage)
+		case CodeGoAway:
+			return fmt.Errorf("%w: peer is shutting down", ErrConnLost)
+		}
+	}
+	return cause
+}
+
+// staleFor reports whether c, dialed by us, points to another address than
+// the resolver now gives (the peer restarted elsewhere). Connections the
+// peer dialed are never judged by address: their source address need not
+// be the advertised one.
+func (c *conn) staleFor(addr string) bool {
+	if c.isClosed() {
+		return true
+	}
+	if !c.dialed {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return false // a host name: do not resolve on the send path
+	}
+	ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if ap.Addr().IsUnspecified() {
+		return false
+	}
+	return ap != c.remote
+}
+
+// isClosedFast reports whether shutdown has begun, without taking mu.
+func (c *conn) isClosedFast() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// shutdown closes the connection once: it leaves the peer table, closes
+// the QUIC connection with code, and fails receipt waiters with cause.
+func (c *conn) shutdown(code quic.ApplicationErrorCode, reason string, cause error) {
+	c.closeOnce.Do(func() {
+		c.t.unregister(c)
+		c.mu.Lock()
+		c.closed = true
+		c.closeErr = cause
+		ws := c.waiters
+		c.waiters = nil
+		c.mu.Unlock()
+		close(c.done)
+		for _, w := range ws {
+			w.err = cause
+			close(w.done)
+		}
+		_ = c.qc.CloseWithError(code, reason)
+	})
+}
+
+// lost is shutdown after an I/O failure: the reason comes from QUIC.
+func (c *conn) lost(err error) {
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	cause := closeCause(c.qc, err)
+	c.t.log.Info("connection lost", "peer", c.peer.Name, "err", cause)
+	c.shutdown(CodeNormal, "connection lost", fmt.Errorf("%w: %w", ErrConnLost, cause))
+}
+
+// addWaiters registers receipt waiters for envs; it fails with ErrConnLost
+// when the connection is already closed.
+func (c *conn) addWaiters(envs []*pb.Envelope, ws []*waiter) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("%w: %w", ErrConnLost, c.closeErr)
+	}
+	for _, e := range envs {
+		if _, dup := c.waiters[e.GetMsgId()]; dup {
+			return fmt.Errorf("%w: msg id %q is already waiting for a receipt", ErrBadEnvelope, e.GetMsgId())
+		}
+	}
+	for i, e := range envs {
+		c.waiters[e.GetMsgId()] = ws[i]
+	}
+	return nil
+}
+
+// removeWaiters drops the waiters of envs that are still registered.
+func (c *conn) removeWaiters(envs []*pb.Envelope, ws []*waiter) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, e := range envs {
+		if c.waiters[e.GetMsgId()] == ws[i] {
+			delete(c.waiters, e.GetMsgId())
+		}
+	}
+}
+
+func (c *conn) removeWaitersSilently(envs []*pb.Envelope) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range envs {
+		delete(c.waiters, e.GetMsgId())
+	}
+}
+
+func (c *conn) complete(rc *pb.Receipt) {
+	c.mu.Lock()
+	w := c.waiters[rc.GetMsgId()]
+	delete(c.waiters, rc.GetMsgId())
+	c.mu.Unlock()
+	if w == nil {
+		c.t.log.Debug("receipt without waiter (late or duplicate)", "peer", c.peer.Name, "msg_id", rc.GetMsgId())
+		return
+	}
+	w.rc = rc
+	close(w.done)
+}
+
+// readControl reads receipts and GoAway from the peer's control stream.
+func (c *conn) readControl(br *bufio.Reader) {
+	defer c.t.wg.Done()
+	var f pb.Frame
+	for {
+		n, err := ReadFrame(br, c.t.cfg.MaxFrameSize, &f)
+		if err != nil {
+			c.readFailed("control", err)
+			return
+		}
+		c.stats.framesIn.Add(1)
+		c.stats.bytesIn.Add(uint64(n))
+		switch k := f.Kind.(type) {
+		case *pb.Frame_Receipt:
+			c.complete(k.Receipt)
+		case *pb.Frame_Goaway:
+			c.t.log.Info("peer going away", "peer", c.peer.Name, "reason", k.Goaway.GetReason())
+			c.shutdown(CodeNormal, "goaway received", fmt.Errorf("%w: peer going away: %s", ErrConnLost, k.Goaway.GetReason()))
+			return
+		default:
+			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on the control stream", f.Kind))
+			return
+		}
+	}
+}
+
+// acceptStreams accepts the peer's lane streams and reads each.
+func (c *conn) acceptStreams() {
+	defer c.t.wg.Done()
+	for {
+		rs, err := c.qc.AcceptUniStream(c.t.ctx)
+		if err != nil {
+			c.lost(err)
+			return
+		}
+		c.t.wg.Add(1)
+		go c.readLane(rs)
+	}
+}
+
+// readLane delivers the envelopes of one lane stream to the handler, in order.
+func (c *conn) readLane(rs *quic.ReceiveStream) {
+	defer c.t.wg.Done()
+	br := bufio.NewReaderSize(rs, readBufSize)
+	var f pb.Frame
+	for {
+		n, err := ReadFrame(br, c.t.cfg.MaxFrameSize, &f)
+		if err != nil {
+			c.readFailed("lane", err)
+			return
+		}
+		c.stats.framesIn.Add(1)
+		c.stats.bytesIn.Add(uint64(n))
+		env := f.GetEnvelope()
+		if env == nil {
+			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on a lane stream", f.Kind))
+			return
+		}
+		var reply func(*pb.Receipt)
+		if env.GetReceipt() != pb.Envelope_RECEIPT_NONE {
+			reply = c.replyFunc(env.GetMsgId())
+		}
+		c.t.h.HandleEnvelope(c.peer, env, reply)
+	}
+}
+
+func (c *conn) readFailed(stream string, err error) {
+	switch {
+	case errors.Is(err, io.EOF):
+		// The peer finished the stream (it sends FIN before GoAway); the
+		// connection ends through the other paths.
+	case errors.Is(err, ErrFrameTooLarge):
+		c.protocolError(CodeFrameTooLarge, err.Error())
+	case errors.Is(err, ErrBadFrame):
+		c.protocolError(CodeProtocol, err.Error())
+	default:
+		c.lost(err)
+	}
+}
+
+// protocolError closes only this connection after bad input from the peer.
+func (c *conn) protocolError(code quic.ApplicationErrorCode, reason string) {
+	c.t.log.Warn("closing connection: bad input from peer", "peer", c.peer.Name, "reason", reason)
+	c.shutdown(code, reason, fmt.Errorf("%w: %s", ErrConnLost, reason))
+}
+
+// replyFunc returns the reply callback for one envelope: exactly once,
+// never blocking, dropping with a log when the connection is gone or busy.
+func (c *conn) replyFunc(msgID string) func(*pb.Receipt) {
+	var used atomic.Bool
+	return func(rc *pb.Receipt) {
+		if !used.CompareAndSwap(false, true) {
+			c.t.log.Warn("reply called twice; ignored", "peer", c.peer.Name, "msg_id", msgID)
+			return
+		}
+		if rc == nil {
+			c.t.log.Warn("reply called with nil receipt; ignored", "peer", c.peer.Name, "msg_id", msgID)
+			return
+		}
+		if rc.GetMsgId() != msgID {
+			rc = &pb.Receipt{MsgId: msgID, Code: rc.GetCode(), RetryAfterMs: rc.GetRetryAfterMs(), Message: rc.GetMessage()}
+		}
+		if err := c.lanes[len(c.lanes)-1].enqueueReceipt(rc); err != nil {
+			c.t.log.Warn("receipt dropped", "peer", c.peer.Name, "msg_id", msgID, "err", err)
+		}
+	}
+}

@@ -1,0 +1,43 @@
+package transport
+
+import (
+	"errors"
+
+	"github.com/quic-go/quic-go"
+)
+
+// Sentinel errors. Errors returned by this package wrap one of these (often
+// together with the underlying cause), so callers match with errors.Is.
+var (
+	// ErrUnreachable: the resolver says the peer is unknown or down, or dialing it failed.
+	ErrUnreachable = errors.New("transport: peer unreachable")
+	// ErrQueueFull: the per-peer bounded send queue is full; retry later.
+	ErrQueueFull = errors.New("transport: send queue full")
+	// ErrClosed: the Transport was closed.
+	ErrClosed = errors.New("transport: closed")
+	// ErrFrameTooLarge: a frame (outgoing or announced by a length prefix) exceeds MaxFrameSize.
+	ErrFrameTooLarge = errors.New("transport: frame too large")
+	// ErrIncompatible: the peer speaks no common protocol version, belongs to
+	// another cluster, or claims a name its certificate does not hold.
+	ErrIncompatible = errors.New("transport: incompatible peer")
+	// ErrConnLost: the connection a receipt waiter depended on failed or was closed.
+	ErrConnLost = errors.New("transport: connection lost")
+	// ErrBadFrame: bytes from the network are not a valid frame.
+	ErrBadFrame = errors.New("transport: malformed frame")
+	// ErrBadEnvelope: an envelope handed to Request/RequestBatch cannot be sent as asked
+	// (no msg id, no receipt mode, mixed recipients, duplicate msg id in flight).
+	ErrBadEnvelope = errors.New("transport: invalid envelope")
+)
+
+// QUIC application error codes this package closes connections with. The
+// peer sees them in a *quic.ApplicationError; logs name them.
+const (
+	CodeNormal        quic.ApplicationErrorCode = 0 // ClosePeer or an ordinary close
+	CodeGoAway        quic.ApplicationErrorCode = 1 // the node shuts down
+	CodeIncompatible  quic.ApplicationErrorCode = 2 // no common protocol version or another cluster
+	CodeNameMismatch  quic.ApplicationErrorCode = 3 // Hello name differs from the certificate's name
+	CodeProtocol      quic.ApplicationErrorCode = 4 // malformed or unexpected frame
+	CodeFrameTooLarge quic.ApplicationErrorCode = 5 // a length prefix above MaxFrameSize
+	CodeDuplicate     quic.ApplicationErrorCode = 6 // a second connection for the same peer pair lost the tie-break
+	CodeReplaced      quic.ApplicationErrorCode = 7 // the peer restarted (new boot id) or moved address
+)

@@ -1,0 +1,28 @@
+package transport
+
+import (
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/quic-go/quic-go"
+)
+
+// Test hooks for the external test package.
+
+// SetHelloHook makes a transport built from cfg send the Hello that f edits.
+func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }
+
+// LoadResetKey exposes loadResetKey.
+func LoadResetKey(dir string) (*quic.StatelessResetKey, error) { return loadResetKey(dir) }
+
+// LaneOf exposes laneOf.
+func LaneOf(recipient string, lanes int) int { return laneOf(recipient, lanes) }
+
+// ConnInfo reports whether t has a live connection to node and whether t dialed it.
+func ConnInfo(t *Transport, node string) (ok, dialed bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	if p == nil || p.conn == nil || p.conn.isClosed() {
+		return false, false
+	}
+	return true, p.conn.dialed
+}

@@ -1,0 +1,530 @@
+package transport
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/quic-go/quic-go"
+)
+
+// ALPN is the TLS application protocol; it carries the protocol major version.
+const ALPN = "meshnode/1"
+
+// Resolver maps node names to QUIC addresses. The transport asks it on every
+// send, so membership decides reachability.
+type Resolver interface {
+	// Resolve returns the QUIC address (host:port) of node, or an error wrapping ErrUnreachable
+	// when the node is unknown or known to be down. Fast, never blocks.
+	Resolve(node string) (string, error)
+}
+
+// PeerInfo identifies the sender of an envelope: its verified name and the
+// boot id of its current run.
+type PeerInfo struct{ Name, BootID string }
+
+// Handler receives envelopes.
+type Handler interface {
+	// HandleEnvelope is called for each envelope received, in order per lane, on the lane's reader
+	// goroutine; it must not block for long. When env.Receipt != RECEIPT_NONE, the handler calls reply
+	// exactly once (now or later, from any goroutine); reply never blocks (drops with a log if the
+	// connection is gone). reply is nil when no receipt was asked.
+	HandleEnvelope(from PeerInfo, env *pb.Envelope, reply func(*pb.Receipt))
+}
+
+// PeerStats counts the frames and bytes exchanged with one peer over all
+// its connections.
+type PeerStats struct {
+	FramesIn, FramesOut, BytesIn, BytesOut uint64
+}
+
+// peer is the per-name state: the current connection, a dial in progress,
+// and counters that survive reconnects.
+type peer struct {
+	name                                   string
+	framesIn, framesOut, bytesIn, bytesOut atomic.Uint64
+
+	// Guarded by Transport.mu.
+	conn    *conn
+	dialing *dialCall
+}
+
+// dialCall lets concurrent senders share one dial.
+type dialCall struct {
+	done chan struct{}
+	c    *conn // set before done is closed
+	err  error // set before done is closed
+}
+
+// Transport is a QUIC endpoint: it listens and dials on one UDP socket and
+// keeps at most one connection per peer.
+type Transport struct {
+	cfg       Config
+	r         Resolver
+	h         Handler
+	log       *slog.Logger
+	udp       *net.UDPConn
+	qt        *quic.Transport
+	ln        *quic.Listener
+	qconf     *quic.Config
+	serverTLS *tls.Config
+	clientTLS *tls.Config
+
+	ctx    context.Context // ends on Close; bounds dials and handshakes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // every goroutine of the transport and its connections
+
+	closeOnce sync.Once
+
+	// mu guards the fields below. Lock order: Transport.mu before conn.mu
+	// and lane.mu; never call into quic-go while holding it.
+	mu     sync.Mutex
+	closed bool
+	peers  map[string]*peer
+}
+
+// New opens the UDP socket, starts listening and returns the Transport.
+func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if r == nil || h == nil {
+		return nil, errors.New("transport: new: Resolver and Handler are required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "transport", "node", cfg.NodeName)
+	key, err := loadResetKey(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	ua, err := net.ResolveUDPAddr("udp", cfg.ListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", cfg.ListenAddr, err)
+	}
+	udp, err := net.ListenUDP("udp", ua)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", cfg.ListenAddr, err)
+	}
+	var pc net.PacketConn = udp
+	if cfg.WrapPacketConn != nil {
+		pc = cfg.WrapPacketConn(udp)
+	}
+	t := &Transport{
+		cfg:   cfg,
+		r:     r,
+		h:     h,
+		log:   log,
+		udp:   udp,
+		qt:    &quic.Transport{Conn: pc, StatelessResetKey: key},
+		peers: make(map[string]*peer),
+		qconf: &quic.Config{
+			HandshakeIdleTimeout:  cfg.HandshakeTimeout,
+			MaxIdleTimeout:        cfg.MaxIdleTimeout,
+			KeepAlivePeriod:       cfg.KeepAlivePeriod,
+			MaxIncomingStreams:    -1,              // only unidirectional streams are used
+			MaxIncomingUniStreams: 2*maxLanes + 16, // a peer's lanes + control, whatever its Lanes setting
+		},
+	}
+	t.serverTLS = &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cfg.Identity.Cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    cfg.Identity.Roots,
+		NextProtos:   []string{ALPN},
+	}
+	t.clientTLS = &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cfg.Identity.Cert},
+		RootCAs:      cfg.Identity.Roots,
+		NextProtos:   []string{ALPN},
+	}
+	ln, err := t.qt.Listen(t.serverTLS, t.qconf)
+	if err != nil {
+		_ = t.qt.Close()
+		_ = udp.Close()
+		return nil, fmt.Errorf("transport: listen %s: %w", cfg.ListenAddr, err)
+	}
+	t.ln = ln
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.wg.Add(1)
+	go t.acceptLoop()
+	return t, nil
+}
+
+// LocalAddr is the UDP address the transport listens and dials on.
+func (t *Transport) LocalAddr() net.Addr { return t.udp.LocalAddr() }
+
+func (t *Transport) acceptLoop() {
+	defer t.wg.Done()
+	for {
+		qc, err := t.ln.Accept(t.ctx)
+		if err != nil {
+			if t.ctx.Err() == nil {
+				t.log.Error("accept stopped", "err", err)
+			}
+			return
+		}
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			ctx, cancel := context.WithTimeout(t.ctx, t.cfg.HandshakeTimeout)
+			defer cancel()
+			if _, err := t.setup(ctx, qc, false, ""); err != nil {
+				t.log.Warn("incoming connection refused", "remote", qc.RemoteAddr(), "err", err)
+			}
+		}()
+	}
+}
+
+// Send queues env on the peer's connection (dialing it if needed, bounded by ctx) and returns once the
+// frame is handed to the connection's bounded writer queue. Errors wrap ErrUnreachable / ErrQueueFull / ErrClosed.
+// env may be reused by the caller once Send returns.
+func (t *Transport) Send(ctx context.Context, node string, env *pb.Envelope) error {
+	return t.enqueue(ctx, node, []*pb.Envelope{env}, nil)
+}
+
+// Request sends env (caller sets env.Receipt to ACCEPTED or PROCESSED; env.MsgId must be set) and waits for its receipt.
+// Connection failure -> error wrapping ErrConnLost (or ErrUnreachable); ctx end -> ctx error; waiter removed either way.
+func (t *Transport) Request(ctx context.Context, node string, env *pb.Envelope) (*pb.Receipt, error) {
+	rs, err := t.RequestBatch(ctx, node, []*pb.Envelope{env})
+	if err != nil {
+		return nil, err
+	}
+	return rs[0], nil
+}
+
+// RequestBatch queues envs in this order atomically (contiguous in their lane, all for the same recipient)
+// and waits for all receipts; result i is the receipt of envs[i], or nil when it did not come (then err
+// says why: connection lost / ctx). Used by the reliable relay to pipeline a window of messages.
+func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	if len(envs) == 0 {
+		return nil, nil
+	}
+	seen := make(map[string]struct{}, len(envs))
+	for i, e := range envs {
+		switch {
+		case e == nil:
+			return nil, fmt.Errorf("%w: envelope %d is nil", ErrBadEnvelope, i)
+		case e.GetMsgId() == "":
+			return nil, fmt.Errorf("%w: envelope %d has no msg id", ErrBadEnvelope, i)
+		case e.GetReceipt() == pb.Envelope_RECEIPT_NONE:
+			return nil, fmt.Errorf("%w: envelope %q asks no receipt", ErrBadEnvelope, e.GetMsgId())
+		case e.GetRecipient() != envs[0].GetRecipient():
+			return nil, fmt.Errorf("%w: batch mixes recipients %q and %q", ErrBadEnvelope, envs[0].GetRecipient(), e.GetRecipient())
+		}
+		if _, dup := seen[e.GetMsgId()]; dup {
+			return nil, fmt.Errorf("%w: msg id %q twice in one batch", ErrBadEnvelope, e.GetMsgId())
+		}
+		seen[e.GetMsgId()] = struct{}{}
+	}
+	ws := make([]*waiter, len(envs))
+	for i := range ws {
+		ws[i] = &waiter{done: make(chan struct{})}
+	}
+	var c *conn
+	if err := t.enqueue(ctx, node, envs, func(cc *conn) error {
+		c = cc
+		return cc.addWaiters(envs, ws)
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]*pb.Receipt, len(envs))
+	for i, w := range ws {
+		select {
+		case <-w.done:
+			if w.err != nil {
+				c.removeWaiters(envs, ws)
+				return out, fmt.Errorf("transport: request %q to %s: %w", envs[i].GetMsgId(), node, w.err)
+			}
+			out[i] = w.rc
+		case <-ctx.Done():
+			c.removeWaiters(envs, ws)
+			return out, fmt.Errorf("transport: request %q to %s: %w", envs[i].GetMsgId(), node, ctx.Err())
+		}
+	}
+	return out, nil
+}
+
+// enqueue resolves and connects to node, then queues envs on one lane. reg,
+// when set, runs before the frames are queued (to register receipt waiters).
+func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelope, reg func(*conn) error) error {
+	for attempt := 0; ; attempt++ {
+		c, err := t.connFor(ctx, node)
+		if err != nil {
+			return err
+		}
+		if reg != nil {
+			if err := reg(c); err != nil {
+				if errors.Is(err, ErrConnLost) && attempt == 0 {
+					continue // the connection died between lookup and use; one fresh try
+				}
+				return err
+			}
+		}
+		l := c.lanes[laneOf(envs[0].GetRecipient(), t.cfg.Lanes)]
+		err = l.enqueueEnvelopes(envs)
+		if err == nil {
+			return nil
+		}
+		if reg != nil {
+			c.removeWaitersSilently(envs)
+		}
+		if errors.Is(err, ErrConnLost) && attempt == 0 {
+			continue
+		}
+		if errors.Is(err, ErrConnLost) {
+			return fmt.Errorf("transport: send to %s: %w: %w", node, ErrUnreachable, err)
+		}
+		return fmt.Errorf("transport: send to %s: %w", node, err)
+	}
+}
+
+// laneOf maps a recipient to a lane: FNV-1a of the recipient modulo lanes.
+func laneOf(recipient string, lanes int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(recipient)) // hash.Hash.Write never fails
+	return int(h.Sum32() % uint32(lanes))
+}
+
+// connFor returns a live connection to node, dialing if needed.
+func (t *Transport) connFor(ctx context.Context, node string) (*conn, error) {
+	addr, err := t.r.Resolve(node)
+	if err != nil {
+		if errors.Is(err, ErrUnreachable) {
+			return nil, fmt.Errorf("transport: resolve %s: %w", node, err)
+		}
+		return nil, fmt.Errorf("transport: resolve %s: %w: %w", node, ErrUnreachable, err)
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, ErrClosed
+	}
+	p := t.peerLocked(node)
+	var stale *conn
+	if c := p.conn; c != nil {
+		if !c.staleFor(addr) {
+			t.mu.Unlock()
+			return c, nil
+		}
+		stale, p.conn = c, nil
+	}
+	d := p.dialing
+	if d == nil {
+		d = &dialCall{done: make(chan struct{})}
+		p.dialing = d
+		t.wg.Add(1)
+		go t.dial(p, d, addr)
+	}
+	t.mu.Unlock()
+	if stale != nil {
+		t.log.Info("peer address changed; replacing connection", "peer", node, "old", stale.qc.RemoteAddr(), "new", addr)
+		stale.shutdown(CodeReplaced, "peer address changed", ErrConnLost)
+	}
+	select {
+	case <-d.done:
+		if d.err != nil {
+			return nil, d.err
+		}
+		return d.c, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("transport: connect to %s: %w: %w", node, ErrUnreachable, ctx.Err())
+	case <-t.ctx.Done():
+		return nil, ErrClosed
+	}
+}
+
+// peerLocked returns the peer entry for name, creating it. t.mu must be held.
+func (t *Transport) peerLocked(name string) *peer {
+	p := t.peers[name]
+	if p == nil {
+		p = &peer{name: name}
+		t.peers[name] = p
+	}
+	return p
+}
+
+// dial runs one shared dial to p; its result goes to d.
+func (t *Transport) dial(p *peer, d *dialCall, addr string) {
+	defer t.wg.Done()
+	c, err := t.dialConn(p.name, addr)
+	t.mu.Lock()
+	if err == nil {
+		c = p.conn // the winner of a simultaneous dial may be the incoming connection
+		if c == nil {
+			err = fmt.Errorf("transport: connect to %s: %w: connection closed during setup", p.name, ErrUnreachable)
+		}
+	}
+	d.c, d.err = c, err
+	p.dialing = nil
+	t.mu.Unlock()
+	close(d.done)
+}
+
+func (t *Transport) dialConn(node, addr string) (*conn, error) {
+	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.HandshakeTimeout)
+	defer cancel()
+	ua, err := net.ResolveUDPAddr("udp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
+	}
+	tc := t.clientTLS.Clone()
+	tc.ServerName = node // the server's certificate must hold the name we dial
+	qc, err := t.qt.Dial(ctx, ua, tc, t.qconf)
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
+		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
+	}
+	c, err := t.setup(ctx, qc, true, node)
+	if err != nil {
+		if t.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
+		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
+	}
+	return c, nil
+}
+
+// register installs c as the connection of its peer, resolving duplicates.
+// It returns the connection to close (c or the one it replaces), if any.
+func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCode, reason string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return c, CodeGoAway, "node shutting down"
+	}
+	p := t.peerLocked(c.peer.Name)
+	c.stats = p
+	old := p.conn
+	switch {
+	case old == nil || old.isClosed():
+		p.conn = c
+		return old, CodeNormal, "replaced"
+	case old.peer.BootID != c.peer.BootID:
+		p.conn = c
+		return old, CodeReplaced, "peer restarted with boot id " + c.peer.BootID
+	case old.dialed != c.dialed:
+		// Both sides dialed at once. Both keep the connection dialed by the
+		// lexically smaller node name, so they agree without talking.
+		winner := c
+		if (t.cfg.NodeName < c.peer.Name) != c.dialed {
+			winner = old
+		}
+		if winner == c {
+			p.conn = c
+			return old, CodeDuplicate, "duplicate connection (simultaneous dial)"
+		}
+		return c, CodeDuplicate, "duplicate connection (simultaneous dial)"
+	default:
+		// Same dialer twice: the peer re-dialed, so it considers the old one gone.
+		p.conn = c
+		return old, CodeReplaced, "superseded by a newer connection"
+	}
+}
+
+// unregister removes c from its peer if it is still the current connection.
+func (t *Transport) unregister(c *conn) {
+	t.mu.Lock()
+	if p := t.peers[c.peer.Name]; p != nil && p.conn == c {
+		p.conn = nil
+	}
+	t.mu.Unlock()
+}
+
+// ClosePeer closes the connection to node (peer died or restarted) and fails
+// its receipt waiters with ErrConnLost. The next send dials again.
+func (t *Transport) ClosePeer(node, reason string) {
+	t.mu.Lock()
+	var c *conn
+	if p := t.peers[node]; p != nil {
+		c, p.conn = p.conn, nil
+	}
+	t.mu.Unlock()
+	if c != nil {
+		t.log.Info("closing peer connection", "peer", node, "reason", reason)
+		c.shutdown(CodeNormal, reason, ErrConnLost)
+	}
+}
+
+// PeerStats returns the counters of every peer seen so far.
+func (t *Transport) PeerStats() map[string]PeerStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]PeerStats, len(t.peers))
+	for name, p := range t.peers {
+		out[name] = PeerStats{
+			FramesIn:  p.framesIn.Load(),
+			FramesOut: p.framesOut.Load(),
+			BytesIn:   p.bytesIn.Load(),
+			BytesOut:  p.bytesOut.Load(),
+		}
+	}
+	return out
+}
+
+// goAwayWait bounds how long Close waits for GoAway frames to be written.
+const goAwayWait = 200 * time.Millisecond
+
+// Close sends GoAway to every peer, closes the connections and the socket,
+// and waits for every goroutine to end. It is idempotent. Handlers that
+// block forever keep Close from returning.
+func (t *Transport) Close() error {
+	t.closeOnce.Do(func() {
+		t.mu.Lock()
+		t.closed = true
+		var conns []*conn
+		for _, p := range t.peers {
+			if p.conn != nil {
+				conns = append(conns, p.conn)
+				p.conn = nil
+			}
+		}
+		t.mu.Unlock()
+		t.cancel()
+		timer := time.NewTimer(goAwayWait)
+		flushed := make([]<-chan struct{}, len(conns))
+		for i, c := range conns {
+			flushed[i] = c.lanes[len(c.lanes)-1].finish(&pb.GoAway{Code: uint32(CodeGoAway), Reason: "node shutting down"})
+		}
+		for _, f := range flushed {
+			select {
+			case <-f:
+			case <-timer.C:
+			}
+		}
+		timer.Stop()
+		var wg sync.WaitGroup
+		for _, c := range conns {
+			wg.Go(func() { c.shutdown(CodeGoAway, "node shutting down", ErrClosed) })
+		}
+		wg.Wait()
+		_ = t.ln.Close()
+		_ = t.qt.Close()
+		_ = t.udp.Close()
+		t.wg.Wait()
+	})
+	return nil
+}
+
+// remoteAddrPort is the peer's UDP address of qc, unmapped for comparison.
+func remoteAddrPort(qc *quic.Conn) netip.AddrPort {
+	if ua, ok := qc.RemoteAddr().(*net.UDPAddr); ok {
+		ap := ua.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
