@@ -87,6 +87,9 @@ func (n *Network) Register(name, addr string) {
 func (n *Network) NameOf(addr string) (string, bool) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
+	if name, ok := n.names[addr]; ok { // fast path: already normal (the packet path)
+		return name, true
+	}
 	name, ok := n.names[normalise(addr)]
 	return name, ok
 }

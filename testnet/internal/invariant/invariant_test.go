@@ -1,0 +1,187 @@
+package invariant
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// script sends n keyed messages a -> w@b and lets mutate decide what the
+// receiver processed and what is dead-lettered.
+func script(n int, outcome func(i int) Outcome, process func(rec *Recorder, ps []Processed)) (*Recorder, []Processed) {
+	rec := NewRecorder(42)
+	var ps []Processed
+	for i := range n {
+		seq := rec.Next("a", "w@b")
+		key := fmt.Sprintf("k%d", seq)
+		rec.Sent(Sent{Sender: "a", Recipient: "w@b", Key: key, Seq: seq, Outcome: outcome(i)})
+		ps = append(ps, Processed{Sender: "a", Recipient: "w@b", Key: key, Seq: seq, Boot: "boot1"})
+	}
+	process(rec, ps)
+	return rec, ps
+}
+
+func all(rec *Recorder, ps []Processed) {
+	for _, p := range ps {
+		rec.Processed(p)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	queued := func(int) Outcome { return Queued }
+	tests := []struct {
+		name    string
+		outcome func(int) Outcome
+		process func(*Recorder, []Processed)
+		dead    []Dead
+		check   func(Report) error
+	}{
+		{"clean", queued, all, nil, func(r Report) error {
+			if !r.OK() || r.Queued != 10 || r.Processed != 10 {
+				return fmt.Errorf("want OK with 10 queued and processed: %s", r)
+			}
+			return nil
+		}},
+		{"every 10th lost", queued, func(rec *Recorder, ps []Processed) {
+			for i, p := range ps {
+				if i%10 != 9 {
+					rec.Processed(p)
+				}
+			}
+		}, nil, func(r Report) error {
+			if len(r.Lost) != 1 || r.OK() {
+				return fmt.Errorf("want 1 lost: %s", r)
+			}
+			return nil
+		}},
+		{"lost but dead-lettered", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
+			[]Dead{{Recipient: "w@b", Key: "k10", Reason: "expired"}}, func(r Report) error {
+				if !r.OK() || r.DeadLettered != 1 {
+					return fmt.Errorf("want OK with 1 dead-lettered: %s", r)
+				}
+				return nil
+			}},
+		{"dead letter without reason", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
+			[]Dead{{Recipient: "w@b", Key: "k10"}}, func(r Report) error {
+				if len(r.DeadWithoutReason) != 1 {
+					return fmt.Errorf("want 1 dead letter without reason: %s", r)
+				}
+				return nil
+			}},
+		{"failed sends may vanish", func(i int) Outcome {
+			if i == 3 {
+				return Failed
+			}
+			return Delivered
+		}, func(rec *Recorder, ps []Processed) {
+			for i, p := range ps {
+				if i != 3 {
+					rec.Processed(p)
+				}
+			}
+		}, nil, func(r Report) error {
+			if !r.OK() || r.Failed != 1 {
+				return fmt.Errorf("want OK with 1 failed: %s", r)
+			}
+			return nil
+		}},
+		{"duplicate", queued, func(rec *Recorder, ps []Processed) { all(rec, ps); rec.Processed(ps[4]) }, nil, func(r Report) error {
+			if len(r.Duplicates) != 1 {
+				return fmt.Errorf("want 1 duplicate: %s", r)
+			}
+			return nil
+		}},
+		{"crash-window rerun", queued, func(rec *Recorder, ps []Processed) {
+			all(rec, ps)
+			rec.Crashed("boot1")
+			p := ps[9]
+			p.Boot = "boot2"
+			rec.Processed(p)
+		}, nil, func(r Report) error {
+			if !r.OK() || len(r.CrashWindowDuplicates) != 1 {
+				return fmt.Errorf("want OK with 1 crash-window rerun: %s", r)
+			}
+			return nil
+		}},
+		{"reorder", queued, func(rec *Recorder, ps []Processed) {
+			ps[2], ps[3] = ps[3], ps[2]
+			all(rec, ps)
+		}, nil, func(r Report) error {
+			if len(r.OrderViolations) != 1 {
+				return fmt.Errorf("want 1 order violation: %s", r)
+			}
+			return nil
+		}},
+		{"rerun of older is not a reorder", queued, func(rec *Recorder, ps []Processed) {
+			all(rec, ps)
+			rec.Crashed("boot1")
+			p := ps[0]
+			p.Boot = "boot2"
+			rec.Processed(p)
+		}, nil, func(r Report) error {
+			if !r.OK() {
+				return fmt.Errorf("want OK: %s", r)
+			}
+			return nil
+		}},
+		{"processed, never sent", queued, func(rec *Recorder, ps []Processed) {
+			all(rec, ps)
+			rec.Processed(Processed{Sender: "a", Recipient: "w@b", Key: "ghost", Seq: 99})
+		}, nil, func(r Report) error {
+			if len(r.Unexpected) != 1 {
+				return fmt.Errorf("want 1 unexpected: %s", r)
+			}
+			return nil
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rec, _ := script(10, tc.outcome, tc.process)
+			rep := rec.Check(tc.dead)
+			if err := tc.check(rep); err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK() != (rep.Err() == nil) {
+				t.Fatalf("OK() = %v but Err() = %v", rep.OK(), rep.Err())
+			}
+			if !strings.Contains(rep.String(), "seed 42") {
+				t.Fatalf("report does not print the seed:\n%s", rep)
+			}
+		})
+	}
+}
+
+func TestErrPrintsSeed(t *testing.T) {
+	rec := NewRecorder(7)
+	rec.Sent(Sent{Sender: "a", Recipient: "w@b", Key: "k", Seq: rec.Next("a", "w@b"), Outcome: Delivered})
+	err := rec.Check(nil).Err()
+	if err == nil || !strings.Contains(err.Error(), "seed 7") {
+		t.Fatalf("Err() = %v, want a violation naming seed 7", err)
+	}
+	if errors.Unwrap(err) != nil {
+		t.Fatalf("unexpected wrapped error %v", errors.Unwrap(err))
+	}
+}
+
+func BenchmarkCheck(b *testing.B) {
+	rec := NewRecorder(1)
+	for i := range 100000 {
+		to := fmt.Sprintf("w%d@n", i%100)
+		seq := rec.Next("a", to)
+		key := fmt.Sprint(i)
+		rec.Sent(Sent{Sender: "a", Recipient: to, Key: key, Seq: seq, Outcome: Queued})
+		rec.Processed(Processed{Sender: "a", Recipient: to, Key: key, Seq: seq})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if !rec.Check(nil).OK() {
+			b.Fatal("not OK")
+		}
+	}
+	b.ReportMetric(100000*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
