@@ -149,6 +149,7 @@ type Stats struct {
 	DroppedNewest  uint64        // items refused under DropNewest
 	DroppedClosed  uint64        // items still queued at Close
 	Panicked       uint64        // Handle calls that panicked (item went to OnDrop)
+	Wakeups        uint64        // handler goroutines started (idle -> busy transitions)
 	HandleTimeEWMA time.Duration // moving average of Handle durations (0: no sample yet)
 	Running        bool          // a handler goroutine exists now
 	Closed         bool          // Close was called
@@ -252,6 +253,7 @@ func (m *Mailbox[T]) Post(item T) error {
 	m.pushLocked(item)
 	if !m.running {
 		m.running = true
+		m.stats.Wakeups++
 		m.wg.Add(1)
 		go m.runFn()
 	}
