@@ -1,0 +1,116 @@
+package nemesis
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func cfg(seed uint64) Config {
+	return Config{Seed: seed, Nodes: 5, Duration: 20 * time.Second, MinGap: 200 * time.Millisecond, MaxGap: time.Second,
+		Kinds: []Kind{Partition, Isolate, Kill, Restart}, Protect: []int{0}}
+}
+
+func TestSameSeedSameSchedule(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3, 99} {
+		a, err := Plan(cfg(seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := Plan(cfg(seed))
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("seed %d: two plans differ:\n%s\n%s", seed, Format(a), Format(b))
+		}
+		c, _ := Plan(cfg(seed + 1000))
+		if reflect.DeepEqual(a, c) {
+			t.Fatalf("seeds %d and %d gave the same plan", seed, seed+1000)
+		}
+	}
+}
+
+func TestScheduleIsConsistent(t *testing.T) {
+	for seed := uint64(0); seed < 200; seed++ {
+		c := cfg(seed)
+		steps, err := Plan(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		down := map[int]bool{}
+		kinds := map[Kind]int{}
+		var last time.Duration
+		for _, s := range steps {
+			kinds[s.Kind]++
+			if s.At < last {
+				t.Fatalf("seed %d: steps out of time order:\n%s", seed, Format(steps))
+			}
+			last = s.At
+			switch s.Kind {
+			case Kill:
+				if down[s.Node] || s.Node == 0 {
+					t.Fatalf("seed %d: bad kill of %d:\n%s", seed, s.Node, Format(steps))
+				}
+				down[s.Node] = true
+				if len(down) > (c.Nodes-1)/2 {
+					t.Fatalf("seed %d: %d nodes down at once", seed, len(down))
+				}
+			case Restart:
+				if !down[s.Node] {
+					t.Fatalf("seed %d: restart of running node %d", seed, s.Node)
+				}
+				delete(down, s.Node)
+			case Isolate:
+				if s.Node == 0 {
+					t.Fatalf("seed %d: isolated a protected node", seed)
+				}
+			case Partition:
+				if n := len(s.Groups[0]) + len(s.Groups[1]); n != c.Nodes || len(s.Groups[0]) == 0 || len(s.Groups[1]) == 0 {
+					t.Fatalf("seed %d: bad partition %v", seed, s.Groups)
+				}
+			}
+		}
+		if len(down) != 0 {
+			t.Fatalf("seed %d: schedule ends with nodes down: %v", seed, down)
+		}
+		if steps[len(steps)-1-countRestartsAtEnd(steps)].Kind != Heal {
+			t.Fatalf("seed %d: schedule does not end healed:\n%s", seed, Format(steps))
+		}
+	}
+}
+
+func countRestartsAtEnd(steps []Step) int {
+	n := 0
+	for i := len(steps) - 1; i >= 0 && steps[i].Kind == Restart; i-- {
+		n++
+	}
+	return n
+}
+
+func TestBadConfig(t *testing.T) {
+	for name, mut := range map[string]func(*Config){
+		"one node":  func(c *Config) { c.Nodes = 1 },
+		"no time":   func(c *Config) { c.Duration = 0 },
+		"bad gaps":  func(c *Config) { c.MinGap, c.MaxGap = time.Second, time.Millisecond },
+		"no kinds":  func(c *Config) { c.Kinds = nil },
+		"protect 9": func(c *Config) { c.Protect = []int{9} },
+	} {
+		c := cfg(1)
+		mut(&c)
+		if _, err := Plan(c); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%s: Plan = %v, want ErrBadConfig", name, err)
+		}
+	}
+}
+
+func BenchmarkPlan(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Plan(cfg(7)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

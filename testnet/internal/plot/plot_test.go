@@ -1,0 +1,92 @@
+package plot
+
+import (
+	"encoding/xml"
+	"errors"
+	"io"
+	"math"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestSVG(t *testing.T) {
+	saw := Series{Name: "limit <n2>"}
+	for i := range 100 {
+		saw.Points = append(saw.Points, Point{T: float64(i) / 10, V: float64(10 + i%20)})
+	}
+	tests := []struct {
+		name   string
+		charts []Chart
+		want   []string
+	}{
+		{"one line", []Chart{{Title: "AIMD", YLabel: "limit", Series: []Series{saw}}}, []string{"<polyline", "limit &lt;n2&gt;", "AIMD"}},
+		{"empty series", []Chart{{Title: "empty", Series: []Series{{Name: "none"}}}}, []string{"empty"}},
+		{"nan skipped", []Chart{{Title: "nan", Series: []Series{{Name: "x", Points: []Point{{0, math.NaN()}, {1, 2}, {math.Inf(1), 3}}}}}}, []string{"nan"}},
+		{"three panels", []Chart{{Title: "a"}, {Title: "b"}, {Title: "c"}}, []string{">a<", ">b<", ">c<"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var b strings.Builder
+			if err := SVG(&b, "report & <test>", tc.charts); err != nil {
+				t.Fatal(err)
+			}
+			out := b.String()
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("svg lacks %q", w)
+				}
+			}
+			if strings.Contains(out, "NaN") || strings.Contains(out, "Inf") {
+				t.Error("svg contains NaN or Inf")
+			}
+			// Well-formed XML.
+			d := xml.NewDecoder(strings.NewReader(out))
+			for {
+				if _, err := d.Token(); err == io.EOF {
+					break
+				} else if err != nil {
+					t.Fatalf("svg is not well-formed XML: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestNoCharts(t *testing.T) {
+	if err := SVG(io.Discard, "x", nil); !errors.Is(err, ErrNoCharts) {
+		t.Fatalf("SVG(nil) = %v, want ErrNoCharts", err)
+	}
+}
+
+func TestNiceCeil(t *testing.T) {
+	for _, tc := range []struct{ in, want float64 }{{0, 1}, {0.5, 1}, {3, 5}, {10, 10}, {11, 20}, {99, 100}, {4100, 5000}} {
+		if got := niceCeil(tc.in); got != tc.want {
+			t.Errorf("niceCeil(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func BenchmarkSVG(b *testing.B) {
+	var cs []Chart
+	for range 3 {
+		c := Chart{Title: "c"}
+		for s := range 10 {
+			ser := Series{Name: "s"}
+			for i := range 600 {
+				ser.Points = append(ser.Points, Point{float64(i) / 10, float64(s * i % 97)})
+			}
+			c.Series = append(c.Series, ser)
+		}
+		cs = append(cs, c)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := SVG(io.Discard, "bench", cs); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
