@@ -78,6 +78,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		return nil, err
 	}
 	if code, err := t.checkHello(ph, certNames, expect); err != nil {
+		t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
 		_ = qc.CloseWithError(code, err.Error())
 		return nil, err
 	}
@@ -225,6 +226,8 @@ func closeCause(qc *quic.Conn, err error) error {
 			return fmt.Errorf("%w: refused by peer: %s", ErrIncompatible, ae.ErrorMessage)
 		case CodeGoAway:
 			return fmt.Errorf("%w: peer is shutting down", ErrConnLost)
+		case CodeDuplicate:
+			return errDuplicate
 		}
 	}
 	return cause
@@ -297,7 +300,11 @@ func (c *conn) lost(err error) {
 	}
 	cause := closeCause(c.qc, err)
 	c.t.log.Info("connection lost", "peer", c.peer.Name, "err", cause)
-	c.shutdown(CodeNormal, "connection lost", fmt.Errorf("%w: %w", ErrConnLost, cause))
+
+	if !errors.Is(cause, ErrConnLost) {
+		cause = fmt.Errorf("%w: %w", ErrConnLost, cause)
+	}
+	c.shutdown(CodeNormal, "connection lost", cause)
 }
 
 // addWaiters registers receipt waiters for envs; it fails with ErrConnLost
@@ -381,7 +388,7 @@ func (c *conn) readControl(br *bufio.Reader) {
 func (c *conn) acceptStreams() {
 	defer c.t.wg.Done()
 	for {
-		rs, err := c.qc.AcceptUniStream(c.t.ctx)
+		rs, err := c.qc.AcceptUniStream(c.qc.Context())
 		if err != nil {
 			c.lost(err)
 			return

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/quic-go/quic-go"
 )
@@ -28,6 +29,10 @@ var (
 	// (no msg id, no receipt mode, mixed recipients, duplicate msg id in flight).
 	ErrBadEnvelope = errors.New("transport: invalid envelope")
 )
+
+// errDuplicate: our dial lost the simultaneous-dial tie-break; the peer's
+// connection is the one to use.
+var errDuplicate = fmt.Errorf("%w: duplicate connection closed by peer", ErrConnLost)
 
 // QUIC application error codes this package closes connections with. The
 // peer sees them in a *quic.ApplicationError; logs name them.

@@ -54,8 +54,9 @@ type peer struct {
 	framesIn, framesOut, bytesIn, bytesOut atomic.Uint64
 
 	// Guarded by Transport.mu.
-	conn    *conn
-	dialing *dialCall
+	conn       *conn
+	dialing    *dialCall
+	registered chan struct{} // closed and replaced whenever conn is set
 }
 
 // dialCall lets concurrent senders share one dial.
@@ -181,7 +182,7 @@ func (t *Transport) acceptLoop() {
 			defer t.wg.Done()
 			ctx, cancel := context.WithTimeout(t.ctx, t.cfg.HandshakeTimeout)
 			defer cancel()
-			if _, err := t.setup(ctx, qc, false, ""); err != nil {
+			if _, err := t.setup(ctx, qc, false, ""); err != nil && !errors.Is(err, ErrIncompatible) {
 				t.log.Warn("incoming connection refused", "remote", qc.RemoteAddr(), "err", err)
 			}
 		}()
@@ -360,6 +361,11 @@ func (t *Transport) peerLocked(name string) *peer {
 func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 	defer t.wg.Done()
 	c, err := t.dialConn(p.name, addr)
+	if errors.Is(err, errDuplicate) {
+		// The peer kept the connection it dialed to us; wait for it to be
+		// registered here too.
+		err = t.awaitConn(p)
+	}
 	t.mu.Lock()
 	if err == nil {
 		c = p.conn // the winner of a simultaneous dial may be the incoming connection
@@ -371,6 +377,31 @@ func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 	p.dialing = nil
 	t.mu.Unlock()
 	close(d.done)
+}
+
+// awaitConn waits until p has a live connection, up to HandshakeTimeout.
+func (t *Transport) awaitConn(p *peer) error {
+	timer := time.NewTimer(t.cfg.HandshakeTimeout)
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		if p.conn != nil {
+			t.mu.Unlock()
+			return nil
+		}
+		if p.registered == nil {
+			p.registered = make(chan struct{})
+		}
+		ch := p.registered
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-timer.C:
+			return fmt.Errorf("transport: connect to %s: %w: lost the simultaneous-dial tie-break and the peer's connection never arrived", p.name, ErrUnreachable)
+		case <-t.ctx.Done():
+			return ErrClosed
+		}
+	}
 }
 
 func (t *Transport) dialConn(node, addr string) (*conn, error) {
@@ -410,6 +441,12 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 	p := t.peerLocked(c.peer.Name)
 	c.stats = p
 	old := p.conn
+	defer func() {
+		if p.conn == c && p.registered != nil {
+			close(p.registered)
+			p.registered = nil
+		}
+	}()
 	switch {
 	case old == nil || old.isClosed():
 		p.conn = c
