@@ -1,0 +1,120 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/transport"
+	"google.golang.org/protobuf/proto"
+)
+
+// Backend is what the API needs from the running node. NodeBackend adapts
+// a *node.Node; tests use fakes.
+type Backend interface {
+	Members() []mesh.Member
+	Tell(ctx context.Context, to node.Address, msg proto.Message) error
+	Ask(ctx context.Context, to node.Address, req, resp proto.Message) error
+	TellReliable(ctx context.Context, to node.Address, msg proto.Message, opts ...node.SendOption) (node.Outcome, error)
+	Stats() node.Stats
+	OutboxStats() outbox.Stats
+	DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error)
+	Replay(f outbox.DLQFilter) (int, error)
+	Purge(f outbox.DLQFilter) (int, error)
+}
+
+// PeerStatser is an optional Backend extension: per-peer transport counters
+// for the meshnode_peer_* metrics.
+type PeerStatser interface {
+	PeerStats() map[string]transport.PeerStats
+}
+
+// Inbox is the any-language inbox: the daemon's Declare also spawns the
+// inbox's actor.
+type Inbox interface {
+	Declare(name string) (created bool, err error)
+	Pull(ctx context.Context, name string, after uint64, max int, wait time.Duration) ([]*pb.Envelope, error)
+	AckUpTo(name string, upTo uint64) (int, error)
+	Stats() map[string]inbox.Stats
+}
+
+// NodeBackend adapts a *node.Node to Backend.
+type NodeBackend struct{ *node.Node }
+
+// OutboxStats returns the node's outbox statistics.
+func (b NodeBackend) OutboxStats() outbox.Stats { return b.Outbox().Stats() }
+
+// DeadLetters lists the node's dead letters.
+func (b NodeBackend) DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error) {
+	return b.Outbox().DeadLetters(f)
+}
+
+// Replay puts dead letters back into the node's outbox.
+func (b NodeBackend) Replay(f outbox.DLQFilter) (int, error) { return b.Outbox().Replay(f) }
+
+// Purge deletes dead letters.
+func (b NodeBackend) Purge(f outbox.DLQFilter) (int, error) { return b.Outbox().Purge(f) }
+
+// Config configures a Server.
+type Config struct {
+	Addr       string        // listen address; must be loopback unless Token is set (127.0.0.1:7948)
+	Token      string        // bearer token every request must carry; "" = none (loopback only)
+	Backend    Backend       // the node (required)
+	Inbox      Inbox         // the any-language inbox; nil disables /v1/inbox
+	AskTimeout time.Duration // deadline of /v1/ask when the request names none (10 s)
+	MaxBody    int64         // largest request body accepted (4 MiB, the frame limit)
+	Logger     *slog.Logger  // request errors; nil discards
+}
+
+// DefaultConfig returns a Config with every field set but Backend and Inbox.
+func DefaultConfig() Config {
+	return Config{
+		Addr:       "127.0.0.1:7948",
+		AskTimeout: 10 * time.Second,
+		MaxBody:    4 << 20,
+	}
+}
+
+// Validate reports the first problem with c, wrapped in ErrBadConfig.
+func (c Config) Validate() error {
+	if c.Backend == nil {
+		return fmt.Errorf("%w: no backend", ErrBadConfig)
+	}
+	if c.AskTimeout <= 0 {
+		return fmt.Errorf("%w: ask timeout must be positive", ErrBadConfig)
+	}
+	if c.MaxBody <= 0 {
+		return fmt.Errorf("%w: max body must be positive", ErrBadConfig)
+	}
+	return CheckAddr(c.Addr, c.Token)
+}
+
+// CheckAddr refuses an admin address that is not loopback unless a token
+// protects it.
+func CheckAddr(addr, token string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%w: admin address %q: %w", ErrBadConfig, addr, err)
+	}
+	if token != "" || IsLoopback(host) {
+		return nil
+	}
+	return fmt.Errorf("%w: admin address %q is not loopback: set admin_token (--admin-token) to expose it, or use 127.0.0.1", ErrBadConfig, addr)
+}
+
+// IsLoopback reports whether host is "localhost" or a loopback IP; an empty
+// host (all interfaces) is not.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

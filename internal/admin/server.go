@@ -1,0 +1,515 @@
+package admin
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Server is the admin HTTP/JSON API of a daemon.
+type Server struct {
+	cfg        Config
+	log        *slog.Logger
+	mux        *http.ServeMux
+	askLatency *Histogram
+	collectors []Collector
+	srv        *http.Server
+	wg         sync.WaitGroup // the Serve goroutine
+	closeOnce  sync.Once
+}
+
+// New builds a Server; Serve starts it.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), askLatency: NewHistogram(LatencyBuckets)}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.collectors = []Collector{nodeCollector{s}}
+	s.routes()
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	return s, nil
+}
+
+// AddCollector adds metrics read at every scrape of /metrics.
+func (s *Server) AddCollector(c Collector) { s.collectors = append(s.collectors, c) }
+
+// Serve serves the API on l in a tracked goroutine until Close.
+func (s *Server) Serve(l net.Listener) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin API stopped", "err", err)
+		}
+	}()
+}
+
+// Close stops accepting, ends open requests (long polls included) and waits
+// for the serving goroutine. Idempotent.
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if serr := s.srv.Shutdown(ctx); serr != nil {
+			_ = s.srv.Close() // long polls still open: cut them
+		}
+		s.wg.Wait()
+	})
+	return err
+}
+
+// ServeHTTP checks the token, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Token != "" {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+			writeError(w, http.StatusUnauthorized, fmt.Errorf("%w: send the header \"Authorization: Bearer <admin_token>\" (meshnode --token)", ErrUnauthorized))
+			return
+		}
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBody)
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /v1/members", s.members)
+	s.mux.HandleFunc("POST /v1/tell", s.tell)
+	s.mux.HandleFunc("POST /v1/ask", s.ask)
+	s.mux.HandleFunc("POST /v1/send", s.send)
+	s.mux.HandleFunc("GET /v1/outbox/stats", s.outboxStats)
+	s.mux.HandleFunc("GET /v1/dlq", s.dlqList)
+	s.mux.HandleFunc("POST /v1/dlq/replay", s.dlqReplay)
+	s.mux.HandleFunc("POST /v1/dlq/purge", s.dlqPurge)
+	s.mux.HandleFunc("GET /metrics", s.metrics)
+	if s.cfg.Inbox != nil {
+		s.mux.HandleFunc("GET /v1/inbox", s.inboxList)
+		s.mux.HandleFunc("POST /v1/inbox/{name}", s.inboxDeclare)
+		s.mux.HandleFunc("GET /v1/inbox/{name}/pull", s.inboxPull)
+		s.mux.HandleFunc("POST /v1/inbox/{name}/ack", s.inboxAck)
+	}
+}
+
+// ErrorBody is the JSON of every error response.
+type ErrorBody struct {
+	Error        string `json:"error"`
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, err error) {
+	body := ErrorBody{Error: err.Error()}
+	var ce *node.CapacityError
+	if errors.As(err, &ce) {
+		body.RetryAfterMs = ce.RetryAfter.Milliseconds()
+		w.Header().Set("Retry-After", strconv.Itoa(int(max(1, (ce.RetryAfter+time.Second-1)/time.Second))))
+	}
+	writeJSON(w, status, body)
+}
+
+// statusOf maps an error to an HTTP status.
+func statusOf(err error) int {
+	var ce *node.CapacityError
+	var re *node.RemoteError
+	switch {
+	case errors.Is(err, ErrBadRequest), errors.Is(err, node.ErrBadAddress), errors.Is(err, inbox.ErrBadName),
+		errors.Is(err, outbox.ErrEmptyFilter), errors.Is(err, outbox.ErrBadRecipient), errors.Is(err, outbox.ErrExpired):
+		return http.StatusBadRequest
+	case errors.As(err, &ce), errors.Is(err, inbox.ErrFull):
+		return http.StatusTooManyRequests
+	case errors.Is(err, node.ErrNoSuchActor), errors.Is(err, inbox.ErrNoSuchInbox):
+		return http.StatusNotFound
+	case errors.Is(err, inbox.ErrAckBeyond):
+		return http.StatusConflict
+	case errors.Is(err, node.ErrUnreachable):
+		return http.StatusServiceUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout
+	case errors.As(err, &re):
+		return http.StatusBadGateway
+	}
+	return http.StatusInternalServerError
+}
+
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	st := statusOf(err)
+	if st >= 500 {
+		s.log.Warn("admin request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, st, err)
+}
+
+// MemberJSON is one row of GET /v1/members.
+type MemberJSON struct {
+	Name       string    `json:"name"`
+	State      string    `json:"state"`
+	GossipAddr string    `json:"gossip_addr"`
+	QUICAddr   string    `json:"quic_addr"`
+	BootID     string    `json:"boot_id"`
+	Since      time.Time `json:"since"`
+	AgeSeconds float64   `json:"age_seconds"`
+}
+
+func (s *Server) members(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	out := []MemberJSON{}
+	for _, m := range s.cfg.Backend.Members() {
+		out = append(out, MemberJSON{Name: m.Name, State: m.State.String(), GossipAddr: m.GossipAddr,
+			QUICAddr: m.QUICAddr, BootID: m.BootID, Since: m.Since, AgeSeconds: now.Sub(m.Since).Seconds()})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"members": out})
+}
+
+func (s *Server) readSend(w http.ResponseWriter, r *http.Request) (SendRequest, node.Address, proto.Message, bool) {
+	data, err := io.ReadAll(r.Body)
+	if err != nil {
+		s.fail(w, r, fmt.Errorf("%w: read body: %w", ErrBadRequest, err))
+		return SendRequest{}, node.Address{}, nil, false
+	}
+	req, msg, err := DecodeSendRequest(data)
+	if err != nil {
+		s.fail(w, r, err)
+		return req, node.Address{}, nil, false
+	}
+	to, err := node.ParseAddress(req.To)
+	if err != nil {
+		s.fail(w, r, err)
+		return req, node.Address{}, nil, false
+	}
+	return req, to, msg, true
+}
+
+func (s *Server) tell(w http.ResponseWriter, r *http.Request) {
+	_, to, msg, ok := s.readSend(w, r)
+	if !ok {
+		return
+	}
+	if err := s.cfg.Backend.Tell(r.Context(), to, msg); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+func (s *Server) ask(w http.ResponseWriter, r *http.Request) {
+	req, to, msg, ok := s.readSend(w, r)
+	if !ok {
+		return
+	}
+	timeout := s.cfg.AskTimeout
+	if req.Timeout != "" {
+		timeout, _ = time.ParseDuration(req.Timeout) // validated by DecodeSendRequest
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	// The reply type must be known to decode it: the API's actors (inboxes)
+	// reply with a Struct, and so should programs meant to be asked from here.
+	reply := &structpb.Struct{}
+	start := time.Now()
+	err := s.cfg.Backend.Ask(ctx, to, msg, reply)
+	s.askLatency.Observe(time.Since(start))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"reply": Render(reply).Body})
+}
+
+func (s *Server) send(w http.ResponseWriter, r *http.Request) {
+	req, to, msg, ok := s.readSend(w, r)
+	if !ok {
+		return
+	}
+	var opts []node.SendOption
+	if req.Key != "" {
+		opts = append(opts, node.WithIdempotencyKey(req.Key))
+	}
+	if req.Overwrite != "" {
+		opts = append(opts, node.WithOverwrite(req.Overwrite))
+	}
+	if req.TTL != "" {
+		ttl, _ := time.ParseDuration(req.TTL)
+		opts = append(opts, node.WithTTL(ttl))
+	}
+	if len(req.Headers) > 0 {
+		opts = append(opts, node.WithHeaders(req.Headers))
+	}
+	out, err := s.cfg.Backend.TellReliable(r.Context(), to, msg, opts...)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"outcome": out.String()})
+}
+
+// OutboxStatsJSON is GET /v1/outbox/stats.
+type OutboxStatsJSON struct {
+	Depth            int            `json:"depth"`
+	DepthByPeer      map[string]int `json:"depth_by_peer"`
+	OldestAgeSeconds float64        `json:"oldest_age_seconds"`
+	InFlight         int            `json:"in_flight"`
+	LimitByPeer      map[string]int `json:"limit_by_peer"`
+	Retries          uint64         `json:"retries"`
+	DeadLettered     uint64         `json:"dead_lettered"`
+	Expired          uint64         `json:"expired"`
+	Delivered        uint64         `json:"delivered"`
+	Enqueued         uint64         `json:"enqueued"`
+	Coalesced        uint64         `json:"coalesced"`
+	DedupeHits       uint64         `json:"dedupe_hits"`
+	DLQDepth         int            `json:"dlq_depth"`
+	Fsyncs           uint64         `json:"fsyncs"`
+}
+
+func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
+	st := s.cfg.Backend.OutboxStats()
+	writeJSON(w, http.StatusOK, OutboxStatsJSON{
+		Depth: st.Depth, DepthByPeer: st.DepthByPeer, OldestAgeSeconds: st.OldestAge.Seconds(), InFlight: st.InFlight,
+		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
+		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced, DedupeHits: st.DedupeHits,
+		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs,
+	})
+}
+
+// DeadLetterJSON is one row of GET /v1/dlq.
+type DeadLetterJSON struct {
+	ID        string    `json:"id"`
+	Recipient string    `json:"recipient"`
+	Reason    string    `json:"reason"`
+	At        time.Time `json:"at"`
+	MsgID     string    `json:"msg_id"`
+	Key       string    `json:"idempotency_key,omitempty"`
+	Attempts  uint32    `json:"attempts"`
+	LastError string    `json:"last_error,omitempty"`
+	Rendered
+}
+
+// DLQRequest is the body of POST /v1/dlq/replay and /v1/dlq/purge.
+type DLQRequest struct {
+	IDs       []string `json:"ids,omitempty"`
+	Recipient string   `json:"recipient,omitempty"`
+	Node      string   `json:"node,omitempty"`
+	Reason    string   `json:"reason,omitempty"`
+	OlderThan string   `json:"older_than,omitempty"` // Go duration
+	All       bool     `json:"all,omitempty"`        // required when nothing else filters
+}
+
+func (d DLQRequest) filter() (outbox.DLQFilter, error) {
+	f := outbox.DLQFilter{IDs: d.IDs, Recipient: d.Recipient, Node: d.Node, Reason: d.Reason, All: d.All}
+	if d.OlderThan != "" {
+		v, err := time.ParseDuration(d.OlderThan)
+		if err != nil || v < 0 {
+			return f, fmt.Errorf("%w: older_than %q is not a duration like \"1h\"", ErrBadRequest, d.OlderThan)
+		}
+		f.OlderThan = v
+	}
+	return f, nil
+}
+
+func (s *Server) dlqList(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	req := DLQRequest{Recipient: q.Get("recipient"), Node: q.Get("node"), Reason: q.Get("reason"), OlderThan: q.Get("older_than"), IDs: q["id"]}
+	f, err := req.filter()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if l := q.Get("limit"); l != "" {
+		if f.Limit, err = strconv.Atoi(l); err != nil || f.Limit < 0 {
+			s.fail(w, r, fmt.Errorf("%w: limit %q is not a non-negative number", ErrBadRequest, l))
+			return
+		}
+	}
+	dls, err := s.cfg.Backend.DeadLetters(f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]DeadLetterJSON, 0, len(dls))
+	for _, d := range dls {
+		env := d.Message.GetEnvelope()
+		out = append(out, DeadLetterJSON{ID: d.ID, Recipient: d.Recipient, Reason: d.Reason, At: d.At,
+			MsgID: env.GetMsgId(), Key: env.GetIdempotencyKey(), Attempts: d.Message.GetAttempts(),
+			LastError: d.Message.GetLastError(), Rendered: RenderAny(env.GetBody())})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"dead_letters": out})
+}
+
+func (s *Server) readDLQ(w http.ResponseWriter, r *http.Request) (outbox.DLQFilter, bool) {
+	var req DLQRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil && !errors.Is(err, io.EOF) {
+		s.fail(w, r, fmt.Errorf("%w: body is not a JSON filter: %w", ErrBadRequest, err))
+		return outbox.DLQFilter{}, false
+	}
+	f, err := req.filter()
+	if err != nil {
+		s.fail(w, r, err)
+		return f, false
+	}
+	return f, true
+}
+
+func (s *Server) dlqReplay(w http.ResponseWriter, r *http.Request) {
+	f, ok := s.readDLQ(w, r)
+	if !ok {
+		return
+	}
+	n, err := s.cfg.Backend.Replay(f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"replayed": n})
+}
+
+func (s *Server) dlqPurge(w http.ResponseWriter, r *http.Request) {
+	f, ok := s.readDLQ(w, r)
+	if !ok {
+		return
+	}
+	n, err := s.cfg.Backend.Purge(f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"purged": n})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	var fams []Family
+	for _, c := range s.collectors {
+		fams = append(fams, c.Collect()...)
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	if err := WriteText(w, fams); err != nil {
+		s.log.Debug("metrics write failed", "err", err)
+	}
+}
+
+// InboxMessageJSON is one message of GET /v1/inbox/{name}/pull.
+type InboxMessageJSON struct {
+	Cursor    uint64            `json:"cursor"`
+	MsgID     string            `json:"msg_id"`
+	Key       string            `json:"idempotency_key,omitempty"`
+	Sender    string            `json:"sender"`
+	Type      string            `json:"type,omitempty"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	CreatedAt int64             `json:"created_at_unix_ms"`
+	Rendered
+}
+
+// InboxMessage renders a stored envelope.
+func InboxMessage(env *pb.Envelope) InboxMessageJSON {
+	return InboxMessageJSON{Cursor: env.GetEventSeq(), MsgID: env.GetMsgId(), Key: env.GetIdempotencyKey(),
+		Sender: env.GetSender(), Type: env.GetType(), Headers: env.GetHeaders(), CreatedAt: env.GetCreatedAtUnixMs(),
+		Rendered: RenderAny(env.GetBody())}
+}
+
+func (s *Server) inboxList(w http.ResponseWriter, r *http.Request) {
+	type row struct {
+		Name       string `json:"name"`
+		Depth      int    `json:"depth"`
+		LastCursor uint64 `json:"last_cursor"`
+	}
+	st := s.cfg.Inbox.Stats()
+	out := []row{}
+	for _, n := range sortedKeys(st) {
+		out = append(out, row{Name: n, Depth: st[n].Depth, LastCursor: st[n].LastCursor})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"inboxes": out})
+}
+
+func (s *Server) inboxDeclare(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	created, err := s.cfg.Inbox.Declare(name)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, map[string]any{"inbox": name, "created": created})
+}
+
+func (s *Server) inboxPull(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var after uint64
+	var maxN int
+	var wait time.Duration
+	var err error
+	if v := q.Get("after"); v != "" {
+		if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+			s.fail(w, r, fmt.Errorf("%w: after %q is not a cursor (a non-negative integer)", ErrBadRequest, v))
+			return
+		}
+	}
+	if v := q.Get("max"); v != "" {
+		if maxN, err = strconv.Atoi(v); err != nil || maxN < 0 {
+			s.fail(w, r, fmt.Errorf("%w: max %q is not a non-negative integer", ErrBadRequest, v))
+			return
+		}
+	}
+	if v := q.Get("wait"); v != "" {
+		if wait, err = time.ParseDuration(v); err != nil || wait < 0 {
+			s.fail(w, r, fmt.Errorf("%w: wait %q is not a duration like \"30s\"", ErrBadRequest, v))
+			return
+		}
+	}
+	msgs, err := s.cfg.Inbox.Pull(r.Context(), r.PathValue("name"), after, maxN, wait)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := make([]InboxMessageJSON, 0, len(msgs))
+	next := after
+	for _, m := range msgs {
+		out = append(out, InboxMessage(m))
+		next = m.GetEventSeq()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"messages": out, "next_after": next})
+}
+
+// AckRequest is the body of POST /v1/inbox/{name}/ack.
+type AckRequest struct {
+	UpTo *uint64 `json:"up_to"`
+}
+
+func (s *Server) inboxAck(w http.ResponseWriter, r *http.Request) {
+	var req AckRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.UpTo == nil {
+		s.fail(w, r, fmt.Errorf("%w: body must be {\"up_to\": CURSOR}", ErrBadRequest))
+		return
+	}
+	n, err := s.cfg.Inbox.AckUpTo(r.PathValue("name"), *req.UpTo)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"deleted": n, "acked_to": *req.UpTo})
+}
