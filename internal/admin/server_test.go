@@ -73,7 +73,9 @@ func (f *fakeBackend) TellReliable(_ context.Context, to node.Address, m proto.M
 	return f.outcome, nil
 }
 
-func (f *fakeBackend) Stats() node.Stats { return node.Stats{TellSent: 3, AskOK: 2, ReliableQueued: 5, DedupeHits: 7} }
+func (f *fakeBackend) Stats() node.Stats {
+	return node.Stats{TellSent: 3, AskOK: 2, ReliableQueued: 5, DedupeHits: 7}
+}
 
 func (f *fakeBackend) OutboxStats() outbox.Stats {
 	return outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, LimitByPeer: map[string]int{"n2": 10}, OldestAge: time.Second}
