@@ -1,0 +1,140 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+var payload128 = wrapperspb.Bytes(make([]byte, 128))
+
+func counter(n *node.Node, name string, capacity int) (*atomic.Int64, node.Address) {
+	var c atomic.Int64
+	addr, err := n.Spawn(name, func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		c.Add(1)
+		return nil, nil
+	}, node.WithMailbox(capacity, mailbox.Reject))
+	if err != nil {
+		panic(err)
+	}
+	return &c, addr
+}
+
+func tellAll(b *testing.B, n *node.Node, to node.Address, got *atomic.Int64) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		err := n.Tell(ctx, to, payload128)
+		for err != nil {
+			var ce *node.CapacityError
+			if !asCapacity(err, &ce) {
+				b.Fatal(err)
+			}
+			time.Sleep(ce.RetryAfter)
+			err = n.Tell(ctx, to, payload128)
+		}
+	}
+	for got.Load() < int64(b.N) {
+		time.Sleep(100 * time.Microsecond)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+func asCapacity(err error, ce **node.CapacityError) bool { return errors.As(err, ce) }
+
+// BenchmarkLocalTell: one sender, one local actor, 128-byte payload.
+func BenchmarkLocalTell(b *testing.B) {
+	n := startNode(b, "n1", b.TempDir())
+	got, to := counter(n, "c", 1<<16)
+	tellAll(b, n, to, got)
+}
+
+// BenchmarkLocalAsk: round trip to a local actor.
+func BenchmarkLocalAsk(b *testing.B) {
+	n := startNode(b, "n1", b.TempDir())
+	to, _ := n.Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+	ctx := context.Background()
+	var resp wrapperspb.BytesValue
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := n.Ask(ctx, to, payload128, &resp); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRemoteTell: two nodes in one process over QUIC on loopback.
+func BenchmarkRemoteTell(b *testing.B) {
+	nodes := cluster(b, 2)
+	got, to := counter(nodes[1], "c", 1<<16)
+	tellAll(b, nodes[0], to, got)
+}
+
+// BenchmarkRemoteAsk: round trip over QUIC; reports p50 and p99.
+func BenchmarkRemoteAsk(b *testing.B) {
+	nodes := cluster(b, 2)
+	to, _ := nodes[1].Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+	ctx := context.Background()
+	var resp wrapperspb.BytesValue
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if err := nodes[0].Ask(ctx, to, payload128, &resp); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+}
+
+// BenchmarkTellReliableOffline: durable enqueue to a peer that is down, with
+// 1, 8 and 64 concurrent senders.
+func BenchmarkTellReliableOffline(b *testing.B) {
+	for _, senders := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("senders=%d", senders), func(b *testing.B) {
+			n := startNode(b, "n1", filepath.Join(b.TempDir(), "n1"))
+			to := node.Addr("w", "offline")
+			ctx := context.Background()
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for s := 0; s < senders; s++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for next.Add(1) <= int64(b.N) {
+						if _, err := n.TellReliable(ctx, to, payload128); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+			st := n.Outbox().Stats()
+			b.ReportMetric(float64(st.Fsyncs)/float64(b.N), "fsyncs/msg")
+		})
+	}
+}

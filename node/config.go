@@ -1,0 +1,113 @@
+package node
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
+	"github.com/meshnode/meshnode/transport"
+)
+
+// Config configures a Node. DefaultConfig sets every field; the top-level
+// fields are the ones an operator sets, and New copies them into the embedded
+// lower-layer configs (Mesh, Transport, Outbox, Relay), which hold the tuning.
+type Config struct {
+	Name       string             // node name: unique in the cluster, the DNS SAN of its certificate
+	Cluster    string             // cluster name: nodes of other clusters are refused
+	DataDir    string             // outbox, dedupe window, peers and QUIC reset key live here (required)
+	GossipAddr string             // memberlist bind address (host:port; port 0 picks one)
+	QUICAddr   string             // QUIC bind address (host:port; port 0 picks one)
+	Join       []string           // gossip addresses of seed nodes
+	GossipKey  []byte             // 32-byte gossip encryption key; nil disables encryption (tests only)
+	TLS        transport.Identity // cluster CA roots and this node's certificate (required)
+
+	MailboxCapacity int              // default mailbox capacity of spawned actors (1024)
+	Overflow        mailbox.Overflow // default overflow strategy of spawned actors (Reject)
+	AskTimeout      time.Duration    // deadline for Ask when the context has none (10 s)
+	AskResponseTTL  time.Duration    // early responses and orphaned waiters are pruned after this (1 min)
+
+	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
+	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
+	Outbox    outbox.Config    // durable store tuning (attempts, backoff, AIMD, dedupe window)
+	Relay     partition.Config // relay partitions and batch size
+
+	Logger *slog.Logger // structured logs; nil discards them
+}
+
+// DefaultConfig returns a Config for a node named name with every field set.
+// DataDir and TLS must still be filled in.
+func DefaultConfig(name string) Config {
+	return Config{
+		Name:            name,
+		Cluster:         "meshnode",
+		GossipAddr:      "0.0.0.0:7946",
+		QUICAddr:        "0.0.0.0:7947",
+		MailboxCapacity: mailbox.DefaultCapacity,
+		Overflow:        mailbox.Reject,
+		AskTimeout:      10 * time.Second,
+		AskResponseTTL:  time.Minute,
+		Mesh:            mesh.DefaultConfig(name),
+		Transport:       transport.DefaultConfig(name),
+		Outbox:          outbox.DefaultConfig(""),
+		Relay:           partition.DefaultConfig(),
+	}
+}
+
+// Validate reports the first problem with c, wrapped in ErrBadConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
+	}
+	if err := validName(c.Name); err != nil {
+		return bad("name %q: %v", c.Name, err)
+	}
+	if c.Cluster == "" {
+		return bad("cluster name is empty")
+	}
+	if c.DataDir == "" {
+		return bad("data directory is empty")
+	}
+	for what, a := range map[string]string{"gossip address": c.GossipAddr, "QUIC address": c.QUICAddr} {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return bad("%s %q: %v", what, a, err)
+		}
+	}
+	if c.GossipKey != nil && len(c.GossipKey) != 32 {
+		return bad("gossip key is %d bytes, want 32", len(c.GossipKey))
+	}
+	if c.TLS.Roots == nil || len(c.TLS.Cert.Certificate) == 0 {
+		return bad("TLS identity missing: need the cluster CA and this node's certificate")
+	}
+	if c.TLS.Name != "" && c.TLS.Name != c.Name {
+		return bad("certificate is for %q but the node is named %q", c.TLS.Name, c.Name)
+	}
+	if c.MailboxCapacity <= 0 {
+		return bad("mailbox capacity %d must be positive", c.MailboxCapacity)
+	}
+	if c.AskTimeout <= 0 {
+		return bad("ask timeout must be positive")
+	}
+	return nil
+}
+
+// lower fills the embedded configs from the top-level fields.
+func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config) {
+	m := c.Mesh
+	m.NodeName, m.Cluster, m.BindAddr, m.Join, m.SecretKey, m.DataDir = c.Name, c.Cluster, c.GossipAddr, c.Join, c.GossipKey, c.DataDir
+	m.Logger = logger.With("part", "mesh")
+
+	t := c.Transport
+	t.NodeName, t.Cluster, t.BootID, t.ListenAddr, t.Identity, t.DataDir = c.Name, c.Cluster, bootID, c.QUICAddr, c.TLS, c.DataDir
+	t.Logger = logger.With("part", "transport")
+
+	o := c.Outbox
+	o.Path = filepath.Join(c.DataDir, "outbox.db")
+	o.Logger = logger.With("part", "outbox")
+	return m, t, o
+}

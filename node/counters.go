@@ -1,0 +1,59 @@
+package node
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// counters are the node's own event counts (lock-free); Stats copies them.
+type counters struct {
+	tellDirect, tellFailed                         atomic.Uint64
+	askOK, askFailed                               atomic.Uint64
+	askNanos                                       atomic.Uint64
+	reliableDirect, reliableQueued, reliableFailed atomic.Uint64
+	dropped, panics, noSuchActor, expired          atomic.Uint64
+	remoteFull, dedupeHits                         atomic.Uint64
+}
+
+func (c *counters) observeAsk(d time.Duration, err error) {
+	if err != nil {
+		c.askFailed.Add(1)
+		return
+	}
+	c.askOK.Add(1)
+	c.askNanos.Add(uint64(d.Nanoseconds()))
+}
+
+// Stats are counts since the node started.
+type Stats struct {
+	TellSent, TellFailed                              uint64 // tells handed to a mailbox or connection; refused
+	AskOK, AskFailed                                  uint64
+	AskMeanLatency                                    time.Duration
+	ReliableDelivered, ReliableQueued, ReliableFailed uint64 // TellReliable outcomes (Dispatch counts as queued)
+	Dropped                                           uint64 // mailbox drops (DropOldest/DropNewest/closed)
+	Panics                                            uint64 // handler panics recovered
+	NoSuchActor                                       uint64 // messages for an actor that does not exist here
+	Expired                                           uint64 // messages that arrived expired
+	RefusedFull                                       uint64 // messages refused because a mailbox was full
+	DedupeHits                                        uint64 // reliable messages recognised as duplicates
+	Actors                                            int
+}
+
+// Stats returns a snapshot of the node's counters.
+func (n *Node) Stats() Stats {
+	c := &n.stats
+	s := Stats{
+		TellSent: c.tellDirect.Load(), TellFailed: c.tellFailed.Load(),
+		AskOK: c.askOK.Load(), AskFailed: c.askFailed.Load(),
+		ReliableDelivered: c.reliableDirect.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
+		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
+		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(), DedupeHits: c.dedupeHits.Load(),
+	}
+	if s.AskOK > 0 {
+		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
+	}
+	n.actorsMu.RLock()
+	s.Actors = len(n.actors)
+	n.actorsMu.RUnlock()
+	return s
+}

@@ -1,0 +1,41 @@
+package node
+
+import (
+	"errors"
+
+	"github.com/meshnode/meshnode/mailbox"
+)
+
+// Sentinels and typed errors of the public API. Check them with errors.Is
+// and errors.As; never match on strings.
+var (
+	// ErrUnreachable: membership says the peer is down (or it is unknown), or
+	// it could not be reached. Tell and Ask fail with it at once.
+	ErrUnreachable = errors.New("node: peer unreachable")
+	// ErrMailboxFull: the recipient's mailbox is full. The error is a
+	// *CapacityError carrying RetryAfter; errors.Is(err, ErrMailboxFull) holds.
+	ErrMailboxFull = mailbox.ErrMailboxFull
+	// ErrNoSuchActor: no actor of that name runs on the recipient's node.
+	ErrNoSuchActor = mailbox.ErrNoSuchActor
+	// ErrClosed: the node is closed.
+	ErrClosed = errors.New("node: closed")
+	// ErrActorExists: Spawn was given a name already in use on this node.
+	ErrActorExists = errors.New("node: actor already exists")
+	// ErrBadAddress: an address is not of the form actor@node.
+	ErrBadAddress = errors.New("node: bad address")
+	// ErrBadConfig: Config.Validate refused the configuration.
+	ErrBadConfig = errors.New("node: bad config")
+)
+
+// CapacityError says the recipient is full and when to try again.
+type CapacityError = mailbox.CapacityError
+
+// RemoteError is an error a handler (or the runtime) returned on another node.
+type RemoteError = mailbox.RemoteError
+
+// Permanent marks a handler error as poison: a reliable message that fails
+// with it is not retried but goes straight to the sender's dead-letter queue.
+func Permanent(err error) error { return mailbox.Permanent(err) }
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool { return mailbox.IsPermanent(err) }

@@ -1,0 +1,106 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Handler handles the messages of one actor, one at a time. The reply is
+// sent back to an Ask and ignored otherwise. A returned error travels back
+// to an asker as a *RemoteError and makes a reliable message retry; wrap it
+// with Permanent to dead-letter the message instead. A panic is recovered
+// and treated as a permanent failure of that message.
+type Handler func(ctx context.Context, m *Message) (reply proto.Message, err error)
+
+// Message is what a Handler receives. It is only valid during the call.
+type Message struct {
+	env  *pb.Envelope
+	body proto.Message // the sender's value on the local path; nil when it came over the wire
+}
+
+// Envelope returns the wire envelope (ids, headers, rpc metadata). Treat it as read-only.
+func (m *Message) Envelope() *pb.Envelope { return m.env }
+
+// ID returns the message id of this attempt.
+func (m *Message) ID() string { return m.env.GetMsgId() }
+
+// IdempotencyKey returns the key that is stable across retries ("" for tell and ask).
+func (m *Message) IdempotencyKey() string { return m.env.GetIdempotencyKey() }
+
+// Sender returns who sent the message ("@node" when it came from the node API, not an actor).
+func (m *Message) Sender() Address { a, _ := parseLoose(m.env.GetSender()); return a }
+
+// Recipient returns the actor the message was sent to.
+func (m *Message) Recipient() Address { a, _ := parseLoose(m.env.GetRecipient()); return a }
+
+// Headers returns the application headers.
+func (m *Message) Headers() map[string]string { return m.env.GetHeaders() }
+
+// Attempt returns the delivery attempt of a reliable message (1-based; 0 for tell and ask).
+func (m *Message) Attempt() int { return int(m.env.GetAttempt()) }
+
+// CreatedAt returns when the logical message was created.
+func (m *Message) CreatedAt() time.Time { return time.UnixMilli(m.env.GetCreatedAtUnixMs()) }
+
+// Body returns the payload. On the local path it is the sender's own value:
+// do not modify it.
+func (m *Message) Body() (proto.Message, error) {
+	if m.body != nil {
+		return m.body, nil
+	}
+	if m.env.GetBody() == nil {
+		return nil, fmt.Errorf("node: message %s has no body", m.env.GetMsgId())
+	}
+	v, err := m.env.GetBody().UnmarshalNew()
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("node: decode body of %s: %w", m.env.GetMsgId(), err))
+	}
+	return v, nil
+}
+
+// Decode fills dst with the payload. A body of another type is a Permanent error.
+func (m *Message) Decode(dst proto.Message) error {
+	if m.body != nil {
+		if m.body.ProtoReflect().Descriptor().FullName() != dst.ProtoReflect().Descriptor().FullName() {
+			return Permanent(fmt.Errorf("node: decode: body is %s, not %s",
+				m.body.ProtoReflect().Descriptor().FullName(), dst.ProtoReflect().Descriptor().FullName()))
+		}
+		proto.Reset(dst)
+		proto.Merge(dst, m.body)
+		return nil
+	}
+	if m.env.GetBody() == nil {
+		return Permanent(fmt.Errorf("node: decode: message %s has no body", m.env.GetMsgId()))
+	}
+	if err := m.env.GetBody().UnmarshalTo(dst); err != nil {
+		return Permanent(fmt.Errorf("node: decode body of %s: %w", m.env.GetMsgId(), err))
+	}
+	return nil
+}
+
+// parseLoose splits "actor@node" without validating (the actor may be empty).
+func parseLoose(s string) (Address, bool) {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '@' {
+			return Address{Actor: s[:i], Node: s[i+1:]}, true
+		}
+	}
+	return Address{Actor: s}, false
+}
+
+// packBody wraps msg in an Any; nil stays nil.
+func packBody(msg proto.Message) (*anypb.Any, error) {
+	if msg == nil {
+		return nil, nil
+	}
+	a, err := anypb.New(msg)
+	if err != nil {
+		return nil, fmt.Errorf("node: encode body: %w", err)
+	}
+	return a, nil
+}

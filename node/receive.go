@@ -1,0 +1,199 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/transport"
+	"google.golang.org/protobuf/proto"
+)
+
+// errChainBroken refuses a chained reliable message whose predecessor failed.
+var errChainBroken = errors.New("node: skipped: predecessor in batch failed")
+
+// resolver gives the transport QUIC addresses from membership.
+type resolver struct{ n *Node }
+
+func (r resolver) Resolve(name string) (string, error) {
+	if r.n.mesh == nil { // during New, before membership exists
+		return "", transport.ErrUnreachable
+	}
+	return r.n.mesh.Resolve(name)
+}
+
+// receiver is the transport's Handler: envelopes from peers land here, on
+// the lane's reader goroutine, so nothing here blocks.
+type receiver struct{ n *Node }
+
+func (r receiver) HandleEnvelope(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	r.n.deliverIncoming(from.Name, env, reply)
+}
+
+// deliverIncoming routes an envelope that arrived from senderNode (possibly
+// this node, for the outbox's local deliveries) to its actor.
+func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*pb.Receipt)) {
+	kind := env.GetRpc().GetKind()
+	if kind == pb.RpcMeta_RESPONSE {
+		n.responses.Deliver(env)
+		return
+	}
+	receipt := func(code pb.Receipt_Code, msg string, retry time.Duration) {
+		if reply != nil {
+			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds()})
+		}
+	}
+	to, _ := parseLoose(env.GetRecipient())
+	a := n.actor(to.Actor)
+	if to.Node != n.name || a == nil {
+		n.stats.noSuchActor.Add(1)
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), 0)
+		if kind == pb.RpcMeta_REQUEST {
+			n.respond(env, nil, ErrNoSuchActor)
+		}
+		return
+	}
+	if expired(env, time.Now()) {
+		n.stats.expired.Add(1)
+		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0)
+		return
+	}
+	if reply != nil {
+		if scope, k := dedupeKey(senderNode, env); n.seen(scope, k) {
+			n.stats.dedupeHits.Add(1)
+			receipt(pb.Receipt_DUPLICATE, "", 0)
+			return
+		}
+	}
+	d := &delivery{env: env, senderNode: senderNode, receipt: reply, remoteAsk: kind == pb.RpcMeta_REQUEST}
+	err := a.post(d)
+	if err == nil {
+		if reply != nil && env.GetReceipt() == pb.Envelope_RECEIPT_ACCEPTED {
+			// The sender only wanted to know it is queued; the handler's outcome is not reported.
+			d.receipt = nil
+			receipt(pb.Receipt_ACCEPTED, "", 0)
+		}
+		return
+	}
+	var ce *CapacityError
+	switch {
+	case errors.Is(err, errChainBroken):
+		receipt(pb.Receipt_TRANSIENT, err.Error(), 0)
+	case errors.As(err, &ce):
+		n.stats.remoteFull.Add(1)
+		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter)
+		if d.remoteAsk {
+			n.respond(env, nil, err)
+		}
+	default:
+		receipt(pb.Receipt_TRANSIENT, err.Error(), 0)
+		if d.remoteAsk {
+			n.respond(env, nil, err)
+		}
+	}
+}
+
+// respond sends the RESPONSE to a remote REQUEST: the reply, or the error
+// in status headers. Responses are best effort: a lost one ends in the
+// asker's deadline.
+func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
+	replyTo, _ := parseLoose(req.GetRpc().GetReplyTo())
+	if replyTo.Node == "" || expired(req, time.Now()) {
+		return // nobody waits for it any more
+	}
+	env := &pb.Envelope{
+		ProtocolVersion: pb.ProtocolVersion,
+		MsgId:           mailbox.NewID(),
+		Sender:          req.GetRecipient(),
+		Recipient:       req.GetRpc().GetReplyTo(),
+		CreatedAtUnixMs: time.Now().UnixMilli(),
+		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
+	}
+	if herr != nil {
+		mailbox.SetError(env, herr)
+	} else if reply != nil {
+		body, err := packBody(reply)
+		if err != nil {
+			mailbox.SetError(env, err)
+		} else {
+			env.Body = body
+		}
+	}
+	if replyTo.Node == n.name {
+		n.responses.Deliver(env)
+		return
+	}
+	if err := n.transport.Send(n.ctx, replyTo.Node, env); err != nil {
+		n.log.Debug("response not sent", "to", replyTo.Node, "err", err)
+	}
+}
+
+// finishReliable answers a reliable message after its handler returned.
+// On success the idempotency key is recorded before PROCESSED is sent
+// (rule 6: never before the handler succeeded), asynchronously so the actor
+// can go on with its next message while the key waits for its group commit
+// (concurrent commits share one fsync).
+func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
+	id := d.env.GetMsgId()
+	if herr != nil {
+		a.markFailed(d)
+		code := pb.Receipt_TRANSIENT
+		if mailbox.IsPermanent(herr) {
+			code = pb.Receipt_REJECTED
+		}
+		d.receipt(&pb.Receipt{MsgId: id, Code: code, Message: herr.Error()})
+		return
+	}
+	scope, k := dedupeKey(d.senderNode, d.env)
+	if k == "" {
+		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
+		return
+	}
+	// The key is pending until its commit: a copy that arrives meanwhile is
+	// a duplicate too (seen), not a second run of the handler.
+	pk := scope + "\x00" + k
+	n.pendingKeys.Store(pk, struct{}{})
+	n.wg.Add(1)
+	go func() { // one per reliable message in flight; bounded by the senders' AIMD limits
+		defer n.wg.Done()
+		defer n.pendingKeys.Delete(pk)
+		if err := n.store.Record(context.Background(), scope, k); err != nil {
+			// The handler ran, but the key is not durable: say transient so the
+			// sender retries; the pending key dedupes a retry that comes soon.
+			d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: "record idempotency key: " + err.Error()})
+			return
+		}
+		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
+	}()
+}
+
+// seen reports whether a reliable message was already processed here.
+func (n *Node) seen(scope, key string) bool {
+	if key == "" {
+		return false
+	}
+	if _, ok := n.pendingKeys.Load(scope + "\x00" + key); ok {
+		return true
+	}
+	return n.store.Seen(scope, key)
+}
+
+// dedupeKey names a reliable message in the receiver's dedupe window. Keys
+// are scoped by sender node and recipient actor, so one key used for many
+// recipients (Dispatch) takes effect once per recipient. An OVERWRITE key
+// names a stream of versions, not one message: each version (sequence) is
+// its own logical message, or the second heartbeat would be a "duplicate".
+func dedupeKey(senderNode string, env *pb.Envelope) (scope, key string) {
+	key = env.GetIdempotencyKey()
+	if key == "" {
+		return "", ""
+	}
+	if env.GetConflict() == pb.Envelope_OVERWRITE {
+		key += "#" + strconv.FormatUint(env.GetSequence(), 10)
+	}
+	to, _ := parseLoose(env.GetRecipient())
+	return senderNode + ">" + to.Actor, key
+}

@@ -1,0 +1,208 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func TestRemoteTellAndAskThreeNodes(t *testing.T) {
+	nodes := cluster(t, 3)
+	ctx := ctxT(t)
+	var mu sync.Mutex
+	got := map[string][]string{}
+	for _, n := range nodes {
+		n.Spawn("echo", echo)
+		n.Spawn("sink", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+			var s wrapperspb.StringValue
+			if err := m.Decode(&s); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			got[m.Recipient().Node] = append(got[m.Recipient().Node], s.GetValue())
+			mu.Unlock()
+			return nil, nil
+		})
+	}
+	for i, from := range nodes {
+		for j, to := range nodes {
+			if i == j {
+				continue
+			}
+			var resp wrapperspb.StringValue
+			if err := from.Ask(ctx, node.Addr("echo", to.Name()), wrapperspb.String(from.Name()), &resp); err != nil {
+				t.Fatalf("%s ask %s: %v", from.Name(), to.Name(), err)
+			}
+			if resp.GetValue() != "echo:"+from.Name() {
+				t.Fatalf("%s ask %s: reply %q", from.Name(), to.Name(), resp.GetValue())
+			}
+			if err := from.Tell(ctx, node.Addr("sink", to.Name()), wrapperspb.String(from.Name())); err != nil {
+				t.Fatalf("%s tell %s: %v", from.Name(), to.Name(), err)
+			}
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "every node got two tells", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, n := range nodes {
+			if len(got[n.Name()]) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestRemoteTellOrder(t *testing.T) {
+	nodes := cluster(t, 2)
+	ctx := ctxT(t)
+	const total = 20000
+	var mu sync.Mutex
+	var seen []int
+	nodes[1].Spawn("ordered", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		var v wrapperspb.Int64Value
+		if err := m.Decode(&v); err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		seen = append(seen, int(v.GetValue()))
+		mu.Unlock()
+		return nil, nil
+	}, node.WithMailbox(total, mailbox.Reject))
+	to := node.Addr("ordered", nodes[1].Name())
+	for i := 0; i < total; i++ {
+		err := nodes[0].Tell(ctx, to, wrapperspb.Int64(int64(i)))
+		var ce *node.CapacityError
+		for errors.As(err, &ce) { // the connection queue is bounded: back off as told
+			time.Sleep(ce.RetryAfter)
+			err = nodes[0].Tell(ctx, to, wrapperspb.Int64(int64(i)))
+		}
+		if err != nil {
+			t.Fatalf("tell %d: %v", i, err)
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, "all tells arrived", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) == total
+	})
+	for i, v := range seen {
+		if v != i {
+			t.Fatalf("message %d arrived at position %d: order broken", v, i)
+		}
+	}
+}
+
+func TestRemoteAskErrors(t *testing.T) {
+	nodes := cluster(t, 2)
+	ctx := ctxT(t)
+	errBoom := errors.New("boom")
+	release := make(chan struct{})
+	defer close(release)
+	started := make(chan struct{}, 1)
+	nodes[1].Spawn("fail", func(ctx context.Context, m *node.Message) (proto.Message, error) { return nil, errBoom })
+	nodes[1].Spawn("slow", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	}, node.WithMailbox(1, mailbox.Reject))
+	peer := nodes[1].Name()
+
+	var re *node.RemoteError
+	if err := nodes[0].Ask(ctx, node.Addr("fail", peer), wrapperspb.String("x"), nil); !errors.As(err, &re) || re.Message != errBoom.Error() {
+		t.Fatalf("remote handler error = %v, want *RemoteError(boom)", err)
+	}
+	if err := nodes[0].Ask(ctx, node.Addr("ghost", peer), wrapperspb.String("x"), nil); !errors.Is(err, node.ErrNoSuchActor) {
+		t.Fatalf("remote missing actor = %v, want ErrNoSuchActor", err)
+	}
+	// Fill the slow actor: one in its handler, one in its mailbox of 1.
+	if err := nodes[0].Tell(ctx, node.Addr("slow", peer), wrapperspb.String("a")); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := nodes[0].Tell(ctx, node.Addr("slow", peer), wrapperspb.String("b")); err != nil {
+		t.Fatal(err)
+	}
+	var ce *node.CapacityError
+	testutil.WaitFor(t, 5*time.Second, "remote full gives CapacityError", func() bool {
+		err := nodes[0].Ask(ctx, node.Addr("slow", peer), wrapperspb.String("c"), nil)
+		return errors.As(err, &ce) && errors.Is(err, node.ErrMailboxFull) && ce.RetryAfter > 0
+	})
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	nodes[1].Spawn("mute", func(ctx context.Context, m *node.Message) (proto.Message, error) { <-release; return nil, nil })
+	if err := nodes[0].Ask(short, node.Addr("mute", peer), wrapperspb.String("x"), nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ask past deadline = %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestRemoteUnreachableAfterKill(t *testing.T) {
+	nodes := cluster(t, 3)
+	ctx := ctxT(t)
+	victim := nodes[2]
+	inHandler := make(chan struct{}, 1)
+	victim.Spawn("mute", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		inHandler <- struct{}{}
+		<-ctx.Done()
+		return nil, nil
+	})
+	askErr := make(chan error, 1)
+	go func() {
+		long, cancel := context.WithTimeout(ctx, 15*time.Second)
+		defer cancel()
+		askErr <- nodes[0].Ask(long, node.Addr("mute", victim.Name()), wrapperspb.String("x"), nil)
+	}()
+	<-inHandler // the ask is registered and in the victim's handler
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "victim declared dead", func() bool {
+		m := memberState(nodes[0], victim.Name())
+		return m == "dead" || m == "left"
+	})
+	start := time.Now()
+	err := nodes[0].Tell(ctx, node.Addr("mute", victim.Name()), wrapperspb.String("x"))
+	if !errors.Is(err, node.ErrUnreachable) {
+		t.Fatalf("tell to dead peer = %v, want ErrUnreachable", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("tell to dead peer took %v: it must not dial", d)
+	}
+	select {
+	case err := <-askErr:
+		if !errors.Is(err, node.ErrUnreachable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("in-flight ask = %v", err)
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("in-flight ask waited for its deadline; want ErrUnreachable when the peer died")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("in-flight ask to a dead peer did not fail")
+	}
+}
+
+func memberState(n *node.Node, name string) string {
+	for _, m := range n.Members() {
+		if m.Name == name {
+			return m.State.String()
+		}
+	}
+	return "unknown"
+}
+
+var _ = fmt.Sprint

@@ -1,0 +1,227 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/transport"
+	"google.golang.org/protobuf/proto"
+)
+
+// Tell sends msg to an actor, at most once. It returns once the message is
+// in a local mailbox or handed to the peer's connection. A full local
+// mailbox gives *CapacityError (errors.Is ErrMailboxFull); a remote one drops
+// the message and counts it at the receiver. A peer known to be down gives
+// ErrUnreachable at once, without a dial.
+func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message) error {
+	if err := n.check(to); err != nil {
+		return err
+	}
+	env := n.envelope(to, pb.RpcMeta_EVENT)
+	if to.Node == n.name {
+		a := n.actor(to.Actor)
+		if a == nil {
+			n.stats.tellFailed.Add(1)
+			return fmt.Errorf("node: tell %s: %w", to, ErrNoSuchActor)
+		}
+		if err := a.post(&delivery{env: env, body: msg, senderNode: n.name}); err != nil {
+			n.stats.tellFailed.Add(1)
+			return fmt.Errorf("node: tell %s: %w", to, err)
+		}
+		n.stats.tellDirect.Add(1)
+		return nil
+	}
+	body, err := packBody(msg)
+	if err != nil {
+		return err
+	}
+	env.Body = body
+	if err := n.transport.Send(ctx, to.Node, env); err != nil {
+		n.stats.tellFailed.Add(1)
+		return fmt.Errorf("node: tell %s: %w", to, n.mapSendErr(err))
+	}
+	n.stats.tellDirect.Add(1)
+	return nil
+}
+
+// Ask sends req to an actor and waits for its reply, which it decodes into
+// resp (resp may be nil to ignore the reply). Without a deadline in ctx,
+// Config.AskTimeout applies. Errors: *CapacityError when the actor's mailbox
+// is full, ErrNoSuchActor, *RemoteError for a handler error,
+// ErrUnreachable, or the context's error.
+func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp proto.Message) error {
+	start := time.Now()
+	err := n.ask(ctx, to, req, resp)
+	n.stats.observeAsk(time.Since(start), err)
+	return err
+}
+
+func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp proto.Message) error {
+	if err := n.check(to); err != nil {
+		return err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, n.cfg.AskTimeout)
+		defer cancel()
+	}
+	env := n.envelope(to, pb.RpcMeta_REQUEST)
+	if dl, ok := ctx.Deadline(); ok {
+		env.ExpiresAtUnixMs = dl.UnixMilli()
+	}
+	if to.Node == n.name {
+		return n.askLocal(ctx, to, env, req, resp)
+	}
+	body, err := packBody(req)
+	if err != nil {
+		return err
+	}
+	env.Body = body
+	corr := env.GetMsgId()
+	env.Rpc.CorrelationId = corr
+	env.Rpc.ReplyTo = Address{Node: n.name}.String()
+	ch, err := n.responses.Register(corr)
+	if err != nil {
+		return fmt.Errorf("node: ask %s: %w", to, err)
+	}
+	n.trackAsk(to.Node, corr)
+	defer n.untrackAsk(to.Node, corr)
+	if err := n.transport.Send(ctx, to.Node, env); err != nil {
+		n.responses.Cancel(corr)
+		return fmt.Errorf("node: ask %s: %w", to, n.mapSendErr(err))
+	}
+	select {
+	case r := <-ch:
+		if err := mailbox.ErrorOf(r); err != nil {
+			var re *RemoteError
+			if errors.As(err, &re) && re.Code == mailbox.Unavailable {
+				return fmt.Errorf("node: ask %s: %w: %w", to, ErrUnreachable, err)
+			}
+			return fmt.Errorf("node: ask %s: %w", to, err)
+		}
+		if resp != nil {
+			if r.GetBody() == nil {
+				return fmt.Errorf("node: ask %s: reply has no body", to)
+			}
+			if err := r.GetBody().UnmarshalTo(resp); err != nil {
+				return fmt.Errorf("node: ask %s: decode reply: %w", to, err)
+			}
+		}
+		return nil
+	case <-ctx.Done():
+		n.responses.Cancel(corr)
+		return fmt.Errorf("node: ask %s: %w", to, ctx.Err())
+	case <-n.ctx.Done():
+		n.responses.Cancel(corr)
+		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
+	}
+}
+
+func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, resp proto.Message) error {
+	a := n.actor(to.Actor)
+	if a == nil {
+		return fmt.Errorf("node: ask %s: %w", to, ErrNoSuchActor)
+	}
+	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
+	if err := a.post(&delivery{env: env, body: req, senderNode: n.name, replyCh: ch}); err != nil {
+		return fmt.Errorf("node: ask %s: %w", to, err)
+	}
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("node: ask %s: %w", to, r.err)
+		}
+		if resp != nil && r.msg != nil {
+			if r.msg.ProtoReflect().Descriptor().FullName() != resp.ProtoReflect().Descriptor().FullName() {
+				return fmt.Errorf("node: ask %s: reply is %s, not %s", to,
+					r.msg.ProtoReflect().Descriptor().FullName(), resp.ProtoReflect().Descriptor().FullName())
+			}
+			proto.Reset(resp)
+			proto.Merge(resp, r.msg)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("node: ask %s: %w", to, ctx.Err())
+	case <-n.ctx.Done():
+		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
+	}
+}
+
+// check validates a destination and refuses sends to dead peers at once.
+func (n *Node) check(to Address) error {
+	if n.closed.Load() {
+		return ErrClosed
+	}
+	if err := to.Validate(); err != nil {
+		return err
+	}
+	if to.Node != n.name && !n.mesh.Alive(to.Node) {
+		return fmt.Errorf("node: send to %s: %w", to, ErrUnreachable)
+	}
+	return nil
+}
+
+// envelope builds the common part of an outgoing envelope.
+func (n *Node) envelope(to Address, kind pb.RpcMeta_Kind) *pb.Envelope {
+	return &pb.Envelope{
+		ProtocolVersion: pb.ProtocolVersion,
+		MsgId:           mailbox.NewID(),
+		Sender:          Address{Node: n.name}.String(),
+		Recipient:       to.String(),
+		CreatedAtUnixMs: time.Now().UnixMilli(),
+		Rpc:             &pb.RpcMeta{Kind: kind},
+	}
+}
+
+// mapSendErr turns lower-layer send errors into the node's sentinels.
+func (n *Node) mapSendErr(err error) error {
+	switch {
+	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, mesh.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
+		return fmt.Errorf("%w: %w", ErrUnreachable, err)
+	case errors.Is(err, transport.ErrQueueFull):
+		return &CapacityError{RetryAfter: 5 * time.Millisecond}
+	case errors.Is(err, transport.ErrClosed):
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return err
+}
+
+func (n *Node) trackAsk(peer, corr string) {
+	n.askMu.Lock()
+	m := n.asks[peer]
+	if m == nil {
+		m = make(map[string]struct{})
+		n.asks[peer] = m
+	}
+	m[corr] = struct{}{}
+	n.askMu.Unlock()
+}
+
+func (n *Node) untrackAsk(peer, corr string) {
+	n.askMu.Lock()
+	if m := n.asks[peer]; m != nil {
+		delete(m, corr)
+		if len(m) == 0 {
+			delete(n.asks, peer)
+		}
+	}
+	n.askMu.Unlock()
+}
+
+// failAsks answers every pending ask to peer with an Unavailable status.
+func (n *Node) failAsks(peer, reason string) {
+	n.askMu.Lock()
+	m := n.asks[peer]
+	delete(n.asks, peer)
+	n.askMu.Unlock()
+	for corr := range m {
+		env := &pb.Envelope{Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: corr}}
+		mailbox.SetError(env, &mailbox.RemoteError{Code: mailbox.Unavailable, Message: reason})
+		n.responses.Deliver(env)
+	}
+}
