@@ -1,0 +1,78 @@
+// Package transport carries meshnode frames between nodes over QUIC with
+// mutual TLS. It knows nothing of membership: a Resolver tells it where a
+// node is and whether it is down, and a Handler receives envelopes.
+//
+// # Guarantees
+//
+//   - One UDP socket and one quic.Transport per node, for listening and
+//     dialing. TLS 1.3 only, mutual, ALPN "meshnode/1"; a peer's name is the
+//     DNS SAN of its certificate from the cluster CA, and its Hello must
+//     claim that same name, the same cluster and a common protocol version,
+//     else the connection is closed with a distinct application error code
+//     (CodeNameMismatch, CodeIncompatible) and the dialer gets ErrIncompatible.
+//   - At most one connection per peer pair. Envelopes for one recipient
+//     always use the same lane (FNV-1a of the recipient modulo Lanes), one
+//     unidirectional stream per direction, so order per (sender node,
+//     recipient) holds and a slow recipient does not block others.
+//   - Every queue is bounded: Send returns ErrQueueFull instead of blocking,
+//     and frames above MaxFrameSize are refused, on send and before
+//     allocating on receive.
+//   - Bad bytes from a peer close that connection only (CodeProtocol,
+//     CodeFrameTooLarge), logged with the reason; other peers are unaffected.
+//   - Request waiters end with the receipt, ErrConnLost when their
+//     connection fails or is closed, or the context error.
+//   - Close sends GoAway, closes every connection and the socket, and waits
+//     for every goroutine; it is idempotent.
+//
+// # Usage
+//
+//	ca, _ := transport.NewCA("my-cluster", 10*365*24*time.Hour)
+//	id, _ := ca.NewIdentity("n1")
+//	cfg := transport.DefaultConfig("n1")
+//	cfg.Identity = id
+//	cfg.ListenAddr = "0.0.0.0:7947"
+//	cfg.DataDir = "/var/lib/meshnode"
+//	t, err := transport.New(cfg, resolver, handler)
+//	if err != nil { ... }
+//	defer t.Close()
+//	err = t.Send(ctx, "n2", env)                  // tell
+//	rc, err := t.Request(ctx, "n2", envWithReceipt) // wait for the receipt
+//
+// # Decisions where DESIGN.md is silent
+//
+//   - Streams: each side opens a control stream first and sends its Hello
+//     on it; receipts and GoAway follow on the same stream ("receipts on
+//     their own lane"). Envelope lanes are opened lazily on first use. The
+//     dialer speaks first; the acceptor answers only after accepting the
+//     dialer's Hello, so a refused dialer learns why from the close code.
+//   - Writers: one goroutine per lane. Senders encode frames directly into
+//     the lane's buffer under its mutex (so the caller may reuse env as soon
+//     as Send returns, and frames of a RequestBatch are contiguous); the
+//     writer swaps the buffer with a spare one and writes the whole batch
+//     with one Write. No allocation per frame once the buffers have grown.
+//   - SendQueueSize counts envelopes queued on all lanes of a peer's
+//     connection. Receipts have their own bound of the same size on the
+//     control lane; a receipt that does not fit is dropped with a log (the
+//     requester then times out or retries), because reply must not block.
+//   - Simultaneous dials: both sides keep the connection dialed by the
+//     lexically smaller node name and close the other with CodeDuplicate;
+//     waiters on the closed one get ErrConnLost; a dial that lost the
+//     tie-break waits for the winning connection instead of failing.
+//     A connection from a peer with a new boot id replaces the old one
+//     (CodeReplaced), as does a second connection dialed by the same side.
+//   - A connection we dialed is replaced when the Resolver returns a
+//     different IP:port for the peer (it restarted elsewhere). Connections
+//     the peer dialed are not judged by address (their source address need
+//     not be the advertised one); the node layer calls ClosePeer when
+//     membership reports a restart, and the stateless reset or idle timeout
+//     catch the rest.
+//   - The stateless-reset key is 32 random bytes in DataDir/quic-reset.key
+//     (mode 0600, written atomically); with DataDir "" it is random per run.
+//   - Send resolves the peer on every call, so a peer the Resolver reports
+//     down fails with ErrUnreachable at once even if a connection is open.
+//   - Handlers run on the lane's reader goroutine; a handler that blocks
+//     stalls that lane only (QUIC flow control then pushes back on the
+//     sender, whose queue fills and returns ErrQueueFull). Close waits for
+//     handlers to return.
+//   - A reply after its connection is gone is dropped with a log.
+package transport
