@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -52,5 +53,123 @@ func TestClusterPartitionQueuesThenDelivers(t *testing.T) {
 	}
 	if rep.Delivered != 1 || rep.Queued != 20 || rep.Processed != 21 {
 		t.Fatalf("unexpected counts:\n%s", rep)
+	}
+}
+
+func TestClusterKillRestart(t *testing.T) {
+	rec := NewRecorder(2)
+	c := New(t, 3, sinks(rec, NoBug))
+	ctx := context.Background()
+	if err := c.Kill(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Kill(2); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("second Kill = %v, want ErrNotRunning", err)
+	}
+	if err := c.WaitDown(2, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if out, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 2)); err != nil || out != node.Queued {
+			t.Fatalf("send to killed node = %v, %v; want Queued", out, err)
+		}
+	}
+	if err := c.Restart(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(2); !errors.Is(err, ErrRunning) {
+		t.Fatalf("second Restart = %v, want ErrRunning", err)
+	}
+	if err := c.WaitConverged(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDrained(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if b := c.Boots(2); len(b) != 2 || b[0] == b[1] {
+		t.Fatalf("boots of n2 = %v, want two different", b)
+	}
+	rep, err := c.Check(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A graceful stop: the sender's outbox survives its own restart.
+	c.Isolate(1)
+	testutil.WaitFor(t, 10*time.Second, "n0 sees n1 down", func() bool { return !c.Sees(0, 1) })
+	for range 5 {
+		if _, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	c.Heal()
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDrained(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if rep, _ = c.Check(rec); rep.Err() != nil || rep.Processed != 15 {
+		t.Fatalf("after sender restart: %v\n%s", rep.Err(), rep)
+	}
+}
+
+func TestClusterBadIndex(t *testing.T) {
+	c := New(t, 1)
+	for name, err := range map[string]error{
+		"kill":    c.Kill(5),
+		"stop":    c.Stop(-1),
+		"restart": c.Restart(1),
+	} {
+		if !errors.Is(err, ErrBadIndex) {
+			t.Errorf("%s of a bad index = %v, want ErrBadIndex", name, err)
+		}
+	}
+	if c.Node(3) != nil || c.Name(3) != "" {
+		t.Error("Node/Name of a bad index not empty")
+	}
+	if _, err := Start(context.Background(), 0); !errors.Is(err, ErrBadIndex) {
+		t.Errorf("Start(0) = %v, want ErrBadIndex", err)
+	}
+}
+
+// TestCheckerCatchesInjectedBugs breaks the receiving handler from outside
+// node (see Bug) and shows the checker reports it.
+func TestCheckerCatchesInjectedBugs(t *testing.T) {
+	tests := []struct {
+		bug  Bug
+		what func(Report) int
+	}{
+		{BugAckWithoutProcessing, func(r Report) int { return len(r.Lost) }},
+		{BugDoubleApply, func(r Report) int { return len(r.Duplicates) }},
+	}
+	for _, tc := range tests {
+		t.Run(map[Bug]string{BugAckWithoutProcessing: "ack without processing", BugDoubleApply: "double apply"}[tc.bug], func(t *testing.T) {
+			rec := NewRecorder(3)
+			c := New(t, 2, sinks(rec, tc.bug))
+			for range 30 {
+				if _, err := SendReliable(context.Background(), rec, c.Node(0), c.Addr("sink", 1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.WaitDrained(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := c.Check(rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.OK() || tc.what(rep) != 3 {
+				t.Fatalf("checker missed the injected bug (want 3 violations):\n%s", rep)
+			}
+		})
 	}
 }

@@ -88,3 +88,19 @@ func (c *packetConn) Close() error {
 	c.wg.Wait()
 	return err
 }
+
+// SetReadBuffer and SetWriteBuffer pass through, so quic-go can size the
+// socket's buffers as it does for a plain *net.UDPConn.
+func (c *packetConn) SetReadBuffer(bytes int) error {
+	if s, ok := c.PacketConn.(interface{ SetReadBuffer(int) error }); ok {
+		return s.SetReadBuffer(bytes)
+	}
+	return nil
+}
+
+func (c *packetConn) SetWriteBuffer(bytes int) error {
+	if s, ok := c.PacketConn.(interface{ SetWriteBuffer(int) error }); ok {
+		return s.SetWriteBuffer(bytes)
+	}
+	return nil
+}
