@@ -1,0 +1,265 @@
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	MaybeChild() // the rss phase re-executes the test binary as its child
+	goleak.VerifyTestMain(m)
+}
+
+// tinyConfig runs every phase at a size that takes a second or two.
+func tinyConfig(tb testing.TB) Config {
+	tb.Helper()
+	cfg := DefaultConfig()
+	cfg.N = 3000
+	cfg.Duration = 300 * time.Millisecond
+	cfg.Asks = 50
+	cfg.Senders = []int{1, 4}
+	cfg.Backlog = 3000
+	cfg.Actors = 2000
+	cfg.WorkDir = tb.TempDir()
+	cfg.Timeout = 30 * time.Second
+	if testing.Verbose() {
+		cfg.Progress = os.Stderr
+	}
+	return cfg
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		ok   bool
+	}{
+		{"default", func(*Config) {}, true},
+		{"zero payload", func(c *Config) { c.Payload = 0 }, false},
+		{"huge payload", func(c *Config) { c.Payload = 2 << 20 }, false},
+		{"zero n", func(c *Config) { c.N = 0 }, false},
+		{"zero duration", func(c *Config) { c.Duration = 0 }, false},
+		{"zero asks", func(c *Config) { c.Asks = 0 }, false},
+		{"no senders", func(c *Config) { c.Senders = nil }, false},
+		{"negative senders", func(c *Config) { c.Senders = []int{1, -1} }, false},
+		{"zero backlog", func(c *Config) { c.Backlog = 0 }, false},
+		{"zero actors", func(c *Config) { c.Actors = 0 }, false},
+		{"no workdir", func(c *Config) { c.WorkDir = "" }, false},
+		{"zero timeout", func(c *Config) { c.Timeout = 0 }, false},
+		{"unknown phase", func(c *Config) { c.Only = []string{"tell", "warp"} }, false},
+		{"known phases", func(c *Config) { c.Only = []string{"tell", "rss"} }, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tt.edit(&cfg)
+			err := cfg.Validate()
+			if tt.ok && err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			if !tt.ok && !errors.Is(err, ErrBadConfig) {
+				t.Fatalf("Validate = %v, want ErrBadConfig", err)
+			}
+		})
+	}
+	if _, err := Run(Config{}); !errors.Is(err, ErrBadConfig) {
+		t.Fatalf("Run(zero config) = %v, want ErrBadConfig", err)
+	}
+}
+
+// TestRunEveryPhase runs the whole harness at a tiny size and checks that
+// every phase produced plausible figures, the table and the JSON.
+func TestRunEveryPhase(t *testing.T) {
+	cfg := tinyConfig(t)
+	rep, err := Run(cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	want := map[string]int{ // phase prefix -> rows expected
+		"tell vs":                 2,
+		"ask p":                   4,
+		"tell-reliable offline s": 2*3 + 1,
+		"drain":                   1,
+		"RSS with":                1,
+		"memory per idle actor":   1,
+	}
+	for prefix, n := range want {
+		got := 0
+		for _, r := range rep.Rows {
+			if strings.HasPrefix(r.Phase, prefix) {
+				got++
+			}
+		}
+		if got != n {
+			t.Errorf("%d rows start with %q, want %d", got, prefix, n)
+		}
+	}
+	for _, r := range rep.Rows {
+		if !(r.Meshnode.Value > 0) {
+			t.Errorf("%s: meshnode figure %v, want > 0", r.Phase, r.Meshnode.Value)
+		}
+		if r.Comparison != nil && !(r.Comparison.Value > 0 && r.Ratio > 0) {
+			t.Errorf("%s: comparison %v ratio %v, want > 0", r.Phase, r.Comparison.Value, r.Ratio)
+		}
+		if r.Target != "" && r.Met == "" {
+			t.Errorf("%s: target %q without a verdict", r.Phase, r.Target)
+		}
+	}
+	var tbl bytes.Buffer
+	if err := rep.WriteTable(&tbl); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(tbl.String(), "phase") || !strings.Contains(tbl.String(), "met?") ||
+		strings.Count(tbl.String(), "\n") != len(rep.Rows)+2 {
+		t.Errorf("table:\n%s", tbl.String())
+	}
+	path := filepath.Join(t.TempDir(), "out.json")
+	if err := rep.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatalf("JSON does not decode: %v", err)
+	}
+	if len(back.Rows) != len(rep.Rows) || back.Machine.CPUs < 1 {
+		t.Errorf("JSON has %d rows and %d CPUs, want %d rows", len(back.Rows), back.Machine.CPUs, len(rep.Rows))
+	}
+	if entries, _ := os.ReadDir(cfg.WorkDir); len(entries) != 0 {
+		t.Errorf("work directory not cleaned: %d entries left", len(entries))
+	}
+}
+
+func TestRunOnly(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Only = []string{PhaseActors}
+	rep, err := Run(cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rep.Rows) != 1 || !strings.HasPrefix(rep.Rows[0].Phase, "memory per idle actor") {
+		t.Fatalf("rows = %+v, want only the actors row", rep.Rows)
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		sorted []time.Duration
+		p      int
+		want   time.Duration
+	}{
+		{"empty", nil, 50, 0},
+		{"one", ms(7), 99, 7 * time.Millisecond},
+		{"p50 of 4", ms(1, 2, 3, 4), 50, 2 * time.Millisecond},
+		{"p99 of 100", ms(seq(100)...), 99, 99 * time.Millisecond},
+		{"p100", ms(1, 2, 3), 100, 3 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := percentile(tt.sorted, tt.p); got != tt.want {
+				t.Fatalf("percentile = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func seq(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i + 1
+	}
+	return out
+}
+
+func TestReadFrame(t *testing.T) {
+	huge := binary.AppendUvarint(nil, 1<<40)
+	tests := []struct {
+		name string
+		in   []byte
+		want []byte
+		err  error
+	}{
+		{"ok", appendFrame(nil, []byte("hello")), []byte("hello"), nil},
+		{"empty frame", appendFrame(nil, nil), []byte{}, nil},
+		{"too large", append(huge, 1, 2, 3), nil, ErrFrameTooLarge},
+		{"truncated body", appendFrame(nil, []byte("hello"))[:4], nil, io.ErrUnexpectedEOF},
+		{"no length", nil, nil, io.EOF},
+		{"overlong varint", bytes.Repeat([]byte{0xff}, 11), nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := readFrame(bufio.NewReader(bytes.NewReader(tt.in)), 1024, nil)
+			switch {
+			case tt.want != nil:
+				if err != nil || !bytes.Equal(got, tt.want) {
+					t.Fatalf("readFrame = %q, %v; want %q", got, err, tt.want)
+				}
+			case tt.err != nil:
+				if !errors.Is(err, tt.err) {
+					t.Fatalf("readFrame error = %v, want %v", err, tt.err)
+				}
+			default:
+				if err == nil {
+					t.Fatalf("readFrame accepted %x", tt.in)
+				}
+			}
+		})
+	}
+}
+
+// FuzzReadFrame: arbitrary bytes never panic or pass the size limit, and a
+// frame that decodes is exactly the bytes after its length prefix.
+func FuzzReadFrame(f *testing.F) {
+	f.Add(appendFrame(nil, []byte("payload")))
+	f.Add(appendFrame(appendFrame(nil, []byte("a")), make([]byte, 128)))
+	f.Add(binary.AppendUvarint(nil, 1<<40))
+	f.Add([]byte{0x80, 0x00})
+	f.Add([]byte{0x80})
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		src := bytes.NewReader(in)
+		r := bufio.NewReaderSize(src, 16)
+		off := 0
+		for {
+			got, err := readFrame(r, 256, nil)
+			if err != nil {
+				return
+			}
+			if len(got) > 256 {
+				t.Fatalf("frame of %d bytes passed a 256-byte limit", len(got))
+			}
+			consumed := len(in) - src.Len() - r.Buffered()
+			body := in[consumed-len(got) : consumed]
+			if !bytes.Equal(got, body) {
+				t.Fatalf("frame %x, want the input bytes %x", got, body)
+			}
+			n, k := binary.Uvarint(in[off : consumed-len(got)])
+			if k != consumed-len(got)-off || n != uint64(len(got)) {
+				t.Fatalf("prefix %x does not encode length %d", in[off:consumed-len(got)], len(got))
+			}
+			off = consumed
+		}
+	})
+}

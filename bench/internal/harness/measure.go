@@ -1,0 +1,90 @@
+package harness
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// sink counts received messages and remembers when the last one arrived,
+// so a throughput figure ends at the last receive, not at the poll that saw it.
+type sink struct {
+	n    atomic.Int64
+	last atomic.Int64 // unix nanoseconds of the latest hit
+}
+
+func (s *sink) hit() {
+	s.n.Add(1)
+	s.last.Store(time.Now().UnixNano())
+}
+
+// throughput sends until cfg.N messages or cfg.Duration, whichever comes
+// first, then waits until the receiver has counted all of them (or lost()
+// accounts for the rest) and returns msgs/s received, from the first send to
+// the last receive. send must block or retry on back-pressure itself.
+// flush (may be nil) pushes out what send buffered.
+func throughput(cfg Config, what string, send, flush func() error, s *sink, lost func() int64) (rate float64, sent int64, err error) {
+	start := time.Now()
+	for sent < int64(cfg.N) {
+		if sent%256 == 0 && time.Since(start) >= cfg.Duration {
+			break
+		}
+		if err := send(); err != nil {
+			return 0, sent, fmt.Errorf("bench: %s: send %d: %w", what, sent, err)
+		}
+		sent++
+	}
+	if flush != nil {
+		if err := flush(); err != nil {
+			return 0, sent, fmt.Errorf("bench: %s: flush: %w", what, err)
+		}
+	}
+	if lost == nil {
+		lost = func() int64 { return 0 }
+	}
+	if err := waitFor(cfg.Timeout, what+": all messages received", func() bool {
+		return s.n.Load()+lost() >= sent
+	}); err != nil {
+		return 0, sent, fmt.Errorf("bench: %s: received %d of %d: %w", what, s.n.Load(), sent, err)
+	}
+	elapsed := time.Duration(s.last.Load() - start.UnixNano())
+	if elapsed <= 0 {
+		elapsed = time.Since(start)
+	}
+	return float64(s.n.Load()) / elapsed.Seconds(), sent, nil
+}
+
+// latencies runs cfg.Asks sequential round trips and returns p50 and p99.
+func latencies(cfg Config, what string, rt func() error) (p50, p99 time.Duration, err error) {
+	lat := make([]time.Duration, 0, cfg.Asks)
+	// A short warm-up so connection setup and first allocations don't count.
+	for i := 0; i < min(cfg.Asks/10+1, 200); i++ {
+		if err := rt(); err != nil {
+			return 0, 0, fmt.Errorf("bench: %s: warm-up: %w", what, err)
+		}
+	}
+	for i := 0; i < cfg.Asks; i++ {
+		t0 := time.Now()
+		if err := rt(); err != nil {
+			return 0, 0, fmt.Errorf("bench: %s: round trip %d: %w", what, i, err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
+	return percentile(lat, 50), percentile(lat, 99), nil
+}
+
+// percentile returns the p-th percentile of sorted (nearest rank).
+func percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := (len(sorted)*p + 99) / 100
+	if i < 1 {
+		i = 1
+	}
+	return sorted[i-1]
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }

@@ -1,0 +1,110 @@
+package harness
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/transport"
+)
+
+// env holds what every phase shares: the work directory and the cluster CA.
+type env struct {
+	cfg Config
+	dir string // this run's temporary directory, removed by Run
+	ca  *transport.CA
+}
+
+func newEnv(cfg Config, dir string) (*env, error) {
+	ca, err := transport.NewCA("meshbench CA", 24*time.Hour)
+	if err != nil {
+		return nil, fmt.Errorf("bench: create CA: %w", err)
+	}
+	return &env{cfg: cfg, dir: dir, ca: ca}, nil
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// nodeConfig returns a loopback node config with its own data directory
+// under the run's directory.
+func (e *env) nodeConfig(name, sub string, join ...string) (node.Config, error) {
+	id, err := e.ca.NewIdentity(name)
+	if err != nil {
+		return node.Config{}, fmt.Errorf("bench: identity %s: %w", name, err)
+	}
+	cfg := node.DefaultConfig(name)
+	cfg.Cluster = "meshbench"
+	cfg.DataDir = filepath.Join(e.dir, sub, name)
+	cfg.GossipAddr = "127.0.0.1:0"
+	cfg.QUICAddr = "127.0.0.1:0"
+	cfg.Join = join
+	cfg.TLS = id
+	cfg.Relay.Logger = discard
+	return cfg, nil
+}
+
+// startNode starts a node named name in the sub-directory sub.
+func (e *env) startNode(name, sub string, join ...string) (*node.Node, error) {
+	cfg, err := e.nodeConfig(name, sub, join...)
+	if err != nil {
+		return nil, err
+	}
+	n, err := node.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("bench: start node %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// pair starts two nodes, the second joined to the first, and waits until
+// each sees the other alive. The caller closes both.
+func (e *env) pair(sub string) (a, b *node.Node, err error) {
+	a, err = e.startNode("n1", sub)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err = e.startNode("n2", sub, a.GossipAddr())
+	if err != nil {
+		_ = a.Close()
+		return nil, nil, err
+	}
+	if err := waitFor(10*time.Second, "n1 and n2 see each other alive", func() bool {
+		return seesAlive(a, "n2") && seesAlive(b, "n1")
+	}); err != nil {
+		_ = b.Close()
+		_ = a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
+}
+
+// seesAlive reports whether n's membership has peer alive.
+func seesAlive(n *node.Node, peer string) bool {
+	for _, m := range n.Members() {
+		if m.Name == peer && m.State == mesh.StateAlive {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond until it holds or timeout passes. The sleep is the
+// polling interval, not synchronisation: cond decides.
+func waitFor(timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	wait := 50 * time.Microsecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w after %v waiting for: %s", ErrTimeout, timeout, what)
+		}
+		time.Sleep(wait)
+		if wait < 5*time.Millisecond {
+			wait *= 2
+		}
+	}
+	return nil
+}

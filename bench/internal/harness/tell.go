@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/node"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// tellPhase measures one-way throughput: meshnode Tell between two nodes,
+// NATS core pub→sub, and a raw quic-go framed stream.
+func (e *env) tellPhase() ([]Row, error) {
+	payload := make([]byte, e.cfg.Payload)
+	mesh, note, err := e.meshTell(payload)
+	if err != nil {
+		return nil, err
+	}
+	e.cfg.logf("tell: meshnode %.0f msgs/s", mesh)
+	nrate, err := e.natsPubSub(payload)
+	if err != nil {
+		return nil, err
+	}
+	e.cfg.logf("tell: NATS %.0f msgs/s", nrate)
+	qrate, err := e.rawStream(payload)
+	if err != nil {
+		return nil, err
+	}
+	e.cfg.logf("tell: raw quic-go %.0f msgs/s", qrate)
+	m := Figure{Value: mesh, Unit: "msgs/s"}
+	rn, rq := ratio(mesh, nrate), ratio(mesh, qrate)
+	return []Row{
+		{Phase: "tell vs NATS pub→sub", Meshnode: m, Comparison: &Figure{Name: "NATS core pub→sub", Value: nrate, Unit: "msgs/s"},
+			Ratio: rn, Target: "≥ 1.0×", Met: yesNo(rn >= 1.0), Note: note},
+		{Phase: "tell vs raw quic-go stream", Meshnode: m, Comparison: &Figure{Name: "raw quic-go stream", Value: qrate, Unit: "msgs/s"},
+			Ratio: rq, Target: "≥ 0.5×", Met: yesNo(rq >= 0.5)},
+	}, nil
+}
+
+// isCapacity reports whether err is back-pressure (a full queue or mailbox).
+func isCapacity(err error) (time.Duration, bool) {
+	var ce *node.CapacityError
+	if errors.As(err, &ce) {
+		return ce.RetryAfter, true
+	}
+	return 0, false
+}
+
+// meshTell: n1 tells a counting actor on n2. Back-pressure from the
+// connection's bounded queue is honoured by waiting RetryAfter; drops at the
+// receiver's mailbox are counted as lost and reported.
+func (e *env) meshTell(payload []byte) (float64, string, error) {
+	a, b, err := e.pair("tell")
+	if err != nil {
+		return 0, "", err
+	}
+	defer func() { _ = a.Close(); _ = b.Close() }()
+	var s sink
+	to, err := b.Spawn("count", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		s.hit()
+		return nil, nil
+	}, node.WithMailbox(1<<16, mailbox.Reject))
+	if err != nil {
+		return 0, "", fmt.Errorf("bench: tell: spawn: %w", err)
+	}
+	msg := wrapperspb.Bytes(payload)
+	ctx := context.Background()
+	var retries int64
+	send := func() error {
+		for {
+			err := a.Tell(ctx, to, msg)
+			if err == nil {
+				return nil
+			}
+			wait, ok := isCapacity(err)
+			if !ok {
+				return err
+			}
+			retries++
+			time.Sleep(min(wait, time.Millisecond))
+		}
+	}
+	lost := func() int64 { st := b.Stats(); return int64(st.Dropped + st.RefusedFull) }
+	// Warm-up: connection setup is not part of the figure.
+	if err := send(); err != nil {
+		return 0, "", fmt.Errorf("bench: tell: warm-up: %w", err)
+	}
+	if err := waitFor(10*time.Second, "warm-up tell received", func() bool { return s.n.Load() == 1 }); err != nil {
+		return 0, "", err
+	}
+	s.n.Store(0)
+	rate, sent, err := throughput(e.cfg, "meshnode tell", send, nil, &s, lost)
+	if err != nil {
+		return 0, "", err
+	}
+	note := fmt.Sprintf("%d sent", sent)
+	if l := lost(); l > 0 {
+		note += fmt.Sprintf(", %d dropped at the receiver", l)
+	}
+	if retries > 0 {
+		note += fmt.Sprintf(", %d queue-full retries", retries)
+	}
+	return rate, note, nil
+}
+
+// natsPubSub: one publisher connection, one subscriber connection counting.
+func (e *env) natsPubSub(payload []byte) (float64, error) {
+	ns, err := e.startNATS(false, false, "nats-pubsub")
+	if err != nil {
+		return 0, err
+	}
+	defer ns.close()
+	pub, err := ns.connect()
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	subc, err := ns.connect()
+	if err != nil {
+		return 0, err
+	}
+	defer subc.Close()
+	var s sink
+	sub, err := subc.Subscribe("bench.tell", func(*nats.Msg) { s.hit() })
+	if err != nil {
+		return 0, fmt.Errorf("bench: nats subscribe: %w", err)
+	}
+	// No client-side slow-consumer drops: the subscriber must count all.
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return 0, fmt.Errorf("bench: nats pending limits: %w", err)
+	}
+	if err := subc.Flush(); err != nil {
+		return 0, fmt.Errorf("bench: nats flush: %w", err)
+	}
+	lost := func() int64 { d, _ := sub.Dropped(); return int64(d) }
+	rate, _, err := throughput(e.cfg, "NATS pub→sub",
+		func() error { return pub.Publish("bench.tell", payload) },
+		pub.Flush, &s, lost)
+	return rate, err
+}
+
+// rawStream: one quic-go stream, varint-framed payloads, batched by a
+// 64 KiB bufio.Writer; the receiver counts frames.
+func (e *env) rawStream(payload []byte) (float64, error) {
+	var s sink
+	rs, err := e.startRawServer(false, &s)
+	if err != nil {
+		return 0, err
+	}
+	defer rs.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := e.dialRaw(ctx, rs.addr())
+	if err != nil {
+		return 0, err
+	}
+	defer c.close()
+	rate, _, err := throughput(e.cfg, "raw quic-go stream", func() error { return c.send(payload) }, c.flush, &s, nil)
+	return rate, err
+}
