@@ -251,8 +251,15 @@ func (r *Relay) dispatch(p *part, rcpt string, now time.Time) bool {
 // deliver sends one batch of rcpt and processes the receipts in order.
 func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots int) {
 	defer r.wg.Done()
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			lim.Release(slots)
+		}
+	}
 	defer func() {
-		lim.Release(slots)
+		release()
 		p.mu.Lock()
 		delete(p.inflight, rcpt)
 		p.mu.Unlock()
@@ -281,6 +288,12 @@ func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots i
 	}
 	r.batches.Add(1)
 	receipts, derr := r.d.Deliver(r.ctx, node, envs)
+	// The peer's share of the work is over when the receipts are back:
+	// free its AIMD slots now so other recipients of the node need not wait
+	// for this batch's ack fsync. The recipient itself stays in flight until
+	// the ack committed, which keeps its FIFO and avoids redelivery.
+	release()
+	r.wakeAll()
 	if r.ctx.Err() != nil {
 		// Closing: whatever happened, the messages stay queued and are
 		// redelivered later (rule 5); acks of positive receipts are still
