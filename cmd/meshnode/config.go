@@ -1,0 +1,262 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+	"github.com/meshnode/meshnode/internal/admin"
+	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/spf13/pflag"
+)
+
+// errBadConfig prefixes every configuration error.
+var errBadConfig = errors.New("bad config")
+
+// Config is the daemon's configuration: defaults < TOML file < environment
+// (MESHNODE_<KEY>) < flags (--<key with dashes>).
+type Config struct {
+	Name            string   `toml:"name"`             // node name, unique in the cluster and the DNS SAN of its certificate (host name)
+	Cluster         string   `toml:"cluster"`          // cluster name; nodes of other clusters are refused ("meshnode")
+	DataDir         string   `toml:"data_dir"`         // outbox, inbox, dedupe window, peers ("./meshnode-data")
+	GossipAddr      string   `toml:"gossip_addr"`      // memberlist bind address ("0.0.0.0:7946")
+	QUICAddr        string   `toml:"quic_addr"`        // QUIC bind address ("0.0.0.0:7947")
+	Join            []string `toml:"join"`             // gossip addresses of seed nodes (none)
+	GossipKeyFile   string   `toml:"gossip_key_file"`  // base64 32-byte gossip key from `meshnode keygen`; "" = unencrypted gossip
+	CAFile          string   `toml:"ca_file"`          // cluster CA certificate ("certs/ca.crt")
+	CertFile        string   `toml:"cert_file"`        // this node's certificate; "" = <dir of ca_file>/<name>.crt
+	KeyFile         string   `toml:"key_file"`         // this node's key; "" = <dir of ca_file>/<name>.key
+	AdminAddr       string   `toml:"admin_addr"`       // admin HTTP API and /metrics; loopback unless admin_token is set ("127.0.0.1:7948")
+	AdminToken      string   `toml:"admin_token"`      // bearer token required by the admin API; "" = none
+	LogFormat       string   `toml:"log_format"`       // "text" or "json" ("text")
+	LogLevel        string   `toml:"log_level"`        // "debug", "info", "warn" or "error" ("info")
+	MailboxCapacity int      `toml:"mailbox_capacity"` // mailbox capacity of each actor (1024)
+	Inboxes         []string `toml:"inboxes"`          // inbox actors declared at start (none)
+	InboxCapacity   int      `toml:"inbox_capacity"`   // unacknowledged messages per inbox before senders are told to back off (100000)
+}
+
+// DefaultConfig returns the defaults; the name is the host name.
+func DefaultConfig() Config {
+	name, err := os.Hostname()
+	if err != nil || name == "" {
+		name = "meshnode"
+	}
+	return Config{
+		Name:            name,
+		Cluster:         "meshnode",
+		DataDir:         "meshnode-data",
+		GossipAddr:      "0.0.0.0:7946",
+		QUICAddr:        "0.0.0.0:7947",
+		CAFile:          filepath.Join("certs", "ca.crt"),
+		AdminAddr:       "127.0.0.1:7948",
+		LogFormat:       "text",
+		LogLevel:        "info",
+		MailboxCapacity: 1024,
+		InboxCapacity:   inbox.DefaultConfig("").MaxMessages,
+	}
+}
+
+// certFiles returns the certificate and key paths, derived when unset.
+func (c Config) certFiles() (cert, key string) {
+	cert, key = c.CertFile, c.KeyFile
+	dir := filepath.Dir(c.CAFile)
+	if cert == "" {
+		cert = filepath.Join(dir, c.Name+".crt")
+	}
+	if key == "" {
+		key = filepath.Join(dir, c.Name+".key")
+	}
+	return cert, key
+}
+
+// Validate reports the first problem, naming the setting and what to do.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", errBadConfig, fmt.Sprintf(format, args...))
+	}
+	if err := inbox.ValidName(c.Name); err != nil || strings.ContainsAny(c.Name, "/") {
+		return bad("name %q: use letters, digits, '-' or '.' (set --name)", c.Name)
+	}
+	if c.Cluster == "" {
+		return bad("cluster is empty (set --cluster)")
+	}
+	if c.DataDir == "" {
+		return bad("data_dir is empty (set --data-dir)")
+	}
+	for key, a := range map[string]string{"gossip_addr": c.GossipAddr, "quic_addr": c.QUICAddr, "admin_addr": c.AdminAddr} {
+		if _, port, err := net.SplitHostPort(a); err != nil {
+			return bad("%s %q is not host:port", key, a)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return bad("%s %q: port %q is not a number 0-65535", key, a, port)
+		}
+	}
+	for _, j := range c.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return bad("join address %q is not host:port", j)
+		}
+	}
+	if err := admin.CheckAddr(c.AdminAddr, c.AdminToken); err != nil {
+		return bad("admin_addr %q is not loopback: set admin_token (--admin-token) to expose the admin API, or use 127.0.0.1", c.AdminAddr)
+	}
+	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
+		return bad("log_format %q: want text or json", c.LogFormat)
+	}
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.LogLevel) {
+		return bad("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.MailboxCapacity <= 0 {
+		return bad("mailbox_capacity %d must be positive", c.MailboxCapacity)
+	}
+	if c.InboxCapacity <= 0 {
+		return bad("inbox_capacity %d must be positive", c.InboxCapacity)
+	}
+	for _, n := range c.Inboxes {
+		if err := inbox.ValidName(n); err != nil {
+			return bad("inboxes: %v", err)
+		}
+	}
+	if c.CAFile == "" {
+		return bad("ca_file is empty (create a CA with `meshnode ca init` and set --ca-file)")
+	}
+	return nil
+}
+
+// setting binds one Config field to its TOML key, flag and env var.
+type setting struct {
+	key   string // TOML key; the flag is the key with '-' for '_', the env var MESHNODE_<KEY>
+	usage string
+	list  bool
+	str   func(c *Config) *string   // scalar string fields
+	num   func(c *Config) *int      // int fields
+	strs  func(c *Config) *[]string // list fields
+}
+
+func (s setting) flag() string { return strings.ReplaceAll(s.key, "_", "-") }
+func (s setting) env() string  { return "MESHNODE_" + strings.ToUpper(s.key) }
+
+var settings = []setting{
+	{key: "name", usage: "node name, unique in the cluster; must match its certificate", str: func(c *Config) *string { return &c.Name }},
+	{key: "cluster", usage: "cluster name; nodes of other clusters are refused", str: func(c *Config) *string { return &c.Cluster }},
+	{key: "data_dir", usage: "directory for the outbox, inbox and peer list", str: func(c *Config) *string { return &c.DataDir }},
+	{key: "gossip_addr", usage: "gossip (memberlist) bind address host:port", str: func(c *Config) *string { return &c.GossipAddr }},
+	{key: "quic_addr", usage: "QUIC bind address host:port", str: func(c *Config) *string { return &c.QUICAddr }},
+	{key: "join", usage: "gossip address of a seed node (repeat or comma-separate)", list: true, strs: func(c *Config) *[]string { return &c.Join }},
+	{key: "gossip_key_file", usage: "file with the base64 gossip key from `meshnode keygen` (empty: unencrypted)", str: func(c *Config) *string { return &c.GossipKeyFile }},
+	{key: "ca_file", usage: "cluster CA certificate (from `meshnode ca init`)", str: func(c *Config) *string { return &c.CAFile }},
+	{key: "cert_file", usage: "node certificate (default <dir of ca_file>/<name>.crt)", str: func(c *Config) *string { return &c.CertFile }},
+	{key: "key_file", usage: "node private key (default <dir of ca_file>/<name>.key)", str: func(c *Config) *string { return &c.KeyFile }},
+	{key: "admin_addr", usage: "admin API and /metrics address; loopback unless admin_token is set", str: func(c *Config) *string { return &c.AdminAddr }},
+	{key: "admin_token", usage: "bearer token the admin API requires (needed for a non-loopback admin_addr)", str: func(c *Config) *string { return &c.AdminToken }},
+	{key: "log_format", usage: "log format: text or json", str: func(c *Config) *string { return &c.LogFormat }},
+	{key: "log_level", usage: "log level: debug, info, warn or error", str: func(c *Config) *string { return &c.LogLevel }},
+	{key: "mailbox_capacity", usage: "mailbox capacity of each actor", num: func(c *Config) *int { return &c.MailboxCapacity }},
+	{key: "inboxes", usage: "inbox actor to declare at start (repeat or comma-separate)", list: true, strs: func(c *Config) *[]string { return &c.Inboxes }},
+	{key: "inbox_capacity", usage: "unacknowledged messages per inbox before senders back off", num: func(c *Config) *int { return &c.InboxCapacity }},
+}
+
+// addFlags registers every setting as a flag showing its default and env var.
+func addFlags(fs *pflag.FlagSet) {
+	def := DefaultConfig()
+	for _, s := range settings {
+		usage := s.usage + " (env " + s.env() + ")"
+		switch {
+		case s.list:
+			fs.StringSlice(s.flag(), *s.strs(&def), usage)
+		case s.num != nil:
+			fs.Int(s.flag(), *s.num(&def), usage)
+		default:
+			fs.String(s.flag(), *s.str(&def), usage)
+		}
+	}
+	fs.StringP("config", "c", "", "TOML config file (env MESHNODE_CONFIG)")
+}
+
+// set parses a string value (from the environment) into the setting.
+func (s setting) set(c *Config, v string) error {
+	switch {
+	case s.list:
+		var out []string
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+		*s.strs(c) = out
+	case s.num != nil:
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%w: %s=%q is not a number", errBadConfig, s.env(), v)
+		}
+		*s.num(c) = n
+	default:
+		*s.str(c) = v
+	}
+	return nil
+}
+
+// LoadConfig builds the configuration: defaults, then the TOML file (from
+// --config or MESHNODE_CONFIG), then the environment, then changed flags.
+// Unknown TOML keys are an error naming them.
+func LoadConfig(fs *pflag.FlagSet, getenv func(string) (string, bool)) (Config, error) {
+	cfg := DefaultConfig()
+	file, _ := fs.GetString("config")
+	if !fs.Changed("config") {
+		if v, ok := getenv("MESHNODE_CONFIG"); ok {
+			file = v
+		}
+	}
+	if file != "" {
+		md, err := toml.DecodeFile(file, &cfg)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return cfg, fmt.Errorf("%w: config file %s does not exist", errBadConfig, file)
+			}
+			return cfg, fmt.Errorf("%w: config file %s: %w", errBadConfig, file, err)
+		}
+		if und := md.Undecoded(); len(und) > 0 {
+			keys := make([]string, len(und))
+			for i, k := range und {
+				keys[i] = strconv.Quote(k.String())
+			}
+			return cfg, fmt.Errorf("%w: config file %s: unknown key %s (known keys: %s)", errBadConfig, file, strings.Join(keys, ", "), knownKeys())
+		}
+	}
+	for _, s := range settings {
+		if v, ok := getenv(s.env()); ok {
+			if err := s.set(&cfg, v); err != nil {
+				return cfg, err
+			}
+		}
+	}
+	for _, s := range settings {
+		if !fs.Changed(s.flag()) {
+			continue
+		}
+		switch {
+		case s.list:
+			v, _ := fs.GetStringSlice(s.flag())
+			*s.strs(&cfg) = v
+		case s.num != nil:
+			v, _ := fs.GetInt(s.flag())
+			*s.num(&cfg) = v
+		default:
+			v, _ := fs.GetString(s.flag())
+			*s.str(&cfg) = v
+		}
+	}
+	return cfg, cfg.Validate()
+}
+
+func knownKeys() string {
+	keys := make([]string, len(settings))
+	for i, s := range settings {
+		keys[i] = s.key
+	}
+	return strings.Join(keys, ", ")
+}
