@@ -1,8 +1,12 @@
 package node
 
 import (
+	"sort"
 	"sync/atomic"
 	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/transport"
 )
 
 // counters are the node's own event counts (lock-free); Stats copies them.
@@ -57,3 +61,24 @@ func (n *Node) Stats() Stats {
 	n.actorsMu.RUnlock()
 	return s
 }
+
+// ActorStats is one actor's mailbox.
+type ActorStats struct {
+	Name string
+	mailbox.Stats
+}
+
+// ActorStats returns the mailbox of every actor, sorted by name.
+func (n *Node) ActorStats() []ActorStats {
+	n.actorsMu.RLock()
+	out := make([]ActorStats, 0, len(n.actors))
+	for name, a := range n.actors {
+		out = append(out, ActorStats{Name: name, Stats: a.mb.Stats()})
+	}
+	n.actorsMu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// PeerStats returns frames and bytes exchanged with each peer.
+func (n *Node) PeerStats() map[string]transport.PeerStats { return n.transport.PeerStats() }

@@ -107,7 +107,9 @@ func New(cfg Config) (*Node, error) {
 		Cluster:          cfg.Cluster,
 	}
 	mcfg.OnEvent = n.onMemberEvent
-	if n.relay, err = partition.New(cfg.Relay, n.store, deliverer{n}); err != nil {
+	rcfg := cfg.Relay
+	rcfg.Logger = n.log.With("part", "relay")
+	if n.relay, err = partition.New(rcfg, n.store, deliverer{n}); err != nil {
 		n.cancel()
 		_ = n.transport.Close()
 		_ = n.store.Close()

@@ -140,11 +140,17 @@ func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
 	id := d.env.GetMsgId()
 	if herr != nil {
 		a.markFailed(d)
-		code := pb.Receipt_TRANSIENT
-		if mailbox.IsPermanent(herr) {
-			code = pb.Receipt_REJECTED
+		rc := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}
+		var ce *CapacityError
+		switch {
+		case mailbox.IsPermanent(herr):
+			rc.Code = pb.Receipt_REJECTED
+		case errors.As(herr, &ce):
+			// A handler that is itself full (a bounded store behind it) is
+			// congestion, not poison: the sender backs off without counting.
+			rc.Code, rc.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
 		}
-		d.receipt(&pb.Receipt{MsgId: id, Code: code, Message: herr.Error()})
+		d.receipt(rc)
 		return
 	}
 	scope, k := dedupeKey(d.senderNode, d.env)

@@ -4,8 +4,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// commands are the top-level command groups; the lead adds demo and testnet
-// here.
+// commands are the top-level command groups.
 var commands = []func() *cobra.Command{
 	newRunCmd,
 	newMembersCmd,
@@ -18,6 +17,7 @@ var commands = []func() *cobra.Command{
 	newCACmd,
 	newCertCmd,
 	newKeygenCmd,
+	newDemoCmd,
 }
 
 // newRootCmd builds the CLI: `meshnode <command>`.

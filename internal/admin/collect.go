@@ -110,6 +110,21 @@ func (c nodeCollector) Collect() []Family {
 		fams = append(fams, frames, bytes)
 	}
 
+	if as, ok := b.(ActorStatser); ok {
+		depth := Family{Name: "meshnode_mailbox_depth", Help: "Messages queued per actor mailbox.", Type: "gauge"}
+		drops := Family{Name: "meshnode_mailbox_drops_total", Help: "Messages dropped or refused per actor mailbox and reason.", Type: "counter"}
+		for _, a := range as.ActorStats() {
+			depth.Samples = append(depth.Samples, Sample{Labels: []string{"actor", a.Name}, Value: float64(a.Depth)})
+			for _, r := range []struct {
+				reason string
+				v      uint64
+			}{{"rejected", a.Rejected}, {"drop-oldest", a.DroppedOldest}, {"drop-newest", a.DroppedNewest}, {"closed", a.DroppedClosed}} {
+				drops.Samples = append(drops.Samples, Sample{Labels: []string{"actor", a.Name, "reason", r.reason}, Value: float64(r.v)})
+			}
+		}
+		fams = append(fams, depth, drops)
+	}
+
 	if c.s.cfg.Inbox != nil {
 		depth := Family{Name: "meshnode_inbox_depth", Help: "Unacknowledged messages per inbox.", Type: "gauge"}
 		last := Family{Name: "meshnode_inbox_last_cursor", Help: "Cursor of the newest message per inbox.", Type: "gauge"}

@@ -30,6 +30,12 @@ type Backend interface {
 	Purge(f outbox.DLQFilter) (int, error)
 }
 
+// ActorStatser is an optional Backend extension: per-actor mailbox depth
+// and drops for /metrics.
+type ActorStatser interface {
+	ActorStats() []node.ActorStats
+}
+
 // PeerStatser is an optional Backend extension: per-peer transport counters
 // for the meshnode_peer_* metrics.
 type PeerStatser interface {

@@ -34,6 +34,8 @@
 //     (meshnode_admin_ask_latency_seconds) is observed on the admin path; the
 //     node's mean ask latency over all callers is the gauge
 //     meshnode_ask_mean_latency_seconds.
-//   - Per-peer transport counters (meshnode_peer_*) appear when the Backend
-//     implements PeerStatser; node.Node does not expose its transport yet.
+//   - Per-peer transport counters (meshnode_peer_*) and per-actor mailbox
+//     metrics (meshnode_mailbox_depth, meshnode_mailbox_drops_total) appear
+//     when the Backend implements PeerStatser and ActorStatser, as
+//     NodeBackend does through node.Node.
 package admin
