@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz
+.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports
 
 all: build
 
@@ -47,3 +47,7 @@ demo:
 
 clean:
 	rm -rf $(BIN)
+
+# The scenario reports linked from the README.
+reports:
+	$(GO) run ./cmd/meshnode testnet run all --size small --out docs

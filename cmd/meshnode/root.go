@@ -18,6 +18,7 @@ var commands = []func() *cobra.Command{
 	newCertCmd,
 	newKeygenCmd,
 	newDemoCmd,
+	newTestnetCmd,
 }
 
 // newRootCmd builds the CLI: `meshnode <command>`.
