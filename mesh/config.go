@@ -1,0 +1,221 @@
+package mesh
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/mailbox/pb"
+)
+
+// MaxMetaSize is the exclusive upper bound on the encoded NodeMeta
+// (memberlist's MetaMaxSize).
+const MaxMetaSize = memberlist.MetaMaxSize
+
+// maxClusterLen keeps "meshnode/"+cluster within memberlist's 255-byte label.
+const maxClusterLen = 200
+
+// Config configures a Mesh. Start from DefaultConfig.
+type Config struct {
+	// NodeName is this member's unique name in the cluster.
+	NodeName string
+	// Cluster names the cluster; it is the gossip label ("meshnode/"+Cluster)
+	// and members whose NodeMeta carries another cluster are refused.
+	Cluster string
+	// BindAddr is the gossip host:port (UDP and TCP); port 0 picks a free port.
+	BindAddr string
+	// AdvertiseAddr is the host:port peers use to reach us; "" = the bound address.
+	AdvertiseAddr string
+	// Join lists seed gossip addresses tried at start and by the reconnect loop.
+	Join []string
+	// SecretKey is the 32-byte AES-256 gossip key; nil disables encryption
+	// (tests only: a warning is logged).
+	SecretKey []byte
+	// DataDir holds peers.json so a restarted node finds its cluster without
+	// seeds; "" disables persistence.
+	DataDir string
+	// Meta is this node's metadata. Empty BootId, ProtocolVersions or Cluster
+	// are filled in by New (random, pb.SupportedVersions, Cluster).
+	Meta *pb.NodeMeta
+	// OnEvent is called serially from the mesh's own goroutine; nil = no events.
+	// It may block, but only delays later events (never memberlist).
+	OnEvent func(Event)
+
+	// ProbeInterval: how often each node probes one random peer. Lower finds
+	// failures faster but costs packets: N nodes send N probes per interval.
+	ProbeInterval time.Duration
+	// ProbeTimeout: how long to wait for a direct ack before asking others to
+	// probe indirectly. Must cover the RTT plus scheduling delay under load,
+	// or busy nodes are suspected falsely.
+	ProbeTimeout time.Duration
+	// GossipInterval: how often queued broadcasts (alive/suspect/dead) are
+	// sent to a few random peers. Lower spreads news faster at more packets.
+	GossipInterval time.Duration
+	// PushPullInterval: full state sync over TCP with one random peer.
+	// Repairs lost gossip; costs a TCP exchange of the whole member list.
+	PushPullInterval time.Duration
+	// TCPTimeout bounds TCP dials and push/pull exchanges, and so how long a
+	// Join to an unreachable address blocks.
+	TCPTimeout time.Duration
+	// SuspicionMult scales the suspicion timeout
+	// (SuspicionMult * max(1, log10(n)) * ProbeInterval): lower declares dead
+	// sooner, higher gives a slow node more time to refute.
+	SuspicionMult int
+	// SuspicionMaxTimeoutMult caps the timeout while few peers confirm the
+	// suspicion, at this multiple of the minimum.
+	SuspicionMaxTimeoutMult int
+	// RetransmitMult: each broadcast is retransmitted RetransmitMult*log(n+1)
+	// times; higher is more reliable on lossy links, more traffic.
+	RetransmitMult int
+	// IndirectChecks: peers asked to probe a node that missed a direct ack.
+	// More avoids false suspicion from one bad path.
+	IndirectChecks int
+	// DeadNodeReclaimTime: after this long dead, a node of the same name may
+	// come back from a new address (restart on another port or host).
+	DeadNodeReclaimTime time.Duration
+	// ReconnectInterval: how often unreachable seeds and recently failed
+	// peers are re-joined; bounds how fast a healed partition merges.
+	ReconnectInterval time.Duration
+	// ReconnectTimeout: a failed or left peer is forgotten (and no longer
+	// re-joined) after this long.
+	ReconnectTimeout time.Duration
+	// LeaveTimeout bounds how long Close waits for the leave broadcast.
+	LeaveTimeout time.Duration
+	// WrapTransport lets tests inject faults: it gets memberlist's
+	// NetTransport and returns the one memberlist uses. nil = unchanged.
+	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
+	// Logger receives mesh logs and memberlist's own output (at debug level).
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a configuration tuned for a 3-10 node LAN: a killed
+// node is declared dead in about one second, well inside the 3 s target.
+func DefaultConfig(nodeName string) Config {
+	return Config{
+		NodeName:      nodeName,      // unique member name
+		Cluster:       "default",     // gossip label and membership filter
+		BindAddr:      "127.0.0.1:0", // loopback, free port: safe default
+		AdvertiseAddr: "",            // advertise the bound address
+		Join:          nil,           // no seeds: start a new cluster
+		SecretKey:     nil,           // unencrypted: set a key in production
+		DataDir:       "",            // no peers.json
+		Meta:          &pb.NodeMeta{BootId: NewBootID(), ProtocolVersions: pb.SupportedVersions},
+		OnEvent:       nil, // no subscriber
+
+		ProbeInterval:           200 * time.Millisecond, // 5 probes/s per node; detection ~1 s
+		ProbeTimeout:            100 * time.Millisecond, // LAN RTT is <1 ms; leaves room for GC and -race
+		GossipInterval:          50 * time.Millisecond,  // news reaches 10 nodes in ~150 ms
+		PushPullInterval:        5 * time.Second,        // anti-entropy; cheap at 10 nodes
+		TCPTimeout:              time.Second,            // LAN dial; bounds a Join to a dead seed
+		SuspicionMult:           2,                      // 400 ms suspicion at n<=10 before dead
+		SuspicionMaxTimeoutMult: 2,                      // at most 800 ms without confirmations
+		RetransmitMult:          4,                      // memberlist LAN default: reliable enough
+		IndirectChecks:          3,                      // three helpers before suspecting
+		DeadNodeReclaimTime:     time.Second,            // restarted node may reuse its name soon
+		ReconnectInterval:       time.Second,            // partitions heal within ~1 s
+		ReconnectTimeout:        24 * time.Hour,         // edge devices may be away for hours
+		LeaveTimeout:            time.Second,            // graceful close never hangs longer
+		WrapTransport:           nil,                    // real network
+		Logger:                  slog.Default(),         // process logger
+	}
+}
+
+// Validate reports the first problem with c, wrapping ErrInvalidConfig,
+// ErrBadKey or ErrMetaTooLarge.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if c.NodeName == "" {
+		return bad("NodeName is empty")
+	}
+	if c.Cluster == "" || len(c.Cluster) > maxClusterLen {
+		return bad("Cluster must be 1..%d bytes, got %d", maxClusterLen, len(c.Cluster))
+	}
+	if _, _, err := splitHostPort(c.BindAddr); err != nil {
+		return bad("BindAddr %q: %v", c.BindAddr, err)
+	}
+	if c.AdvertiseAddr != "" {
+		if _, _, err := splitHostPort(c.AdvertiseAddr); err != nil {
+			return bad("AdvertiseAddr %q: %v", c.AdvertiseAddr, err)
+		}
+	}
+	for _, j := range c.Join {
+		if _, _, err := net.SplitHostPort(j); err != nil {
+			return bad("Join address %q: %v", j, err)
+		}
+	}
+	if c.SecretKey != nil && len(c.SecretKey) != 32 {
+		return fmt.Errorf("mesh: config: %w (got %d)", ErrBadKey, len(c.SecretKey))
+	}
+	if c.Meta != nil {
+		if c.Meta.GetCluster() != "" && c.Meta.GetCluster() != c.Cluster {
+			return bad("Meta.Cluster %q != Cluster %q", c.Meta.GetCluster(), c.Cluster)
+		}
+		if _, err := encodeMeta(fillMeta(c.Meta, c.Cluster)); err != nil {
+			return fmt.Errorf("mesh: config: %w", err)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"ProbeInterval", c.ProbeInterval}, {"ProbeTimeout", c.ProbeTimeout},
+		{"GossipInterval", c.GossipInterval}, {"PushPullInterval", c.PushPullInterval},
+		{"TCPTimeout", c.TCPTimeout}, {"DeadNodeReclaimTime", c.DeadNodeReclaimTime},
+		{"ReconnectInterval", c.ReconnectInterval}, {"ReconnectTimeout", c.ReconnectTimeout},
+		{"LeaveTimeout", c.LeaveTimeout},
+	} {
+		if d.v <= 0 {
+			return bad("%s must be > 0, got %v", d.name, d.v)
+		}
+	}
+	if c.ProbeTimeout >= c.ProbeInterval {
+		return bad("ProbeTimeout %v must be < ProbeInterval %v", c.ProbeTimeout, c.ProbeInterval)
+	}
+	if c.ReconnectTimeout < c.ReconnectInterval {
+		return bad("ReconnectTimeout %v must be >= ReconnectInterval %v", c.ReconnectTimeout, c.ReconnectInterval)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"SuspicionMult", c.SuspicionMult}, {"SuspicionMaxTimeoutMult", c.SuspicionMaxTimeoutMult},
+		{"RetransmitMult", c.RetransmitMult},
+	} {
+		if n.v < 1 {
+			return bad("%s must be >= 1, got %d", n.name, n.v)
+		}
+	}
+	if c.IndirectChecks < 0 {
+		return bad("IndirectChecks must be >= 0, got %d", c.IndirectChecks)
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", ps)
+	}
+	if host != "" && net.ParseIP(host) == nil {
+		return "", 0, fmt.Errorf("host %q is not an IP address", host)
+	}
+	return host, port, nil
+}
+
+// NewBootID returns a random id that identifies one start of a node.
+func NewBootID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go >= 1.24)
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,22 @@
+package mesh
+
+import "errors"
+
+var (
+	// ErrUnreachable means the member is unknown, Dead or Left.
+	ErrUnreachable = errors.New("mesh: node unreachable")
+	// ErrClosed is returned by operations on a Mesh after Close, Leave or Kill.
+	ErrClosed = errors.New("mesh: closed")
+	// ErrMetaTooLarge means the encoded node metadata does not fit in a
+	// memberlist alive message (MaxMetaSize bytes).
+	ErrMetaTooLarge = errors.New("mesh: node metadata too large")
+	// ErrBadKey means Config.SecretKey is set but is not 32 bytes (AES-256).
+	ErrBadKey = errors.New("mesh: gossip key must be 32 bytes")
+	// ErrInvalidConfig wraps every other Config.Validate failure.
+	ErrInvalidConfig = errors.New("mesh: invalid config")
+	// ErrRefused is the error the AliveDelegate returns for a peer of another
+	// cluster, with undecodable metadata or with no compatible protocol.
+	ErrRefused = errors.New("mesh: node refused")
+	// ErrBadMessage means bytes from the network could not be decoded.
+	ErrBadMessage = errors.New("mesh: bad message")
+)

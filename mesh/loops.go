@@ -1,0 +1,176 @@
+package mesh
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// dispatch owns published: it turns view changes into events, serially.
+func (m *Mesh) dispatch() {
+	defer m.wg.Done()
+	// published is what subscribers were last told; owned by dispatch.
+	published := make(map[string]Member)
+	lastPeers := ""
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-m.notify:
+		}
+		snap := m.Members()
+		seen := make(map[string]bool, len(snap))
+		for _, cur := range snap {
+			seen[cur.Name] = true
+			if cur.Name == m.cfg.NodeName {
+				continue // no events about ourselves
+			}
+			prev, known := published[cur.Name]
+			published[cur.Name] = cur
+			kind, ok := diff(prev, known, cur)
+			if ok && m.cfg.OnEvent != nil {
+				m.emit(Event{Kind: kind, Member: cur})
+			}
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+		}
+		for name := range published {
+			if !seen[name] {
+				delete(published, name) // forgotten after ReconnectTimeout
+			}
+		}
+		if sig := peersSignature(snap, m.cfg.NodeName); sig != lastPeers {
+			lastPeers = sig
+			m.peersDirty.Store(true)
+		}
+	}
+}
+
+// emit calls OnEvent; a panic in user code is logged, not fatal to the mesh.
+func (m *Mesh) emit(ev Event) {
+	defer func() {
+		if r := recover(); r != nil {
+			m.log.Error("mesh: OnEvent panicked", "event", ev.Kind.String(), "member", ev.Member.Name, "panic", r)
+		}
+	}()
+	m.cfg.OnEvent(ev)
+}
+
+func peersSignature(snap []Member, self string) string {
+	var b strings.Builder
+	for _, p := range snap {
+		if p.Name != self && p.State != StateLeft {
+			b.WriteString(p.Name + "=" + p.GossipAddr + ";")
+		}
+	}
+	return b.String()
+}
+
+// rememberedPeers is what peers.json holds: every member but self and those
+// that left.
+func (m *Mesh) rememberedPeers() []peerRecord {
+	var out []peerRecord
+	for _, p := range m.Members() {
+		if p.Name != m.cfg.NodeName && p.State != StateLeft {
+			out = append(out, peerRecord{Name: p.Name, Addr: p.GossipAddr})
+		}
+	}
+	return out
+}
+
+// reconnect is the serf-like loop: it writes peers.json when dirty, forgets
+// old failures, and re-joins seeds and failed peers that are not members,
+// which is also what merges the halves of a healed partition.
+func (m *Mesh) reconnect() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.ReconnectInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.done:
+			return
+		case <-t.C:
+		}
+		if m.peersDirty.Swap(false) {
+			if err := savePeers(m.cfg.DataDir, m.rememberedPeers()); err != nil {
+				m.log.Warn("mesh: cannot persist peers", "err", err)
+				m.peersDirty.Store(true)
+			}
+		}
+		for _, addr := range m.reconnectTargets(time.Now()) {
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+			// One address per Join so shutdown waits at most one TCPTimeout.
+			if _, err := m.ml.Join([]string{addr}); err != nil {
+				m.log.Debug("mesh: reconnect failed", "addr", addr, "err", err)
+			} else {
+				m.log.Debug("mesh: reconnected", "addr", addr)
+			}
+		}
+	}
+}
+
+// reconnectTargets prunes members failed or left longer than
+// ReconnectTimeout and returns the gossip addresses worth a Join.
+func (m *Mesh) reconnectTargets(now time.Time) []string {
+	m.mu.Lock()
+	pruned := false
+	live := map[string]bool{m.addr: true}
+	liveNames := map[string]bool{}
+	for name, mem := range m.view {
+		if name == m.cfg.NodeName {
+			continue
+		}
+		if !mem.State.reachable() && now.Sub(mem.Since) > m.cfg.ReconnectTimeout {
+			delete(m.view, name)
+			delete(m.moved, name)
+			pruned = true
+			continue
+		}
+		if mem.State.reachable() {
+			live[mem.GossipAddr] = true
+			liveNames[name] = true
+		}
+	}
+	set := map[string]bool{}
+	for _, a := range m.cfg.Join {
+		if !live[a] {
+			set[a] = true
+		}
+	}
+	for _, mem := range m.view {
+		if mem.State == StateDead && !live[mem.GossipAddr] {
+			set[mem.GossipAddr] = true
+		}
+		if a, ok := m.moved[mem.Name]; ok && !mem.State.reachable() && !live[a] {
+			set[a] = true
+		}
+	}
+	if now.Sub(m.startedAt) < m.cfg.ReconnectTimeout {
+		for _, p := range m.filePeers {
+			if p.Name != m.cfg.NodeName && !liveNames[p.Name] && !live[p.Addr] {
+				if mem, ok := m.view[p.Name]; ok && mem.State == StateLeft {
+					continue
+				}
+				set[p.Addr] = true
+			}
+		}
+	}
+	m.mu.Unlock()
+	if pruned {
+		m.kick()
+	}
+	out := make([]string, 0, len(set))
+	for a := range set {
+		out = append(out, a)
+	}
+	sort.Strings(out)
+	return slices.Clip(out)
+}
