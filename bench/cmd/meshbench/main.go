@@ -41,6 +41,7 @@ func run() error {
 	flag.StringVar(&cfg.WorkDir, "workdir", cfg.WorkDir, "parent of the temporary data directories (use a real disk: fsync matters)")
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "deadline for one phase to reach its end state")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.StringVar(&cfg.Profiles, "profiles", "", "write CPU profiles of the meshnode parts of tell and drain (tell.pprof, drain.pprof) to this directory")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -62,6 +63,9 @@ func run() error {
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
+	}
+	if cpuProfile != "" && cfg.Profiles != "" {
+		return fmt.Errorf("-cpuprofile and -profiles both profile the CPU: choose one")
 	}
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)

@@ -34,6 +34,7 @@ type Config struct {
 	WorkDir  string        // parent of the temporary data directories
 	Timeout  time.Duration // deadline of one phase's end state (all received / drained)
 	Progress io.Writer     // progress lines while running; nil = none
+	Profiles string        // directory for CPU profiles of the meshnode parts of tell and drain; "" = none
 }
 
 // DefaultConfig returns the `make bench` size: finishes in a few minutes on

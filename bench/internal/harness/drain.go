@@ -69,6 +69,11 @@ func (e *env) drainPhase() ([]Row, error) {
 
 	var s sink
 	var firstNanos int64
+	stop, err := e.profile("drain")
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
 	start := time.Now()
 	sinkCfg, err := e.nodeConfig("sink", "drain", sender.GossipAddr())
 	if err != nil {
@@ -98,6 +103,7 @@ func (e *env) drainPhase() ([]Row, error) {
 		return nil, fmt.Errorf("bench: drain: processed %d of %d (outbox depth %d, DLQ %d): %w",
 			s.n.Load(), e.cfg.Backlog, st.Depth, st.DLQDepth, err)
 	}
+	stop()
 	total := time.Duration(s.last.Load() - start.UnixNano())
 	pure := time.Duration(s.last.Load() - firstNanos)
 	rate := float64(e.cfg.Backlog) / total.Seconds()

@@ -4,7 +4,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/mesh"
@@ -107,4 +110,25 @@ func waitFor(timeout time.Duration, what string, cond func() bool) error {
 		}
 	}
 	return nil
+}
+
+// profile starts a CPU profile named name.pprof in cfg.Profiles and returns
+// the function that stops it (idempotent); without cfg.Profiles it does nothing.
+func (e *env) profile(name string) (stop func(), err error) {
+	if e.cfg.Profiles == "" {
+		return func() {}, nil
+	}
+	if err := os.MkdirAll(e.cfg.Profiles, 0o755); err != nil {
+		return nil, fmt.Errorf("bench: profile directory: %w", err)
+	}
+	f, err := os.Create(filepath.Join(e.cfg.Profiles, name+".pprof"))
+	if err != nil {
+		return nil, fmt.Errorf("bench: profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("bench: profile: %w", err)
+	}
+	var once sync.Once
+	return func() { once.Do(func() { pprof.StopCPUProfile(); _ = f.Close() }) }, nil
 }

@@ -94,7 +94,12 @@ func (e *env) meshTell(payload []byte) (float64, string, error) {
 		return 0, "", err
 	}
 	s.n.Store(0)
+	stop, err := e.profile("tell")
+	if err != nil {
+		return 0, "", err
+	}
 	rate, sent, err := throughput(e.cfg, "meshnode tell", send, nil, &s, lost)
+	stop()
 	if err != nil {
 		return 0, "", err
 	}
