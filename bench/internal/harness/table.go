@@ -95,6 +95,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if row.Comparison != nil {
 			cmp = row.Comparison.String()
 			rat = fmt.Sprintf("%.2f×", row.Ratio)
+			if row.Ratio < 0.1 {
+				rat = fmt.Sprintf("%.3f×", row.Ratio)
+			}
 		}
 		tgt, met := row.Target, row.Met
 		if tgt == "" {
