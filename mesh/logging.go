@@ -22,7 +22,8 @@ const suspectSuffix = " has failed, no acks received"
 
 func (w *mlLogWriter) Write(p []byte) (int, error) {
 	line := string(bytes.TrimRight(p, "\n"))
-	if i := strings.Index(line, suspectPrefix); i >= 0 && strings.HasSuffix(line, suspectSuffix) {
+	if i := strings.Index(line, suspectPrefix); i >= 0 && strings.HasSuffix(line, suspectSuffix) &&
+		i+len(suspectPrefix) <= len(line)-len(suspectSuffix) {
 		name := line[i+len(suspectPrefix) : len(line)-len(suspectSuffix)]
 		if w.onSuspect != nil && name != "" {
 			w.onSuspect(name)

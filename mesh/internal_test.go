@@ -1,0 +1,286 @@
+package mesh
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"google.golang.org/protobuf/proto"
+)
+
+func metaBytes(tb testing.TB, m *pb.NodeMeta) []byte {
+	tb.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func TestDiff(t *testing.T) {
+	alive := Member{Name: "a", BootID: "b1", QUICAddr: "q1", GossipAddr: "g1", State: StateAlive}
+	with := func(f func(*Member)) Member { m := alive; f(&m); return m }
+	for _, tc := range []struct {
+		name  string
+		prev  Member
+		known bool
+		cur   Member
+		want  EventKind
+		ok    bool
+	}{
+		{"first alive", Member{}, false, alive, EventJoin, true},
+		{"first suspect", Member{}, false, with(func(m *Member) { m.State = StateSuspect }), EventJoin, true},
+		{"first dead", Member{}, false, with(func(m *Member) { m.State = StateDead }), 0, false},
+		{"no change", alive, true, alive, 0, false},
+		{"suspect", alive, true, with(func(m *Member) { m.State = StateSuspect }), EventSuspect, true},
+		{"refuted", with(func(m *Member) { m.State = StateSuspect }), true, alive, EventAlive, true},
+		{"dead", alive, true, with(func(m *Member) { m.State = StateDead }), EventDead, true},
+		{"left", alive, true, with(func(m *Member) { m.State = StateLeft }), EventLeft, true},
+		{"back", with(func(m *Member) { m.State = StateDead }), true, alive, EventAlive, true},
+		{"back suspect", with(func(m *Member) { m.State = StateDead }), true, with(func(m *Member) { m.State = StateSuspect }), EventAlive, true},
+		{"restart", with(func(m *Member) { m.State = StateDead }), true, with(func(m *Member) { m.BootID = "b2" }), EventRestart, true},
+		{"restart unnoticed", alive, true, with(func(m *Member) { m.BootID = "b2" }), EventRestart, true},
+		{"dead new boot is dead", alive, true, with(func(m *Member) { m.BootID = "b2"; m.State = StateDead }), EventDead, true},
+		{"quic moved", alive, true, with(func(m *Member) { m.QUICAddr = "q2" }), EventUpdate, true},
+		{"gossip moved", alive, true, with(func(m *Member) { m.GossipAddr = "g2" }), EventUpdate, true},
+		{"versions", alive, true, with(func(m *Member) { m.ProtocolVersions = []uint32{1, 2} }), EventUpdate, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := diff(tc.prev, tc.known, tc.cur)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("diff = %v,%v want %v,%v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestStrings(t *testing.T) {
+	for s, want := range map[State]string{StateAlive: "alive", StateSuspect: "suspect", StateDead: "dead", StateLeft: "left", 9: "state(9)"} {
+		if s.String() != want {
+			t.Errorf("%d.String() = %q", s, s.String())
+		}
+	}
+	if EventRestart.String() != "restart" || EventKind(0).String() != "event(0)" {
+		t.Error("EventKind.String")
+	}
+}
+
+func TestCheckPeer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		raw    []byte
+		reason string
+	}{
+		{"ok", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{1}}), ""},
+		{"ok with newer too", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{1, 7}}), ""},
+		{"missing", nil, "empty"},
+		{"garbage", []byte{0xff, 0xff, 0xff}, "bad message"},
+		{"other cluster", metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{1}}), `cluster "b" != "a"`},
+		{"no versions", metaBytes(t, &pb.NodeMeta{Cluster: "a"}), "no compatible protocol"},
+		{"future only", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{9}}), "no compatible protocol"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := checkPeer("a", tc.raw)
+			if tc.reason == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("err = %v, want ErrRefused containing %q", err, tc.reason)
+			}
+		})
+	}
+}
+
+// newBare builds a Mesh without memberlist, enough to drive the delegates.
+func newBare(tb testing.TB, logs io.Writer) *Mesh {
+	tb.Helper()
+	cfg := DefaultConfig("self")
+	cfg.Cluster = "a"
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	return &Mesh{
+		cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1), done: make(chan struct{}),
+		view: map[string]Member{}, leaving: map[string]string{}, refused: map[string]string{}, moved: map[string]string{},
+	}
+}
+
+func TestDelegateRefusalLoggedOnce(t *testing.T) {
+	var logs strings.Builder
+	m := newBare(t, &logs)
+	d := &delegate{m: m}
+	bad := &memberlist.Node{Name: "x", Meta: metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{1}})}
+	for range 3 {
+		if err := d.NotifyAlive(bad); !errors.Is(err, ErrRefused) {
+			t.Fatalf("NotifyAlive = %v", err)
+		}
+	}
+	if got := strings.Count(logs.String(), `refusing node x: cluster \"b\" != \"a\"`); got != 1 {
+		t.Errorf("logged %d times, want 1:\n%s", got, logs.String())
+	}
+	if err := d.NotifyAlive(&memberlist.Node{Name: "self"}); err != nil {
+		t.Errorf("self refused: %v", err)
+	}
+}
+
+func TestDelegateStates(t *testing.T) {
+	m := newBare(t, io.Discard)
+	d := &delegate{m: m}
+	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{1}})
+	n := &memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 7946, Meta: meta}
+	step := func(f func(), want State) {
+		t.Helper()
+		f()
+		if got := m.view["p"].State; got != want {
+			t.Fatalf("state %v, want %v", got, want)
+		}
+	}
+	step(func() { d.NotifyJoin(n) }, StateAlive)
+	if a, err := m.Resolve("p"); err != nil || a != "q" {
+		t.Fatalf("Resolve = %q %v", a, err)
+	}
+	step(func() { m.markSuspect("p") }, StateSuspect)
+	if _, err := m.Resolve("p"); err != nil {
+		t.Fatalf("suspect must resolve: %v", err)
+	}
+	step(func() { d.NotifyUpdate(n) }, StateSuspect) // an update alone does not refute
+	step(func() { d.NotifyPingComplete(n, time.Millisecond, nil) }, StateAlive)
+	step(func() { d.NotifyLeave(n) }, StateDead)
+	if _, err := m.Resolve("p"); !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("Resolve dead = %v", err)
+	}
+	// A leave intent that arrives after the death turns it into Left.
+	d.NotifyMsg(encodeLeaveIntent("p", "b1", "a"))
+	step(func() {}, StateLeft)
+	// Intent of another cluster is ignored; garbage does not panic.
+	d.NotifyMsg(encodeLeaveIntent("q", "b1", "z"))
+	d.NotifyMsg([]byte{0})
+	if _, ok := m.leaving["q"]; ok {
+		t.Error("intent from another cluster recorded")
+	}
+	step(func() { d.NotifyJoin(n) }, StateAlive)
+	step(func() { d.NotifyLeave(n) }, StateLeft) // intent with the same boot id still stands
+	n2 := *n
+	n2.Meta = metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b2", ProtocolVersions: []uint32{1}})
+	step(func() { d.NotifyJoin(&n2) }, StateAlive)
+	step(func() { d.NotifyLeave(&n2) }, StateDead) // new boot: old intent forgotten
+}
+
+func TestPeersFile(t *testing.T) {
+	dir := t.TempDir()
+	if got, err := loadPeers(dir); err != nil || got != nil {
+		t.Fatalf("missing file: %v %v", got, err)
+	}
+	want := []peerRecord{{"b", "127.0.0.1:2"}, {"a", "127.0.0.1:1"}}
+	if err := savePeers(dir, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := loadPeers(dir)
+	if err != nil || len(got) != 2 || got[0].Name != "a" || got[1].Addr != "127.0.0.1:2" {
+		t.Fatalf("loadPeers = %v %v", got, err)
+	}
+	for _, bad := range []string{"{", `{"peers":[{"name":"x","addr":"nope"}]}`, "null x"} {
+		if _, err := decodePeers([]byte(bad)); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("decodePeers(%q) = %v", bad, err)
+		}
+	}
+}
+
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add([]byte{})
+	f.Add(metaBytes(f, &pb.NodeMeta{Cluster: "a", BootId: "x", QuicAddr: "1.2.3.4:5", ProtocolVersions: []uint32{1}}))
+	f.Add([]byte{0x0a, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		err := checkPeer("a", b)
+		if m, derr := decodeMeta(b); derr == nil && m.GetCluster() == "a" && pb.Compatible(m.GetProtocolVersions()) && err != nil {
+			t.Fatalf("valid meta refused: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeLeaveIntent(f *testing.F) {
+	f.Add(encodeLeaveIntent("n1", "boot", "c"))
+	f.Add([]byte{msgLeaveIntent})
+	f.Add([]byte{msgLeaveIntent, 0x0a, 0x80})
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, err := decodeLeaveIntent(b)
+		if err == nil && h.GetNodeName() == "" {
+			t.Fatal("accepted an intent without a name")
+		}
+		if err != nil && !errors.Is(err, ErrBadMessage) {
+			t.Fatalf("error not ErrBadMessage: %v", err)
+		}
+	})
+}
+
+func FuzzDecodePeers(f *testing.F) {
+	f.Add([]byte(`{"peers":[{"name":"a","addr":"127.0.0.1:1"}]}`))
+	f.Add([]byte(`{"peers":null}`))
+	f.Add([]byte(`[`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if _, err := decodePeers(b); err != nil && !errors.Is(err, ErrBadMessage) {
+			t.Fatalf("error not ErrBadMessage: %v", err)
+		}
+	})
+}
+
+func FuzzMemberlistLogLine(f *testing.F) {
+	f.Add("[INFO] memberlist: Suspect n1 has failed, no acks received\n")
+	f.Add("[INFO] memberlist: Suspect  has failed, no acks received")
+	f.Add("memberlist: Suspect has failed, no acks received")
+	f.Fuzz(func(t *testing.T, line string) {
+		w := &mlLogWriter{log: slog.New(slog.DiscardHandler), onSuspect: func(string) {}}
+		if n, err := w.Write([]byte(line)); n != len(line) || err != nil {
+			t.Fatalf("Write = %d, %v", n, err)
+		}
+	})
+}
+
+func BenchmarkResolve(b *testing.B) {
+	m := newBare(b, io.Discard)
+	for i := range 100 {
+		name := "n" + string(rune('A'+i%26)) + string(rune('a'+i/26))
+		m.view[name] = Member{Name: name, QUICAddr: "127.0.0.1:1", State: StateAlive}
+	}
+	m.view["target"] = Member{Name: "target", QUICAddr: "127.0.0.1:9", State: StateAlive}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := m.Resolve("target"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "resolves/s")
+}
+
+func BenchmarkNotifyAlive(b *testing.B) {
+	m := newBare(b, io.Discard)
+	d := &delegate{m: m}
+	n := &memberlist.Node{Name: "p", Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{1}})}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := d.NotifyAlive(n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+func BenchmarkNotifyJoinLeave(b *testing.B) {
+	m := newBare(b, io.Discard)
+	d := &delegate{m: m}
+	n := &memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 1, Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{1}})}
+	b.ReportAllocs()
+	for b.Loop() {
+		d.NotifyJoin(n)
+		d.NotifyLeave(n)
+	}
+}
