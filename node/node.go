@@ -54,10 +54,6 @@ type Node struct {
 	askMu sync.Mutex
 	asks  map[string]map[string]struct{} // node -> correlation ids
 
-	// direct serialises the direct path of TellReliable per recipient so that
-	// a direct attempt and its fallback to the outbox cannot be overtaken.
-	direct [64]sync.Mutex
-
 	// pendingKeys holds dedupe keys whose handler succeeded but whose record
 	// is not yet committed (scope\x00key).
 	pendingKeys sync.Map
