@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports
+.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go
 
 all: build
 
@@ -34,8 +34,13 @@ generate:
 verify-generate: generate
 	@git diff --exit-code -- mailbox/pb || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
 
-# Go benchmarks of the hot paths (local and remote tell/ask, durable enqueue).
+# The side-by-side harness (its own module under bench/): meshnode vs NATS,
+# raw quic-go and bbolt, at a size that takes a few minutes.
 bench:
+	cd bench && $(GO) run ./cmd/meshbench -backlog 100000 -json bench.json
+
+# Go benchmarks of the hot paths in every package.
+bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(PKGS)
 
 # Short fuzzing of every network decoder (seed corpora also run in `make test`).
