@@ -20,10 +20,6 @@ import (
 // size are decoded without copying them out first.
 const readBufSize = 64 << 10
 
-// keepBufCap: a writer drops a batch buffer larger than this after use so a
-// burst of big frames does not pin memory.
-const keepBufCap = 1 << 20
-
 // conn is one established, Hello-verified connection to a peer.
 type conn struct {
 	t      *Transport
@@ -402,18 +398,16 @@ func (c *conn) acceptStreams() {
 func (c *conn) readLane(rs *quic.ReceiveStream) {
 	defer c.t.wg.Done()
 	br := bufio.NewReaderSize(rs, readBufSize)
-	var f pb.Frame
 	for {
-		n, err := ReadFrame(br, c.t.cfg.MaxFrameSize, &f)
+		env, other, n, err := readEnvelopeFrame(br, c.t.cfg.MaxFrameSize)
 		if err != nil {
 			c.readFailed("lane", err)
 			return
 		}
 		c.stats.framesIn.Add(1)
 		c.stats.bytesIn.Add(uint64(n))
-		env := f.GetEnvelope()
 		if env == nil {
-			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on a lane stream", f.Kind))
+			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on a lane stream", other))
 			return
 		}
 		var reply func(*pb.Receipt)

@@ -45,11 +45,18 @@
 //     their own lane"). Envelope lanes are opened lazily on first use. The
 //     dialer speaks first; the acceptor answers only after accepting the
 //     dialer's Hello, so a refused dialer learns why from the close code.
-//   - Writers: one goroutine per lane. Senders encode frames directly into
-//     the lane's buffer under its mutex (so the caller may reuse env as soon
-//     as Send returns, and frames of a RequestBatch are contiguous); the
-//     writer swaps the buffer with a spare one and writes the whole batch
-//     with one Write. No allocation per frame once the buffers have grown.
+//   - Writers: one goroutine per lane. Senders encode frames on their own
+//     goroutine, without a lock, into a pooled scratch buffer (so the caller
+//     may reuse env as soon as Send returns), then copy them under the
+//     lane's mutex into pooled 64 KiB chunks (frames of a RequestBatch are
+//     contiguous); the writer takes all chunks at once and writes each with
+//     one Write. No allocation per frame, and an idle lane holds no buffer.
+//   - Frame encoding writes the pb.Frame wrapper (oneof tag and length) by
+//     hand around the envelope or receipt, computing its size once; the
+//     bytes are identical to marshalling a pb.Frame. Lane readers decode
+//     the envelope straight out of the frame bytes (no pb.Frame, no oneof
+//     wrapper) and fall back to the generic decoder for any other form, so
+//     what they accept is exactly what proto.Unmarshal accepts (fuzzed).
 //   - SendQueueSize counts envelopes queued on all lanes of a peer's
 //     connection. Receipts have their own bound of the same size on the
 //     control lane; a receipt that does not fit is dropped with a log (the

@@ -26,3 +26,16 @@ func ConnInfo(t *Transport, node string) (ok, dialed bool) {
 	}
 	return true, p.conn.dialed
 }
+
+// AppendEnvelopeFrame exposes the hand-written envelope frame encoder.
+func AppendEnvelopeFrame(dst []byte, env *pb.Envelope, max int) ([]byte, error) {
+	return appendMsgFrame(dst, frameFieldEnvelope, env, max)
+}
+
+// AppendReceiptFrame exposes the hand-written receipt frame encoder.
+func AppendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
+	return appendMsgFrame(dst, frameFieldReceipt, rc, max)
+}
+
+// DecodeEnvelopeFrame exposes the lane streams' frame decoder.
+func DecodeEnvelopeFrame(b []byte) (*pb.Envelope, any, error) { return decodeEnvelopeFrame(b) }

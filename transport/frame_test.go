@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
@@ -122,4 +124,128 @@ func FuzzReadFrame(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The hand-written wrapper must give exactly the bytes of a marshalled
+// pb.Frame, or peers running the generic decoder would disagree.
+func TestAppendMsgFrameMatchesAppendFrame(t *testing.T) {
+	envs := []*pb.Envelope{
+		{},
+		{MsgId: "m", Recipient: "a@n", Headers: map[string]string{"k": "v"}},
+		{MsgId: "big", Type: string(make([]byte, 300))}, // a two-byte inner length
+		{MsgId: "huge", Type: string(make([]byte, 70000))},
+	}
+	for i, env := range envs {
+		want, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Envelope{Envelope: env}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := transport.AppendEnvelopeFrame([]byte("prefix"), env, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got[len("prefix"):], want) || string(got[:len("prefix")]) != "prefix" {
+			t.Fatalf("envelope %d: hand-written frame differs from AppendFrame", i)
+		}
+	}
+	rc := &pb.Receipt{MsgId: "m", Code: pb.Receipt_CAPACITY, RetryAfterMs: 50, Message: "full"}
+	want, _ := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Receipt{Receipt: rc}})
+	got, err := transport.AppendReceiptFrame(nil, rc, 1<<20)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("receipt frame differs from AppendFrame (err %v)", err)
+	}
+}
+
+func TestAppendMsgFrameTooLarge(t *testing.T) {
+	env := &pb.Envelope{Type: string(make([]byte, 2000))}
+	full, _ := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Envelope{Envelope: env}})
+	inner := len(full) - 2 // the 2000+ byte frame has a two-byte length prefix
+	cases := []struct {
+		name string
+		max  int
+		ok   bool
+	}{
+		{"exactly max", inner, true},
+		{"one over", inner - 1, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := transport.AppendEnvelopeFrame([]byte("x"), env, tc.max)
+			if tc.ok != (err == nil) {
+				t.Fatalf("max %d: err = %v, want ok=%v", tc.max, err, tc.ok)
+			}
+			if !tc.ok && (!errors.Is(err, transport.ErrFrameTooLarge) || string(got) != "x") {
+				t.Fatalf("refused frame: err %v, dst %q (want ErrFrameTooLarge and dst unchanged)", err, got)
+			}
+		})
+	}
+}
+
+// checkDecodeEnvelopeFrame: the fast decoder must agree with proto.Unmarshal
+// of a pb.Frame on every input: same error-ness, same envelope, same kind.
+func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
+	t.Helper()
+	env, other, err := transport.DecodeEnvelopeFrame(b)
+	var f pb.Frame
+	ref := proto.Unmarshal(b, &f)
+	if (err != nil) != (ref != nil) {
+		t.Fatalf("fast err %v, reference err %v", err, ref)
+	}
+	if err != nil {
+		if !errors.Is(err, transport.ErrBadFrame) {
+			t.Fatalf("err %v does not wrap ErrBadFrame", err)
+		}
+		return
+	}
+	if want := f.GetEnvelope(); want != nil {
+		if env == nil || !proto.Equal(env, want) {
+			t.Fatalf("fast decoder gave %v, reference %v", env, want)
+		}
+		return
+	}
+	if env != nil {
+		t.Fatalf("fast decoder gave an envelope for a %T frame", f.Kind)
+	}
+	if fmt.Sprintf("%T", other) != fmt.Sprintf("%T", f.Kind) {
+		t.Fatalf("other kind %T, reference %T", other, f.Kind)
+	}
+}
+
+func decodeSeeds(tb testing.TB) [][]byte {
+	var seeds [][]byte
+	for _, fr := range sampleFrames() {
+		b, err := proto.Marshal(fr)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		seeds = append(seeds, b)
+	}
+	env, _ := proto.Marshal(&pb.Frame{Kind: &pb.Frame_Envelope{Envelope: &pb.Envelope{MsgId: "a", Sender: "x@y"}}})
+	env2, _ := proto.Marshal(&pb.Frame{Kind: &pb.Frame_Envelope{Envelope: &pb.Envelope{Recipient: "b@c", Attempt: 3}}})
+	hello, _ := proto.Marshal(sampleFrames()[0])
+	seeds = append(seeds,
+		append(slices.Clone(env), env2...),    // the field twice: proto merges
+		append(slices.Clone(env), hello...),   // envelope then hello: last oneof wins
+		append(slices.Clone(env), 0x28, 0x01), // an unknown field after
+		[]byte{0x12, 0x05, 0x0a, 0x01},        // truncated inner message
+		[]byte{0x12, 0x02, 0x12, 0x80},        // bad inner string length
+		[]byte{0x12, 0x00},                    // an empty envelope
+		[]byte{0x12, 0x03, 0x12, 0x01, 0xff},  // invalid UTF-8 in msg_id
+		[]byte{0x10, 0x01},                    // field 2 with the wrong wire type
+		[]byte{},                              // an empty frame
+	)
+	return seeds
+}
+
+func TestDecodeEnvelopeFrameAgreesWithProto(t *testing.T) {
+	for i, b := range decodeSeeds(t) {
+		t.Run(fmt.Sprint(i), func(t *testing.T) { checkDecodeEnvelopeFrame(t, b) })
+	}
+}
+
+func FuzzDecodeEnvelopeFrame(f *testing.F) {
+	for _, b := range decodeSeeds(f) {
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) { checkDecodeEnvelopeFrame(t, b) })
 }

@@ -6,14 +6,13 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
-	"google.golang.org/protobuf/proto"
 )
 
 // lane is one outgoing unidirectional stream with its bounded queue and
-// writer goroutine. Senders encode frames straight into buf under mu; the
-// writer swaps buf with its spare buffer and writes the whole batch with one
-// Write. So a batch costs one syscall-path call and, once both buffers have
-// grown, no allocation.
+// writer goroutine. Senders encode their frames into a pooled scratch
+// buffer without any lock and copy them into pooled chunks under mu; the
+// writer takes every chunk at once and writes each with one Write. So a
+// batch costs one Write per 64 KiB and no allocation.
 type lane struct {
 	c       *conn
 	control bool          // the receipt/GoAway lane; its stream is opened during the handshake
@@ -24,13 +23,21 @@ type lane struct {
 
 	// mu guards the fields below.
 	mu       sync.Mutex
-	buf      []byte        // encoded frames not yet taken by the writer
-	n        int           // frames in buf
+	chunks   []*[]byte     // encoded frames not yet taken by the writer, in chunkSize pieces
+	n        int           // frames in chunks
 	finished chan struct{} // set by finish; closed by run after the last write
-	frame    pb.Frame
-	envKind  pb.Frame_Envelope
-	rcKind   pb.Frame_Receipt
 }
+
+// encBuf is a scratch buffer in which senders encode their frames before
+// taking the lane lock, so concurrent senders marshal in parallel and the
+// lock is held only for a copy.
+type encBuf struct{ b []byte }
+
+var encBufs = sync.Pool{New: func() any { return new(encBuf) }}
+
+// maxPooledEnc: a scratch buffer grown beyond this by a big frame is not
+// pooled again, so one large message does not pin memory.
+const maxPooledEnc = 64 << 10
 
 // enqueueEnvelopes encodes envs contiguously into the lane, or none of them.
 func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
@@ -46,26 +53,29 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 			break
 		}
 	}
+	eb := encBufs.Get().(*encBuf)
+	defer func() {
+		if cap(eb.b) <= maxPooledEnc {
+			encBufs.Put(eb)
+		}
+	}()
+	out := eb.b[:0]
+	for _, env := range envs {
+		var err error
+		if out, err = appendMsgFrame(out, frameFieldEnvelope, env, c.t.cfg.MaxFrameSize); err != nil {
+			eb.b = out
+			c.queued.Add(-k)
+			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
+		}
+	}
+	eb.b = out
 	l.mu.Lock()
 	if l.finished != nil || c.isClosedFast() {
 		l.mu.Unlock()
 		c.queued.Add(-k)
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
-	start := len(l.buf)
-	l.frame.Kind = &l.envKind
-	for _, env := range envs {
-		l.envKind.Envelope = env
-		err := l.appendLocked()
-		if err != nil {
-			l.buf = l.buf[:start]
-			l.envKind.Envelope = nil
-			l.mu.Unlock()
-			c.queued.Add(-k)
-			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
-		}
-	}
-	l.envKind.Envelope = nil // do not keep the caller's envelope alive
+	l.appendLocked(out)
 	l.n += len(envs)
 	l.mu.Unlock()
 	l.signal()
@@ -74,6 +84,16 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 
 // enqueueReceipt queues a receipt on the control lane; it never blocks.
 func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
+	eb := encBufs.Get().(*encBuf)
+	defer func() {
+		if cap(eb.b) <= maxPooledEnc {
+			encBufs.Put(eb)
+		}
+	}()
+	var err error
+	if eb.b, err = appendMsgFrame(eb.b[:0], frameFieldReceipt, rc, l.c.t.cfg.MaxFrameSize); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	if l.finished != nil || l.c.isClosedFast() {
 		l.mu.Unlock()
@@ -83,17 +103,9 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: %d receipts queued for %s", ErrQueueFull, l.n, l.c.peer.Name)
 	}
-	l.rcKind.Receipt = rc
-	l.frame.Kind = &l.rcKind
-	err := l.appendLocked()
-	l.rcKind.Receipt = nil
-	if err == nil {
-		l.n++
-	}
+	l.appendLocked(eb.b)
+	l.n++
 	l.mu.Unlock()
-	if err != nil {
-		return err
-	}
 	l.signal()
 	return nil
 }
@@ -107,23 +119,37 @@ func (l *lane) finish(g *pb.GoAway) <-chan struct{} {
 		return l.finished
 	}
 	l.finished = make(chan struct{})
-	l.frame.Kind = &pb.Frame_Goaway{Goaway: g}
-	if err := l.appendLocked(); err == nil {
+	f := &pb.Frame{Kind: &pb.Frame_Goaway{Goaway: g}}
+	if b, err := AppendFrame(nil, f); err == nil { // our own short reason: never near MaxFrameSize
+		l.appendLocked(b)
 		l.n++
 	}
 	l.signal()
 	return l.finished
 }
 
-// appendLocked encodes l.frame into buf. l.mu must be held.
-func (l *lane) appendLocked() error {
-	size := proto.Size(&l.frame)
-	if size > l.c.t.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, size, l.c.t.cfg.MaxFrameSize)
+// chunkSize is the piece in which queued frames are stored and written:
+// big enough that a batch takes few Writes, small enough to pool. Queued
+// bytes never move once copied in, and an idle lane holds no buffer.
+const chunkSize = 64 << 10
+
+var chunks = sync.Pool{New: func() any { b := make([]byte, 0, chunkSize); return &b }}
+
+// appendLocked copies encoded frames into the lane's chunks. l.mu must be held.
+func (l *lane) appendLocked(b []byte) {
+	for len(b) > 0 {
+		var last *[]byte
+		if k := len(l.chunks); k > 0 && len(*l.chunks[k-1]) < chunkSize {
+			last = l.chunks[k-1]
+		} else {
+			last = chunks.Get().(*[]byte)
+			*last = (*last)[:0]
+			l.chunks = append(l.chunks, last)
+		}
+		m := min(len(b), chunkSize-len(*last))
+		*last = append(*last, b[:m]...)
+		b = b[m:]
 	}
-	var err error
-	l.buf, err = appendFrameSized(l.buf, &l.frame, size)
-	return err
 }
 
 func (l *lane) signal() {
@@ -138,7 +164,7 @@ func (l *lane) signal() {
 func (l *lane) run() {
 	c := l.c
 	defer c.t.wg.Done()
-	var spare []byte
+	var spare []*[]byte
 	for {
 		select {
 		case <-l.wake:
@@ -147,8 +173,8 @@ func (l *lane) run() {
 			return
 		}
 		l.mu.Lock()
-		out, n, fin := l.buf, l.n, l.finished
-		l.buf, l.n = spare[:0], 0
+		out, n, fin := l.chunks, l.n, l.finished
+		l.chunks, l.n = spare[:0], 0
 		l.mu.Unlock()
 		if n > 0 {
 			if l.stream == nil {
@@ -160,19 +186,24 @@ func (l *lane) run() {
 				}
 				l.stream = s
 			}
-			if _, err := l.stream.Write(out); err != nil {
-				l.closeFinished()
-				c.lost(err)
-				return
+			bytes := 0
+			for _, ch := range out {
+				if _, err := l.stream.Write(*ch); err != nil {
+					l.closeFinished()
+					c.lost(err)
+					return
+				}
+				bytes += len(*ch)
 			}
 			if !l.control {
 				c.queued.Add(-int64(n))
 			}
 			c.stats.framesOut.Add(uint64(n))
-			c.stats.bytesOut.Add(uint64(len(out)))
+			c.stats.bytesOut.Add(uint64(bytes))
 		}
-		if cap(out) > keepBufCap {
-			out = nil
+		for i, ch := range out {
+			chunks.Put(ch)
+			out[i] = nil
 		}
 		spare = out
 		if fin != nil {
