@@ -3,10 +3,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -93,14 +96,99 @@ func parseLoose(s string) (Address, bool) {
 	return Address{Actor: s}, false
 }
 
-// packBody wraps msg in an Any; nil stays nil.
+// packBody wraps msg in an Any; nil stays nil. It is anypb.New without
+// building the type URL string on every call.
 func packBody(msg proto.Message) (*anypb.Any, error) {
 	if msg == nil {
 		return nil, nil
 	}
-	a, err := anypb.New(msg)
+	v, err := proto.Marshal(msg)
 	if err != nil {
 		return nil, fmt.Errorf("node: encode body: %w", err)
 	}
-	return a, nil
+	return &anypb.Any{TypeUrl: typeURL(msg.ProtoReflect().Descriptor()), Value: v}, nil
+}
+
+// typeURLs caches the Any type URL of each message descriptor seen.
+var typeURLs sync.Map // protoreflect.MessageDescriptor -> string
+
+// typeURL returns what anypb.New puts in TypeUrl for a message of type d.
+func typeURL(d protoreflect.MessageDescriptor) string {
+	if u, ok := typeURLs.Load(d); ok {
+		return u.(string)
+	}
+	u := "type.googleapis.com/" + string(d.FullName())
+	typeURLs.Store(d, u)
+	return u
+}
+
+// outEnv is an outgoing envelope of a remote Tell or Ask, with its RpcMeta
+// and body in the same allocation. It is pooled: the transport has encoded
+// the envelope once Send returns, so nothing refers to it after. It keeps
+// the strings it built last time, so a sender that talks to the same
+// recipient with the same type builds no string but the msg id.
+type outEnv struct {
+	env  pb.Envelope
+	rpc  pb.RpcMeta
+	body anypb.Any
+
+	from, fromStr string // node name and its "@node" address
+	to            Address
+	toStr         string // to.String()
+	desc          protoreflect.MessageDescriptor
+	url           string // typeURL(desc)
+}
+
+var outEnvs = sync.Pool{New: func() any { return new(outEnv) }}
+
+// maxPooledBody: a body buffer grown beyond this is not kept in the pool.
+const maxPooledBody = 64 << 10
+
+func getOutEnv() *outEnv { return outEnvs.Get().(*outEnv) }
+
+// fill sets the envelope as Node.envelope does, with msg packed as packBody does.
+func (o *outEnv) fill(from string, to Address, kind pb.RpcMeta_Kind, msg proto.Message) error {
+	if o.fromStr == "" || o.from != from {
+		o.from, o.fromStr = from, Address{Node: from}.String()
+	}
+	if o.toStr == "" || o.to != to {
+		o.to, o.toStr = to, to.String()
+	}
+	value := o.body.Value[:0]
+	o.env.Reset()
+	o.rpc.Reset()
+	o.body.Reset()
+	o.env.ProtocolVersion = pb.ProtocolVersion
+	o.env.MsgId = mailbox.NewID()
+	o.env.Sender = o.fromStr
+	o.env.Recipient = o.toStr
+	o.env.CreatedAtUnixMs = time.Now().UnixMilli()
+	o.rpc.Kind = kind
+	o.env.Rpc = &o.rpc
+	if msg == nil {
+		return nil
+	}
+	value, err := proto.MarshalOptions{}.MarshalAppend(value, msg)
+	if err != nil {
+		return fmt.Errorf("node: encode body: %w", err)
+	}
+	if d := msg.ProtoReflect().Descriptor(); d != o.desc || o.url == "" {
+		o.desc, o.url = d, typeURL(d)
+	}
+	o.body.TypeUrl = o.url
+	o.body.Value = value
+	o.env.Body = &o.body
+	return nil
+}
+
+// release returns o to the pool; nil is ignored.
+func (o *outEnv) release() {
+	if o == nil {
+		return
+	}
+	if cap(o.body.Value) > maxPooledBody {
+		o.body.Value = nil
+	}
+	o.env.Body, o.env.Rpc = nil, nil
+	outEnvs.Put(o)
 }

@@ -22,26 +22,31 @@ func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message) error {
 	if err := n.check(to); err != nil {
 		return err
 	}
-	env := n.envelope(to, pb.RpcMeta_EVENT)
-	if to.Node == n.name {
-		a := n.actor(to.Actor)
-		if a == nil {
-			n.stats.tellFailed.Add(1)
-			return fmt.Errorf("node: tell %s: %w", to, ErrNoSuchActor)
-		}
-		if err := a.post(&delivery{env: env, body: msg, senderNode: n.name}); err != nil {
-			n.stats.tellFailed.Add(1)
-			return fmt.Errorf("node: tell %s: %w", to, err)
-		}
-		n.stats.tellDirect.Add(1)
-		return nil
+	if to.Node != n.name {
+		return n.tellRemote(ctx, to, msg)
 	}
-	body, err := packBody(msg)
-	if err != nil {
+	a := n.actor(to.Actor)
+	if a == nil {
+		n.stats.tellFailed.Add(1)
+		return fmt.Errorf("node: tell %s: %w", to, ErrNoSuchActor)
+	}
+	if err := a.post(&delivery{env: n.envelope(to, pb.RpcMeta_EVENT), body: msg, senderNode: n.name}); err != nil {
+		n.stats.tellFailed.Add(1)
+		return fmt.Errorf("node: tell %s: %w", to, err)
+	}
+	n.stats.tellDirect.Add(1)
+	return nil
+}
+
+// tellRemote is Tell to another node. Its envelope comes from a pool: the
+// transport has encoded it by the time Send returns.
+func (n *Node) tellRemote(ctx context.Context, to Address, msg proto.Message) error {
+	o := getOutEnv()
+	defer o.release()
+	if err := o.fill(n.name, to, pb.RpcMeta_EVENT, msg); err != nil {
 		return err
 	}
-	env.Body = body
-	if err := n.transport.Send(ctx, to.Node, env); err != nil {
+	if err := n.transport.Send(ctx, to.Node, &o.env); err != nil {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, n.mapSendErr(err))
 	}
@@ -70,28 +75,37 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.AskTimeout)
 		defer cancel()
 	}
-	env := n.envelope(to, pb.RpcMeta_REQUEST)
+	if to.Node == n.name {
+		env := n.envelope(to, pb.RpcMeta_REQUEST)
+		if dl, ok := ctx.Deadline(); ok {
+			env.ExpiresAtUnixMs = dl.UnixMilli()
+		}
+		return n.askLocal(ctx, to, env, req, resp)
+	}
+	// The envelope is pooled: the transport has encoded it when Send
+	// returns, and only its msg id (an immutable string) is kept after.
+	o := getOutEnv()
+	defer func() { o.release() }() // o is released early, on the success path
+	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, req); err != nil {
+		return err
+	}
+	env := &o.env
 	if dl, ok := ctx.Deadline(); ok {
 		env.ExpiresAtUnixMs = dl.UnixMilli()
 	}
-	if to.Node == n.name {
-		return n.askLocal(ctx, to, env, req, resp)
-	}
-	body, err := packBody(req)
-	if err != nil {
-		return err
-	}
-	env.Body = body
 	corr := env.GetMsgId()
-	env.Rpc.CorrelationId = corr
-	env.Rpc.ReplyTo = Address{Node: n.name}.String()
+	o.rpc.CorrelationId = corr
+	o.rpc.ReplyTo = env.GetSender() // "@node": the node, not an actor, receives the RESPONSE
 	ch, err := n.responses.Register(corr)
 	if err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	n.trackAsk(to.Node, corr)
 	defer n.untrackAsk(to.Node, corr)
-	if err := n.transport.Send(ctx, to.Node, env); err != nil {
+	err = n.transport.Send(ctx, to.Node, env)
+	o.release() // before the wait: another send can reuse it meanwhile
+	o = nil
+	if err != nil {
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, n.mapSendErr(err))
 	}
