@@ -37,6 +37,7 @@ type op struct {
 	failure   Failure        // opFail
 	key       string         // opRecord: sender\x00key
 	filter    DLQFilter      // opReplay, opPurge
+	async     func(error)    // opRecord by RecordAsync: called after the commit instead of closing done
 
 	err     error    // whole-op result
 	results []Result // opEnqueue: per envelope
@@ -172,21 +173,54 @@ func (s *Store) commit(ops []*op) {
 			for i := range o.errs {
 				o.errs[i] = err
 			}
-			close(o.done)
 		}
+		s.forgetPending(ops)
+		s.finish(ops)
 		return
 	}
 	s.fsyncs.Add(1)
 	s.applyEffects(b)
-	for _, o := range ops {
-		close(o.done)
-	}
+	s.forgetPending(ops)
+	s.finish(ops)
 	if f := s.onEnqueue.Load(); f != nil {
 		for r, d := range b.q {
 			if d.enqueued && !d.empty {
 				(*f)(r)
 			}
 		}
+	}
+}
+
+// finish releases the callers of ops: it closes done, or calls the
+// RecordAsync callback.
+func (s *Store) finish(ops []*op) {
+	for _, o := range ops {
+		if o.async != nil {
+			o.async(o.err)
+			continue
+		}
+		close(o.done)
+	}
+}
+
+// forgetPending drops RecordAsync keys of ops from the pending set: after a
+// commit they are in the dedupe map, after a failure they are not recorded.
+func (s *Store) forgetPending(ops []*op) {
+	locked := false
+	for _, o := range ops {
+		if o.async == nil {
+			continue
+		}
+		if !locked {
+			s.dmu.Lock()
+			locked = true
+		}
+		if s.pendingKeys[o.key]--; s.pendingKeys[o.key] <= 0 {
+			delete(s.pendingKeys, o.key)
+		}
+	}
+	if locked {
+		s.dmu.Unlock()
 	}
 }
 

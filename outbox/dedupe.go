@@ -13,16 +13,19 @@ const maxPrunePerCommit = 4096
 
 func dedupeKey(sender, key string) string { return sender + "\x00" + key }
 
-// Seen reports whether (sender, key) was recorded within DedupeWindow. It
-// reads only memory (the map is loaded from the file at Open).
+// Seen reports whether (sender, key) was recorded within DedupeWindow, or
+// is being recorded by RecordAsync (pending its commit). It reads only
+// memory (the map is loaded from the file at Open).
 func (s *Store) Seen(sender, key string) bool {
 	if key == "" {
 		return false
 	}
+	dk := dedupeKey(sender, key)
 	s.dmu.RLock()
-	ms, ok := s.dedupe[dedupeKey(sender, key)]
+	ms, ok := s.dedupe[dk]
+	_, pending := s.pendingKeys[dk]
 	s.dmu.RUnlock()
-	if ok && ms >= s.cfg.Now().Add(-s.cfg.DedupeWindow).UnixMilli() {
+	if pending || ok && ms >= s.cfg.Now().Add(-s.cfg.DedupeWindow).UnixMilli() {
 		s.dedupeHits.Add(1)
 		return true
 	}
@@ -41,6 +44,39 @@ func (s *Store) Record(ctx context.Context, sender, key string) error {
 		return fmt.Errorf("outbox: record: %w", err)
 	}
 	return o.err
+}
+
+// RecordAsync is Record without waiting: the key joins the next group
+// commit and Seen reports it at once (pending), so a copy that arrives
+// before the commit is a duplicate, not a second run of the handler. done
+// is called exactly once, from the committer goroutine after the commit
+// (nil: durable; else the key was not stored and Seen forgets it), or
+// synchronously with ErrClosed if the store is closed. done must not block:
+// it holds up every later commit. An empty key calls done(nil) at once.
+// RecordAsync itself blocks only while the committer's queue is full.
+func (s *Store) RecordAsync(sender, key string, done func(error)) {
+	if done == nil {
+		done = func(error) {}
+	}
+	if key == "" {
+		done(nil)
+		return
+	}
+	dk := dedupeKey(sender, key)
+	o := &op{kind: opRecord, key: dk, async: done}
+	// asyncMu (read) keeps Close from closing s.closing between the check
+	// and the send, so an op that made it into s.ops is always committed
+	// by the committer's final drain and its done always runs.
+	s.asyncMu.RLock()
+	defer s.asyncMu.RUnlock()
+	if s.closedErr() != nil {
+		done(fmt.Errorf("outbox: record: %w", ErrClosed))
+		return
+	}
+	s.dmu.Lock()
+	s.pendingKeys[dk]++
+	s.dmu.Unlock()
+	s.ops <- o // the committer runs until s.closing, which needs asyncMu
 }
 
 // pruneDedupe deletes keys older than the window, at most every tenth of the

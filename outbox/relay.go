@@ -53,6 +53,15 @@ func (s *Store) DueRecipients(now time.Time, keep func(recipient string) bool, l
 // messages met on the way are moved to the dead-letter queue with reason
 // "expired" (counted) and are never returned.
 func (s *Store) Head(recipient string, n int) ([]*pb.StoredMessage, error) {
+	return s.HeadSkip(recipient, n, nil)
+}
+
+// HeadSkip is Head that passes over the sequences in skip (sorted
+// ascending): the relay's messages whose positive receipts came back but
+// whose Ack has not committed yet, so the next batch can be sent while that
+// Ack waits for its fsync. Skipped records are not decoded, and n counts
+// only returned messages.
+func (s *Store) HeadSkip(recipient string, n int, skip []uint64) ([]*pb.StoredMessage, error) {
 	if err := s.closedErr(); err != nil {
 		return nil, err
 	}
@@ -71,7 +80,18 @@ func (s *Store) Head(recipient string, n int) ([]*pb.StoredMessage, error) {
 			}
 			c := qb.Cursor()
 			k, v := c.First()
+			sk := skip
 			for ; k != nil && len(out) < n; k, v = c.Next() {
+				if len(sk) > 0 {
+					sq := seqFromKey(k)
+					for len(sk) > 0 && sk[0] < sq {
+						sk = sk[1:]
+					}
+					if len(sk) > 0 && sk[0] == sq {
+						sk = sk[1:]
+						continue
+					}
+				}
 				sm, err := decodeQueued(v)
 				if err != nil || expiredAt(sm.GetEnvelope(), nowMs) {
 					// An undecodable record can never be delivered either;

@@ -78,9 +78,16 @@ type Store struct {
 	limiters map[string]*Limiter
 
 	// dmu guards the fields below.
-	dmu       sync.RWMutex
-	dedupe    map[string]int64 // sender\x00key -> recorded unix ms
-	lastPrune time.Time
+	dmu         sync.RWMutex
+	dedupe      map[string]int64 // sender\x00key -> recorded unix ms
+	pendingKeys map[string]int   // sender\x00key -> RecordAsync calls not yet committed
+	lastPrune   time.Time
+
+	// asyncMu orders RecordAsync's hand-off before Close: readers are
+	// RecordAsync calls between their closed check and their send on ops,
+	// the writer is Close closing s.closing. Lock order: closeMu before
+	// asyncMu before dmu.
+	asyncMu sync.RWMutex
 
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
 	coalesced, superseded, dedupeHits, fsyncs           atomic.Uint64
@@ -112,6 +119,8 @@ func Open(cfg Config) (*Store, error) {
 		due:      btree.NewG(32, lessRS),
 		limiters: make(map[string]*Limiter),
 		dedupe:   make(map[string]int64),
+
+		pendingKeys: make(map[string]int),
 	}
 	if err := s.load(); err != nil {
 		_ = db.Close()
@@ -221,7 +230,9 @@ func (s *Store) Close() error {
 		return ErrClosed
 	}
 	s.isClosed = true
+	s.asyncMu.Lock()
 	close(s.closing)
+	s.asyncMu.Unlock()
 	s.closeMu.Unlock()
 	<-s.stopped
 	if err := s.db.Close(); err != nil {
