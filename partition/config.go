@@ -12,17 +12,23 @@ type Config struct {
 	BatchSize   int           // max messages per Deliver call
 	DownRecheck time.Duration // a down peer's queues are looked at again after this even without NodeAlive
 	MaxDue      int           // recipients taken from the store per loop iteration
-	Logger      *slog.Logger
+	// MaxAckPending bounds, per recipient, the fully positive batches whose
+	// Ack is still committing while the next batch is sent (pipelining).
+	// 1 = at most one batch waits for its ack fsync while the next is on
+	// the wire; the unreceipted batch in flight is always at most one.
+	MaxAckPending int
+	Logger        *slog.Logger
 }
 
 // DefaultConfig returns a Config with every field set.
 func DefaultConfig() Config {
 	return Config{
-		Partitions:  4,                // DESIGN default P
-		BatchSize:   128,              // amortises a round trip over many messages
-		DownRecheck: 10 * time.Second, // safety net if a NodeAlive event is missed
-		MaxDue:      256,              // bounds one iteration's work
-		Logger:      slog.Default(),   // structured logs
+		Partitions:    4,                // DESIGN default P
+		BatchSize:     128,              // amortises a round trip over many messages
+		DownRecheck:   10 * time.Second, // safety net if a NodeAlive event is missed
+		MaxDue:        256,              // bounds one iteration's work
+		MaxAckPending: 4,                // acks of up to 4 batches commit while the next batch is out
+		Logger:        slog.Default(),   // structured logs
 	}
 }
 
@@ -37,6 +43,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: DownRecheck must be > 0", ErrInvalidConfig)
 	case c.MaxDue < 1:
 		return fmt.Errorf("%w: MaxDue must be >= 1", ErrInvalidConfig)
+	case c.MaxAckPending < 1:
+		return fmt.Errorf("%w: MaxAckPending must be >= 1", ErrInvalidConfig)
 	case c.Logger == nil:
 		return fmt.Errorf("%w: Logger is nil", ErrInvalidConfig)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,8 +71,32 @@ type part struct {
 	wake chan struct{} // cap 1: a pending wake-up
 
 	// mu guards the fields below.
-	mu       sync.Mutex
-	inflight map[string]struct{} // recipients with a batch in flight (FIFO: at most one)
+	mu    sync.Mutex
+	rcpts map[string]*rstate // recipients with a batch in flight or acks pending
+}
+
+// rstate is the relay's view of one recipient between Head and the commit
+// of its Ack. Guarded by its part's mu.
+type rstate struct {
+	// sending: a batch was taken from the store and its receipts are not
+	// processed yet (FIFO: at most one). Cleared early, before the Ack
+	// commits, only when every receipt was positive.
+	sending bool
+	// acking lists the sequences of batches whose positive receipts came
+	// back but whose Ack has not committed (pipelining): HeadSkip passes
+	// over them, so the next batch does not resend them. Kept sorted.
+	acking []uint64
+	// ackBatches counts the Acks behind acking (bounded by
+	// Config.MaxAckPending).
+	ackBatches int
+}
+
+func (st *rstate) idle() bool { return !st.sending && st.ackBatches == 0 }
+
+// busy reports whether rcpt cannot start a batch now. Caller holds p.mu.
+func (p *part) busy(rcpt string, maxAck int) bool {
+	st := p.rcpts[rcpt]
+	return st != nil && (st.sending || st.ackBatches >= maxAck)
 }
 
 // New builds a relay over store and d and hooks store.SetOnEnqueue to
@@ -86,7 +111,7 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, store: store, d: d, ctx: ctx, cancel: cancel}
 	for i := range cfg.Partitions {
-		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), inflight: map[string]struct{}{}})
+		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), rcpts: map[string]*rstate{}})
 	}
 	store.SetOnEnqueue(r.Notify)
 	return r, nil
@@ -173,7 +198,7 @@ func (r *Relay) loop(p *part) {
 		if PartitionOf(rcpt, len(r.parts)) != p.id {
 			return false
 		}
-		if _, busy := p.inflight[rcpt]; busy {
+		if p.busy(rcpt, r.cfg.MaxAckPending) {
 			return false
 		}
 		// A node at its AIMD limit is skipped until a delivery of it
@@ -231,7 +256,17 @@ func (r *Relay) dispatch(p *part, rcpt string, now time.Time) bool {
 		r.deferred.Add(1)
 		return false
 	}
-	n := min(r.cfg.BatchSize, r.store.Pending(rcpt))
+	pending := r.store.Pending(rcpt)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.rcpts[rcpt]
+	if st != nil {
+		if st.sending || st.ackBatches >= r.cfg.MaxAckPending {
+			return false
+		}
+		pending -= len(st.acking) // still counted by the store until their Ack commits
+	}
+	n := min(r.cfg.BatchSize, pending)
 	if n <= 0 {
 		return false
 	}
@@ -240,18 +275,44 @@ func (r *Relay) dispatch(p *part, rcpt string, now time.Time) bool {
 	if g == 0 {
 		return false
 	}
-	p.mu.Lock()
-	p.inflight[rcpt] = struct{}{}
-	p.mu.Unlock()
+	if st == nil {
+		st = &rstate{}
+		p.rcpts[rcpt] = st
+	}
+	st.sending = true
+	skip := slices.Clone(st.acking)
 	r.wg.Add(1)
-	go r.deliver(p, rcpt, node, lim, g)
+	go r.deliver(p, rcpt, node, lim, g, skip)
 	return true
 }
 
+// settle updates rcpt's state under p.mu and forgets it when idle.
+func (p *part) settle(rcpt string, f func(st *rstate)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.rcpts[rcpt]
+	if st == nil {
+		return
+	}
+	f(st)
+	if st.idle() {
+		delete(p.rcpts, rcpt)
+	}
+}
+
 // deliver sends one batch of rcpt and processes the receipts in order.
-func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots int) {
+//
+// Pipelining: when every receipt is positive, the recipient is released
+// for its next batch before the Ack has committed; the acked sequences
+// stay in its acking list (skipped by HeadSkip) until the commit, and go
+// back to being deliverable if the commit fails (the receiver's dedupe
+// makes the redelivery harmless). After any non-positive receipt the
+// recipient stays busy until the failure and the acks are recorded, so the
+// next batch starts after a boundary the chain rule can see (its first
+// message has PrevSequence 0 and the failed one is retried first).
+func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots int, skip []uint64) {
 	defer r.wg.Done()
-	released := false
+	released, sending := false, true
 	release := func() {
 		if !released {
 			released = true
@@ -260,14 +321,14 @@ func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots i
 	}
 	defer func() {
 		release()
-		p.mu.Lock()
-		delete(p.inflight, rcpt)
-		p.mu.Unlock()
+		if sending {
+			p.settle(rcpt, func(st *rstate) { st.sending = false })
+		}
 		// Slots of node were released: any partition may have recipients
 		// of it waiting.
 		r.wakeAll()
 	}()
-	msgs, err := r.store.Head(rcpt, slots)
+	msgs, err := r.store.HeadSkip(rcpt, slots, skip)
 	if err != nil {
 		if r.ctx.Err() == nil {
 			r.cfg.Logger.Warn("relay: head failed", "recipient", rcpt, "err", err)
@@ -290,8 +351,7 @@ func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots i
 	receipts, derr := r.d.Deliver(r.ctx, node, envs)
 	// The peer's share of the work is over when the receipts are back:
 	// free its AIMD slots now so other recipients of the node need not wait
-	// for this batch's ack fsync. The recipient itself stays in flight until
-	// the ack committed, which keeps its FIFO and avoids redelivery.
+	// for this batch's ack fsync.
 	release()
 	r.wakeAll()
 	if r.ctx.Err() != nil {
@@ -300,14 +360,40 @@ func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots i
 		// attempted so they are not redelivered needlessly.
 		derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
 	}
-	r.process(rcpt, node, lim, envs, receipts, derr)
+	acks, clean := r.process(rcpt, node, lim, envs, receipts, derr)
+	if len(acks) == 0 {
+		return
+	}
+	if clean {
+		// Every receipt positive: let the next batch go while this Ack
+		// waits for its fsync.
+		sending = false
+		p.settle(rcpt, func(st *rstate) {
+			st.sending = false
+			st.ackBatches++
+			st.acking = mergeSorted(st.acking, acks)
+		})
+		r.wakeAll()
+	}
+	err = r.store.Ack(rcpt, acks)
+	if clean {
+		p.settle(rcpt, func(st *rstate) {
+			st.ackBatches--
+			st.acking = removeSorted(st.acking, acks)
+		})
+	}
+	if err != nil {
+		r.cfg.Logger.Warn("relay: ack failed; messages will be redelivered", "recipient", rcpt, "err", err)
+		return
+	}
+	r.delivered.Add(uint64(len(acks)))
 }
 
-// process applies the receipts of one batch in order. The first negative
-// receipt decides the recipient's next attempt; later messages that did not
-// come back positive stay queued, uncounted.
-func (r *Relay) process(rcpt, node string, lim *outbox.Limiter, envs []*pb.Envelope, receipts []*pb.Receipt, derr error) {
-	var acks []uint64
+// process applies the receipts of one batch in order and returns the
+// sequences to ack; clean reports that every message came back positive.
+// The first negative receipt decides the recipient's next attempt; later
+// messages that did not come back positive stay queued, uncounted.
+func (r *Relay) process(rcpt, node string, lim *outbox.Limiter, envs []*pb.Envelope, receipts []*pb.Receipt, derr error) (acks []uint64, clean bool) {
 	failed := false
 	for i, e := range envs {
 		var rc *pb.Receipt
@@ -363,13 +449,39 @@ func (r *Relay) process(rcpt, node string, lim *outbox.Limiter, envs []*pb.Envel
 			r.fail(rcpt, seq, outbox.Failure{Reason: "transient: " + code.String() + ": " + rc.GetMessage(), Counts: true})
 		}
 	}
-	if len(acks) > 0 {
-		if err := r.store.Ack(rcpt, acks); err != nil {
-			r.cfg.Logger.Warn("relay: ack failed; messages will be redelivered", "recipient", rcpt, "err", err)
-			return
+	return acks, !failed && derr == nil
+}
+
+// mergeSorted returns the union of the ascending slices a and b.
+func mergeSorted(a, b []uint64) []uint64 {
+	out := make([]uint64, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] <= b[0] {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
 		}
-		r.delivered.Add(uint64(len(acks)))
 	}
+	return append(append(out, a...), b...)
+}
+
+// removeSorted returns a without the elements of the ascending slice b.
+func removeSorted(a, b []uint64) []uint64 {
+	out := a[:0]
+	for _, v := range a {
+		for len(b) > 0 && b[0] < v {
+			b = b[1:]
+		}
+		if len(b) > 0 && b[0] == v {
+			b = b[1:]
+			continue
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func (r *Relay) fail(rcpt string, seq uint64, f outbox.Failure) {

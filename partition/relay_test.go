@@ -57,6 +57,7 @@ func TestConfigAndNew(t *testing.T) {
 		{"batch", func(c *partition.Config) { c.BatchSize = 0 }},
 		{"recheck", func(c *partition.Config) { c.DownRecheck = 0 }},
 		{"maxdue", func(c *partition.Config) { c.MaxDue = 0 }},
+		{"maxackpending", func(c *partition.Config) { c.MaxAckPending = 0 }},
 		{"logger", func(c *partition.Config) { c.Logger = nil }},
 	}
 	for _, tt := range tests {
@@ -105,6 +106,9 @@ func TestDrainInOrderWithChain(t *testing.T) {
 		t.Fatal("batches not chained")
 	}
 	testutil.WaitFor(t, wait, "store empty", func() bool { return rg.store.Stats().Depth == 0 })
+	// Delivered counts after the Ack returned, a moment after the store
+	// emptied.
+	testutil.WaitFor(t, wait, "acks counted", func() bool { return rg.relay.Stats().Delivered >= 350 })
 	if st := rg.relay.Stats(); st.Delivered != 350 || st.Failed != 0 {
 		t.Fatalf("relay stats %+v", st)
 	}
