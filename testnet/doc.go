@@ -52,10 +52,41 @@
 //   - Cluster.Close kills the nodes (no graceful leave): a test's end needs
 //     no leave broadcast, and it keeps teardown fast.
 //
+// # Process clusters
+//
+// ProcCluster (StartProcs, NewProcs) runs the same kind of cluster as real
+// `meshnode run` daemons, for crash tests that must be honest: Kill is
+// SIGKILL, so what survives is what the daemon had fsynced.
+//
+//	c := testnet.NewProcs(t, bin, 3, testnet.WithInboxes("box"))
+//	out, err := c.Send(0, "box@n1", map[string]int{"n": 1}, "k1") // "Delivered" or "Queued"
+//	_ = c.Kill(1)                                              // SIGKILL
+//	_ = c.Restart(1)                                           // same config and data dir
+//	msgs, err := c.Pull(1, "box", 0, 100)
+//
+// Decisions: every config joins every other node (a restarted first node
+// finds the cluster alone); ports are probed free on 127.0.0.1 (a race with
+// another process shows as the daemon's "address in use" in the error);
+// admin requests use no keep-alive, so a killed daemon leaves no idle
+// client connection. With WithNetns each daemon runs under `ip netns exec`
+// in namespace mnt-<rand>-<i> with 10.213.<rand>.<i+1>/24 on a veth to a
+// bridge in mnt-<rand>-hub; nothing is created in the caller's namespace.
+// Isolate takes the node's bridge-side link down and Heal brings all up;
+// Cut, Drop and Delay exist only in-process (a link carries all of a
+// node's traffic). The admin API stays on the namespace's loopback and the
+// helpers dial it from an OS thread switched into the namespace (setns),
+// so no token and no route from outside are needed. Close deletes every
+// namespace, which removes the veths with them. The crash test tells
+// the receiver's incarnations apart by the last inbox cursor on disk right
+// after its SIGKILL (read from inbox.db before the restart), so a key
+// stored again by the next incarnation counts as the documented crash
+// window and any other repeat as a duplicate.
+//
 // # Knobs
 //
 // TESTNET_CHAOS_SEEDS (e.g. "1,2,3,4,5") and TESTNET_CHAOS_DURATION (e.g.
 // "60s") make TestChaos longer; TESTNET_REPORT_DIR keeps the scenario SVGs
-// written by TestScenarios. Larger scenario sizes run through RunScenario
+// written by TestScenarios. TESTNET_PROC_MESSAGES (default 300) sizes
+// TestProcCrashDurability. Larger scenario sizes run through RunScenario
 // with LargeSize (meshnode testnet run NAME).
 package testnet

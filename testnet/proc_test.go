@@ -202,6 +202,17 @@ func TestProcCrashDurability(t *testing.T) {
 	if left := pullAll(t, c, 1, "box"); len(left) != 0 {
 		t.Fatalf("%d messages left after acking all", len(left))
 	}
+
+	// SIGTERM is a clean exit 0; a stopped daemon refuses a second Stop.
+	if err := c.Stop(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(2); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("second Stop: %v, want ErrNotRunning", err)
+	}
+	if !strings.Contains(c.Logs(2), "shutting down") {
+		t.Fatalf("n2 log lacks the graceful shutdown line:\n%s", c.Logs(2))
+	}
 }
 
 // TestProcClusterErrors covers bad input: no daemon has to start for any
