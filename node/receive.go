@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"time"
@@ -135,7 +134,10 @@ func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
 // On success the idempotency key is recorded before PROCESSED is sent
 // (rule 6: never before the handler succeeded), asynchronously so the actor
 // can go on with its next message while the key waits for its group commit
-// (concurrent commits share one fsync).
+// (concurrent commits share one fsync). RecordAsync makes the key pending at
+// once: a copy that arrives before the commit is a duplicate (seen), not a
+// second run of the handler. The receipt is sent from the store's committer
+// after the commit; sending a receipt never blocks.
 func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
 	id := d.env.GetMsgId()
 	if herr != nil {
@@ -158,31 +160,22 @@ func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
 		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
 		return
 	}
-	// The key is pending until its commit: a copy that arrives meanwhile is
-	// a duplicate too (seen), not a second run of the handler.
-	pk := scope + "\x00" + k
-	n.pendingKeys.Store(pk, struct{}{})
-	n.wg.Add(1)
-	go func() { // one per reliable message in flight; bounded by the senders' AIMD limits
-		defer n.wg.Done()
-		defer n.pendingKeys.Delete(pk)
-		if err := n.store.Record(context.Background(), scope, k); err != nil {
-			// The handler ran, but the key is not durable: say transient so the
-			// sender retries; the pending key dedupes a retry that comes soon.
+	n.store.RecordAsync(scope, k, func(err error) {
+		if err != nil {
+			// The handler ran, but the key is not durable: say transient so
+			// the sender retries.
 			d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: "record idempotency key: " + err.Error()})
 			return
 		}
 		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
-	}()
+	})
 }
 
-// seen reports whether a reliable message was already processed here.
+// seen reports whether a reliable message was already processed here: its
+// key is recorded, or pending its commit (outbox.Store.Seen covers both).
 func (n *Node) seen(scope, key string) bool {
 	if key == "" {
 		return false
-	}
-	if _, ok := n.pendingKeys.Load(scope + "\x00" + key); ok {
-		return true
 	}
 	return n.store.Seen(scope, key)
 }
