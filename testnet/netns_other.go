@@ -16,7 +16,7 @@ func NetnsAvailable() error {
 }
 
 // nsNet is never created off Linux; its methods exist for the build.
-type nsNet struct{}
+type nsNet struct{ id string }
 
 func newNsNet() (*nsNet, error)                         { return nil, NetnsAvailable() }
 func (x *nsNet) addNode(int) (ip, ns string, err error) { return "", "", NetnsAvailable() }

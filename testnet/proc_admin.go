@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -333,11 +332,4 @@ func (c *ProcCluster) WaitDrained(ctx context.Context) error {
 		}
 		return true, ""
 	})
-}
-
-// errIsAdmin reports whether err is an answer of the admin API (as
-// opposed to a connection failure).
-func errIsAdmin(err error) bool {
-	var ae *AdminError
-	return errors.As(err, &ae)
 }
