@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
 )
 
 // payload128 is the DESIGN benchmark payload size.
@@ -14,10 +16,16 @@ var payload128 = string(make([]byte, 128))
 
 // BenchmarkEnqueue measures fsynced enqueues with 1, 8 and 64 concurrent
 // callers (group commit shares fsyncs among them).
+// Linger 0 is the committer without CommitLinger, for comparison.
 func BenchmarkEnqueue(b *testing.B) {
-	for _, callers := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s, _ := openTemp(b, nil)
+	def := outbox.DefaultConfig("")
+	for _, tc := range []struct {
+		callers int
+		linger  time.Duration
+	}{{1, 0}, {1, def.CommitLinger}, {8, 0}, {8, def.CommitLinger}, {64, 0}, {64, def.CommitLinger}} {
+		callers := tc.callers
+		b.Run(fmt.Sprintf("callers=%d/linger=%v", callers, tc.linger), func(b *testing.B) {
+			s, _ := openTemp(b, func(c *outbox.Config) { c.CommitLinger = tc.linger })
 			b.ReportAllocs()
 			before := s.Stats().Fsyncs
 			b.ResetTimer()

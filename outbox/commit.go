@@ -89,6 +89,11 @@ func (b *batch) delta(r string) *qdelta {
 func (s *Store) run() {
 	defer close(s.stopped)
 	buf := make([]*op, 0, 256)
+	released := 0 // callers released by the previous commit
+	backlog := 0  // ops queued when the previous commit ended
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
 	for {
 		var first *op
 		select {
@@ -126,7 +131,36 @@ func (s *Store) run() {
 				break more
 			}
 		}
+		// Linger: the callers the last commit released are likely to come
+		// straight back (a sender loop, an actor recording its next key).
+		// Waiting a little for them lets one fsync carry all the callers
+		// instead of alternating between two half batches.
+		// want estimates the concurrent callers: those released plus those
+		// that queued up during the last commit.
+		if want := released + backlog; s.cfg.CommitLinger > 0 && len(buf) < want && n < s.cfg.MaxBatch {
+			linger.Reset(s.cfg.CommitLinger)
+		wait:
+			for len(buf) < want && n < s.cfg.MaxBatch {
+				select {
+				case o := <-s.ops:
+					buf = append(buf, o)
+					n += o.weight()
+				case <-linger.C:
+					break wait
+				case <-s.closing:
+					break wait
+				}
+			}
+			if !linger.Stop() {
+				select {
+				case <-linger.C:
+				default:
+				}
+			}
+		}
+		released = len(buf)
 		s.commit(buf)
+		backlog = len(s.ops)
 		clear(buf)
 	}
 }

@@ -1,8 +1,10 @@
 package outbox_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,5 +146,32 @@ func TestHeadSkip(t *testing.T) {
 				t.Fatalf("got %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestCommitLingerGroupsCallers checks that the committer waits for the
+// callers of its last commit, so concurrent looping callers share one fsync
+// instead of alternating between two half batches (about 2 commits per
+// round without linger, 1 with it).
+func TestCommitLingerGroupsCallers(t *testing.T) {
+	s, _ := openTemp(t, func(c *outbox.Config) { c.CommitLinger = 100 * time.Millisecond })
+	const callers, rounds = 16, 20
+	before := s.Stats().Fsyncs
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				if err := s.Enqueue(context.Background(), mkEnv(fmt.Sprintf("a%d@n1", c), fmt.Sprint(i))); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := s.Stats().Fsyncs - before; got > rounds*3/2 {
+		t.Fatalf("%d commits for %d rounds of %d callers: linger did not group them", got, rounds, callers)
 	}
 }

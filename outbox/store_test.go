@@ -29,6 +29,9 @@ func TestConfigValidate(t *testing.T) {
 		{"no window", func(c *outbox.Config) { c.DedupeWindow = 0 }, false},
 		{"no batch", func(c *outbox.Config) { c.MaxBatch = 0 }, false},
 		{"no queue", func(c *outbox.Config) { c.QueueSize = 0 }, false},
+		{"negative linger", func(c *outbox.Config) { c.CommitLinger = -time.Microsecond }, false},
+		{"huge linger", func(c *outbox.Config) { c.CommitLinger = time.Hour }, false},
+		{"no linger", func(c *outbox.Config) { c.CommitLinger = 0 }, true},
 		{"no clock", func(c *outbox.Config) { c.Now = nil }, false},
 		{"no logger", func(c *outbox.Config) { c.Logger = nil }, false},
 	}
