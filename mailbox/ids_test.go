@@ -36,7 +36,7 @@ func TestNewIDUnique(t *testing.T) {
 		t.Fatalf("len(%q) = %d, want 22", id, len(id))
 	}
 	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+		if (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') && c != '-' && c != '_' {
 			t.Fatalf("id %q has non-URL-safe rune %q", id, c)
 		}
 	}

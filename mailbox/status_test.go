@@ -147,7 +147,7 @@ func TestPermanent(t *testing.T) {
 		t.Fatalf("Permanent(base) = %v", p)
 	}
 	wrapped := fmt.Errorf("handle: %w", p)
-	if !mailbox.IsPermanent(wrapped) || mailbox.Permanent(wrapped) != wrapped {
+	if !mailbox.IsPermanent(wrapped) || !errors.Is(mailbox.Permanent(wrapped), wrapped) {
 		t.Fatal("wrapped permanent error lost its mark or was wrapped twice")
 	}
 	if mailbox.IsPermanent(base) || mailbox.IsPermanent(nil) {

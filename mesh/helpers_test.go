@@ -2,7 +2,6 @@ package mesh_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -245,10 +244,3 @@ func (t *faultTransport) DialAddressTimeout(a memberlist.Address, timeout time.D
 	return t.NodeAwareTransport.DialAddressTimeout(a, timeout)
 }
 
-// discard is a logger for benchmarks.
-func discard() *slog.Logger {
-	return slog.New(slog.DiscardHandler)
-}
-
-var _ = context.Background
-var _ = strings.Contains

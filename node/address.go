@@ -44,14 +44,6 @@ func ParseAddress(s string) (Address, error) {
 	return a, nil
 }
 
-// nodeOf returns the node part of "actor@node" (the whole string when there is no '@').
-func nodeOf(addr string) string {
-	if i := strings.LastIndexByte(addr, '@'); i >= 0 {
-		return addr[i+1:]
-	}
-	return addr
-}
-
 func validName(s string) error {
 	switch {
 	case s == "":

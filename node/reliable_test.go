@@ -251,9 +251,9 @@ func TestTellReliableSenderRestart(t *testing.T) {
 	var s sink
 	n2 := startNode(t, "n2", n2dir, n1.GossipAddr())
 	n2.Spawn("sink", s.handler)
-	got := s.waitLen(t, 3)
+	s.waitLen(t, 3)
 	testutil.WaitFor(t, 5*time.Second, "outbox empty", func() bool { return n1.Outbox().Stats().Depth == 0 })
-	if got = s.values(); len(got) != 3 || got[0] != "a" || got[1] != "b" || got[2] != "c" {
+	if got := s.values(); len(got) != 3 || got[0] != "a" || got[1] != "b" || got[2] != "c" {
 		t.Fatalf("delivered %v, want [a b c] once each", got)
 	}
 }

@@ -29,7 +29,6 @@ type options struct {
 	logger   *slog.Logger
 	converge time.Duration
 	dir      string
-	noWait   bool
 }
 
 // WithConfig mutates every node's config before node.New (also on Restart).

@@ -195,13 +195,13 @@ func dialInNetns(ctx context.Context, nsPath, network, addr string) (net.Conn, e
 		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("testnet: netns dial: own namespace: %w", err)
 	}
-	defer orig.Close()
+	defer func() { _ = orig.Close() }()
 	target, err := os.Open(nsPath)
 	if err != nil {
 		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("testnet: netns dial: %w", err)
 	}
-	defer target.Close()
+	defer func() { _ = target.Close() }()
 	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("testnet: netns dial: setns %s: %w", nsPath, err)

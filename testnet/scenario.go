@@ -207,7 +207,7 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	if err != nil {
 		return Result{}, fmt.Errorf("testnet: scenario %s: %w", name, err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	st.c = c
 	st.start = time.Now()
 	sctx, stop := context.WithCancel(ctx)

@@ -95,7 +95,7 @@ func TestConfigErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"unknown key", "name = \"x\"\nnmae = \"typo\"\n", nil, nil, `unknown key "nmae"`},
+		{"unknown key", "name = \"x\"\nnmea = \"typo\"\n", nil, nil, `unknown key "nmea"`},
 		{"unknown nested key", "[gossip]\nport = 1\n", nil, nil, `unknown key "gossip`},
 		{"bad toml", "name = \n", nil, nil, "config file"},
 		{"wrong type", "mailbox_capacity = \"many\"\n", nil, nil, "config file"},

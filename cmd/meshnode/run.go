@@ -124,7 +124,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer) error {
 	if err != nil {
 		return startError(cfg, "open inbox", err)
 	}
-	defer store.Close()
+	defer func() { _ = store.Close() }()
 
 	l, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
@@ -156,7 +156,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer) error {
 		return fmt.Errorf("%w: %w", errBadConfig, err)
 	}
 	srv.Serve(l)
-	defer srv.Close()
+	defer func() { _ = srv.Close() }()
 	logger.Info("meshnode running", "name", cfg.Name, "cluster", cfg.Cluster, "gossip", n.GossipAddr(),
 		"quic", n.QUICAddr(), "admin", l.Addr().String(), "inboxes", store.Inboxes())
 

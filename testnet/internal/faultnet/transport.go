@@ -156,7 +156,7 @@ type streamConn struct {
 
 func (c *streamConn) Read(p []byte) (int, error) {
 	if c.net.streamBlocked(c.a, c.b) {
-		_ = c.Conn.Close()
+		_ = c.Close()
 		return 0, fmt.Errorf("faultnet: read %s<->%s: %w", c.a, c.b, ErrCut)
 	}
 	return c.Conn.Read(p)
@@ -164,7 +164,7 @@ func (c *streamConn) Read(p []byte) (int, error) {
 
 func (c *streamConn) Write(p []byte) (int, error) {
 	if c.net.streamBlocked(c.a, c.b) {
-		_ = c.Conn.Close()
+		_ = c.Close()
 		return 0, fmt.Errorf("faultnet: write %s<->%s: %w", c.a, c.b, ErrCut)
 	}
 	return c.Conn.Write(p)

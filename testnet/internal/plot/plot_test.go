@@ -46,7 +46,7 @@ func TestSVG(t *testing.T) {
 			// Well-formed XML.
 			d := xml.NewDecoder(strings.NewReader(out))
 			for {
-				if _, err := d.Token(); err == io.EOF {
+				if _, err := d.Token(); errors.Is(err, io.EOF) {
 					break
 				} else if err != nil {
 					t.Fatalf("svg is not well-formed XML: %v", err)
