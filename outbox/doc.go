@@ -65,6 +65,21 @@
 //     act on every match and refuse an empty filter unless All is set (for
 //     Replay too, for symmetry). Replay appends at the tail with a fresh
 //     sequence and does not take part in coalescing.
+//   - RecordAsync makes a key pending in memory at once (Seen is true for
+//     it), joins the next group commit, and calls done from the committer
+//     after that commit; a failed commit forgets the pending key. It is how
+//     a receiver records keys without a goroutine per message.
+//   - HeadSkip passes over given sequences (the relay's positively
+//     receipted messages whose Ack is still committing), so the relay can
+//     send the next batch without waiting for that fsync.
+//   - Group commit lingers: after a commit the committer waits up to
+//     CommitLinger (200µs) for as many callers as the last commit released
+//     plus those that queued meanwhile, so looping concurrent callers share
+//     one fsync instead of alternating between two half batches. It never
+//     waits when there was only one caller.
+//   - bbolt runs with NoFreelistSync and the hashmap freelist: every commit
+//     is still fsynced, the freelist is rebuilt by scanning the file at
+//     Open (slower Open for a very large file, fewer pages per commit).
 //   - Close is idempotent: the first call commits what callers already
 //     handed to the committer and closes the file; later calls return
 //     ErrClosed, as does every other method.
