@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -243,4 +242,3 @@ func (t *faultTransport) DialAddressTimeout(a memberlist.Address, timeout time.D
 	}
 	return t.NodeAwareTransport.DialAddressTimeout(a, timeout)
 }
-
