@@ -72,11 +72,7 @@ func TestTellReliableOfflinePeerDrainsInOrder(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
 	n2dir := filepath.Join(t.TempDir(), "n2-again")
-	peer := nodes[1].Name()
-	if err := nodes[1].Close(); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 5*time.Second, "n2 left", func() bool { return memberState(nodes[0], peer) == "left" })
+	peer := stopPeer(t, nodes[0], nodes[1])
 	to := node.Addr("sink", peer)
 	want := []string{"m0", "m1", "m2", "m3", "m4"}
 	for _, v := range want {
@@ -90,13 +86,7 @@ func TestTellReliableOfflinePeerDrainsInOrder(t *testing.T) {
 	}
 	// The peer comes back (fresh data dir: a new device with the same name).
 	var s sink
-	cfg := testConfig(t, peer, n2dir)
-	cfg.Join = []string{nodes[0].GossipAddr()}
-	n2, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n2.Close() })
+	n2 := startNode(t, peer, n2dir, nodes[0].GossipAddr())
 	n2.Spawn("sink", s.handler)
 	// Rule 1: a new message goes behind the waiting ones, whatever the path.
 	out, err := nodes[0].TellReliable(ctx, to, wrapperspb.String("m5"))
@@ -160,9 +150,7 @@ func TestTellReliableHandlerErrors(t *testing.T) {
 func TestTellReliableOverwrite(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
-	peer := nodes[1].Name()
-	nodes[1].Close()
-	testutil.WaitFor(t, 5*time.Second, "n2 left", func() bool { return memberState(nodes[0], peer) == "left" })
+	peer := stopPeer(t, nodes[0], nodes[1])
 	to := node.Addr("hb", peer)
 	for i := 0; i < 10; i++ {
 		if _, err := nodes[0].TellReliable(ctx, to, wrapperspb.String("beat"+string(rune('0'+i))), node.WithOverwrite("hb")); err != nil {
@@ -173,13 +161,7 @@ func TestTellReliableOverwrite(t *testing.T) {
 		t.Fatalf("outbox depth after 10 heartbeats = %d, want 1", d)
 	}
 	var s sink
-	cfg := testConfig(t, peer, t.TempDir())
-	cfg.Join = []string{nodes[0].GossipAddr()}
-	n2, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n2.Close() })
+	n2 := startNode(t, peer, t.TempDir(), nodes[0].GossipAddr())
 	n2.Spawn("hb", s.handler)
 	got := s.waitLen(t, 1)
 	if len(got) != 1 || got[0] != "beat9" {
@@ -197,9 +179,7 @@ func TestTellReliableOverwrite(t *testing.T) {
 func TestTellReliableTTL(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
-	peer := nodes[1].Name()
-	nodes[1].Close()
-	testutil.WaitFor(t, 5*time.Second, "n2 left", func() bool { return memberState(nodes[0], peer) == "left" })
+	peer := stopPeer(t, nodes[0], nodes[1])
 	if _, err := nodes[0].TellReliable(ctx, node.Addr("sink", peer), wrapperspb.String("stale"), node.WithTTL(50*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
@@ -209,13 +189,7 @@ func TestTellReliableTTL(t *testing.T) {
 	expiry := time.Now().Add(60 * time.Millisecond)
 	testutil.WaitFor(t, time.Second, "the TTL passed", func() bool { return time.Now().After(expiry) })
 	var s sink
-	cfg := testConfig(t, peer, t.TempDir())
-	cfg.Join = []string{nodes[0].GossipAddr()}
-	n2, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n2.Close() })
+	n2 := startNode(t, peer, t.TempDir(), nodes[0].GossipAddr())
 	n2.Spawn("sink", s.handler)
 	got := s.waitLen(t, 1)
 	if len(got) != 1 || got[0] != "fresh" {
@@ -310,4 +284,14 @@ func TestDispatch(t *testing.T) {
 	}
 	s1.waitLen(t, 1)
 	s2.waitLen(t, 1)
+}
+
+// stopPeer closes peer gracefully and waits until from sees it left.
+func stopPeer(tb testing.TB, from, peer *node.Node) string {
+	tb.Helper()
+	if err := peer.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	testutil.WaitFor(tb, 5*time.Second, peer.Name()+" left", func() bool { return memberState(from, peer.Name()) == "left" })
+	return peer.Name()
 }
