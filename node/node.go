@@ -54,10 +54,6 @@ type Node struct {
 	askMu sync.Mutex
 	asks  map[string]map[string]struct{} // node -> correlation ids
 
-	// pendingKeys holds dedupe keys whose handler succeeded but whose record
-	// is not yet committed (scope\x00key).
-	pendingKeys sync.Map
-
 	stats counters
 }
 
