@@ -13,25 +13,10 @@ import (
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
-	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(settleM{m})
-}
-
-// settleM runs the tests, then gives memberlist's untracked probe goroutines
-// (memberlist.Shutdown does not wait for them; they end within one scaled
-// probe interval) up to 5 s to finish before goleak's own short check.
-type settleM struct{ m *testing.M }
-
-func (s settleM) Run() int {
-	code := s.m.Run()
-	deadline := time.Now().Add(5 * time.Second)
-	for goleak.Find() != nil && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond) // polling goleak.Find, the condition decides
-	}
-	return code
+	testutil.VerifyTestMain(m)
 }
 
 func TestThreeNodeJoin(t *testing.T) {

@@ -124,8 +124,12 @@ func (a *actor) post(d *delivery) error {
 		return errChainBroken
 	}
 	err := a.mb.Post(d)
-	if err != nil && d.receipt != nil && d.env.GetSequence() != 0 {
-		a.markFailed(d)
+	if d.receipt != nil && d.env.GetSequence() != 0 {
+		if err != nil {
+			a.markFailed(d)
+		} else {
+			a.clearFailed(d) // a retry of the failed message is under way again
+		}
 	}
 	return err
 }
@@ -139,6 +143,16 @@ func (a *actor) chainBroken(d *delivery) bool {
 	}
 	a.lastFailed[d.senderNode] = d.env.GetSequence()
 	return true
+}
+
+// clearFailed forgets d's failure mark: the message was accepted again, so
+// what is chained behind it must not be refused for its old failure.
+func (a *actor) clearFailed(d *delivery) {
+	a.chainMu.Lock()
+	if s, ok := a.lastFailed[d.senderNode]; ok && s == d.env.GetSequence() {
+		delete(a.lastFailed, d.senderNode)
+	}
+	a.chainMu.Unlock()
 }
 
 func (a *actor) markFailed(d *delivery) {

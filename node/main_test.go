@@ -12,10 +12,9 @@ import (
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/transport"
-	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.VerifyTestMain(m) }
 
 var (
 	caOnce sync.Once

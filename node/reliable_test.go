@@ -295,3 +295,44 @@ func stopPeer(tb testing.TB, from, peer *node.Node) string {
 	testutil.WaitFor(tb, 5*time.Second, peer.Name()+" left", func() bool { return memberState(from, peer.Name()) == "left" })
 	return peer.Name()
 }
+
+// End to end through the relay: a message refused only because its
+// predecessor failed is not charged an attempt, and is handled once.
+func TestTellReliableChainSkipNotCounted(t *testing.T) {
+	nodes := cluster(t, 2)
+	ctx := ctxT(t)
+	peer := stopPeer(t, nodes[0], nodes[1])
+	to := node.Addr("chain", peer)
+	for _, v := range []string{"a", "b", "c"} {
+		if out, err := nodes[0].TellReliable(ctx, to, wrapperspb.String(v)); err != nil || out != node.Queued {
+			t.Fatalf("TellReliable(%s) = %v, %v", v, out, err)
+		}
+	}
+	var mu sync.Mutex
+	attempts := map[string][]int{}
+	failedB := false
+	n2 := startNode(t, peer, t.TempDir(), nodes[0].GossipAddr())
+	n2.Spawn("chain", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		var v wrapperspb.StringValue
+		if err := m.Decode(&v); err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		attempts[v.GetValue()] = append(attempts[v.GetValue()], m.Attempt())
+		if v.GetValue() == "b" && !failedB {
+			failedB = true
+			return nil, errors.New("b fails once")
+		}
+		return nil, nil
+	})
+	testutil.WaitFor(t, 15*time.Second, "all delivered", func() bool { return nodes[0].Outbox().Stats().Depth == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got := attempts["c"]; len(got) != 1 || got[0] != 1 {
+		t.Fatalf("c was handled at attempts %v, want once at attempt 1 (b's failure must not count against c)", got)
+	}
+	if got := attempts["b"]; len(got) != 2 {
+		t.Fatalf("b was handled at attempts %v, want twice", got)
+	}
+}

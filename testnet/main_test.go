@@ -3,7 +3,7 @@ package testnet
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/meshnode/meshnode/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.VerifyTestMain(m) }

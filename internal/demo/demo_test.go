@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/meshnode/meshnode/internal/testutil"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.VerifyTestMain(m) }
 
 // TestRunSmall runs the whole tour at a small size: every step must
 // succeed and the summary must show nothing lost.

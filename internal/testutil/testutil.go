@@ -4,6 +4,8 @@ package testutil
 import (
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // WaitFor polls cond until it returns true or timeout passes, then fails tb
@@ -24,4 +26,27 @@ func WaitFor(tb testing.TB, timeout time.Duration, msg string, cond func() bool)
 			wait *= 2
 		}
 	}
+}
+
+// VerifyTestMain runs the tests, then checks for leaked goroutines with
+// goleak. memberlist's Shutdown does not wait for its probe goroutines (they
+// end within one probe timeout), so before goleak's own short check it polls
+// for up to 5 s until no unexpected goroutine is left. Packages that start
+// memberlist (mesh, node, testnet, ...) use it instead of goleak.VerifyTestMain.
+func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	goleak.VerifyTestMain(settle{m: m, opts: opts}, opts...)
+}
+
+type settle struct {
+	m    *testing.M
+	opts []goleak.Option
+}
+
+func (s settle) Run() int {
+	code := s.m.Run()
+	deadline := time.Now().Add(5 * time.Second)
+	for goleak.Find(s.opts...) != nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond) // polling interval; goleak.Find decides
+	}
+	return code
 }
