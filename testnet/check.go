@@ -77,7 +77,7 @@ func (c *Cluster) Check(rec *Recorder) (Report, error) {
 // WaitDrained waits until no running node has messages waiting or in
 // flight in its outbox.
 func (c *Cluster) WaitDrained(timeout time.Duration) error {
-	return c.waitFor(timeout, func() (bool, string) {
+	return c.waitFor(timeout, ErrNotDrained, func() (bool, string) {
 		for _, i := range c.Running() {
 			nd := c.Node(i)
 			if nd == nil {

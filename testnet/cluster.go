@@ -374,13 +374,13 @@ func (c *Cluster) converged() (ok bool, why string) {
 // WaitConverged waits until every running node sees every running node
 // alive, polling (no sleep-based guess).
 func (c *Cluster) WaitConverged(timeout time.Duration) error {
-	return c.waitFor(timeout, c.converged)
+	return c.waitFor(timeout, ErrNotConverged, c.converged)
 }
 
 // WaitDown waits until every running node sees node i as not alive.
 func (c *Cluster) WaitDown(i int, timeout time.Duration) error {
 	name := c.Name(i)
-	return c.waitFor(timeout, func() (bool, string) {
+	return c.waitFor(timeout, ErrNotConverged, func() (bool, string) {
 		for _, j := range c.Running() {
 			nd := c.Node(j)
 			if nd == nil || j == i {
@@ -396,7 +396,9 @@ func (c *Cluster) WaitDown(i int, timeout time.Duration) error {
 	})
 }
 
-func (c *Cluster) waitFor(timeout time.Duration, cond func() (bool, string)) error {
+// waitFor polls cond until it holds or timeout passes; then the error wraps
+// failed and says why.
+func (c *Cluster) waitFor(timeout time.Duration, failed error, cond func() (bool, string)) error {
 	deadline := time.Now().Add(timeout)
 	wait := time.Millisecond
 	for {
@@ -405,7 +407,7 @@ func (c *Cluster) waitFor(timeout time.Duration, cond func() (bool, string)) err
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w after %v: %s", ErrNotConverged, timeout, why)
+			return fmt.Errorf("%w after %v: %s", failed, timeout, why)
 		}
 		time.Sleep(wait) // polling interval; cond decides
 		if wait < 50*time.Millisecond {

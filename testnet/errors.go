@@ -11,6 +11,8 @@ var (
 	ErrRunning = errors.New("testnet: node is running")
 	// ErrNotConverged: the cluster did not converge in time.
 	ErrNotConverged = errors.New("testnet: cluster did not converge")
+	// ErrNotDrained: the messages of a scenario were not all processed in time.
+	ErrNotDrained = errors.New("testnet: messages not all processed in time")
 	// ErrClosed: the cluster was closed.
 	ErrClosed = errors.New("testnet: cluster closed")
 	// ErrUnknownScenario: RunScenario was given a name it does not know.

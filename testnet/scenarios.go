@@ -74,7 +74,7 @@ func (s *stage) waitAll(ctx context.Context, timeout time.Duration, ks *keyset, 
 		}
 		if time.Now().After(deadline) {
 			d, _ := ks.stats()
-			return fmt.Errorf("%w: %d of %d processed after %v", ErrNotConverged, d, want, timeout)
+			return fmt.Errorf("%w: %d of %d processed after %v", ErrNotDrained, d, want, timeout)
 		}
 		t := time.NewTimer(20 * time.Millisecond) // polling interval
 		select {
@@ -104,8 +104,12 @@ func refusedFull(c *Cluster, idx ...int) int64 {
 	return sum
 }
 
+// drainTimeout bounds the wait for a scenario's messages. The slow
+// receivers the scenarios are built around (a leader with a 16-slot
+// mailbox, a collector of 2 that is busy half the time) take a few
+// milliseconds per message at 100k messages, so the bound is generous.
 func drainTimeout(size Size) time.Duration {
-	return 60*time.Second + time.Duration(size.Messages)*time.Millisecond
+	return 60*time.Second + time.Duration(size.Messages)*4*time.Millisecond
 }
 
 // thunderingHerd: every worker queues its requests while the leader is

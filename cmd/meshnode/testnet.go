@@ -86,7 +86,7 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 			for _, name := range names {
 				res, err := testnet.RunScenario(ctx, name, size, w)
 				if err != nil {
-					return fmt.Errorf("scenario %s: %w", name, err)
+					return err // testnet's errors name the scenario
 				}
 				if out != "" {
 					path, err := res.WriteSVG(out)
