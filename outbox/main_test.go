@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -87,14 +86,6 @@ func seqs(tb testing.TB, s *outbox.Store, recipient string, n int) []uint64 {
 	out := make([]uint64, len(msgs))
 	for i, m := range msgs {
 		out[i] = m.GetEnvelope().GetSequence()
-	}
-	return out
-}
-
-func names(prefix string, n int) []string {
-	out := make([]string, n)
-	for i := range out {
-		out[i] = fmt.Sprintf("%s%d", prefix, i)
 	}
 	return out
 }

@@ -72,7 +72,7 @@ func (c *ProcCluster) do(ctx context.Context, i int, method, path string, in, ou
 	if err != nil {
 		return fmt.Errorf("testnet: %s %s on %s: %w", method, path, p.name, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminResponse))
 	if err != nil {
 		return fmt.Errorf("testnet: %s %s on %s: read: %w", method, path, p.name, err)

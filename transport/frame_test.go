@@ -50,7 +50,7 @@ func TestFrameRoundTrip(t *testing.T) {
 		t.Fatalf("consumed %d bytes, wrote %d", total, len(buf))
 	}
 	var f pb.Frame
-	if _, err := transport.ReadFrame(br, 1<<20, &f); err != io.EOF {
+	if _, err := transport.ReadFrame(br, 1<<20, &f); !errors.Is(err, io.EOF) {
 		t.Fatalf("at end: %v, want io.EOF", err)
 	}
 }

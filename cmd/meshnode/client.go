@@ -74,7 +74,7 @@ func (c *client) do(method, path string, body any, out any) error {
 	if err != nil {
 		return fmt.Errorf("cannot reach the daemon at %s (is `meshnode run` running? set --admin): %w", c.base, err)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
