@@ -370,6 +370,13 @@ func TestSteadyStateNoFalseSuspicion(t *testing.T) {
 	if testing.Short() {
 		hold = 3 * time.Second
 	}
+	if v := os.Getenv("MESH_STEADY"); v != "" { // e.g. MESH_STEADY=2m for the full run
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("MESH_STEADY=%q: %v", v, err)
+		}
+		hold = d
+	}
 	begin := time.Now()
 	nodes := startCluster(t, size, nil)
 	waitConverged(t, nodes, 10*time.Second)

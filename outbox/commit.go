@@ -101,36 +101,14 @@ func (s *Store) run() {
 		case <-s.closing:
 			// Commit what callers already handed over, then stop.
 			for {
-				buf = buf[:0]
-				n := 0
-			drain:
-				for n < s.cfg.MaxBatch {
-					select {
-					case o := <-s.ops:
-						buf = append(buf, o)
-						n += o.weight()
-					default:
-						break drain
-					}
-				}
+				buf, _ = s.gather(buf[:0], 0)
 				if len(buf) == 0 {
 					return
 				}
 				s.commit(buf)
 			}
 		}
-		buf = append(buf[:0], first)
-		n := first.weight()
-	more:
-		for n < s.cfg.MaxBatch {
-			select {
-			case o := <-s.ops:
-				buf = append(buf, o)
-				n += o.weight()
-			default:
-				break more
-			}
-		}
+		buf, n := s.gather(append(buf[:0], first), first.weight())
 		// Linger: the callers the last commit released are likely to come
 		// straight back (a sender loop, an actor recording its next key).
 		// Waiting a little for them lets one fsync carry all the callers
@@ -163,6 +141,21 @@ func (s *Store) run() {
 		backlog = len(s.ops)
 		clear(buf)
 	}
+}
+
+// gather appends the ops already queued to buf, without waiting, until the
+// batch weighs MaxBatch; n is the weight buf already has.
+func (s *Store) gather(buf []*op, n int) ([]*op, int) {
+	for n < s.cfg.MaxBatch {
+		select {
+		case o := <-s.ops:
+			buf = append(buf, o)
+			n += o.weight()
+		default:
+			return buf, n
+		}
+	}
+	return buf, n
 }
 
 // commit applies ops in one transaction.
