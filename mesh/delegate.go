@@ -58,8 +58,9 @@ func (d *delegate) NotifyLeave(n *memberlist.Node) { d.m.setFromNode(n, StateDea
 // was never noticed as a failure); memberlist now holds the node alive.
 func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.m.setFromNode(n, StateAlive) }
 
-// NotifyAlive filters peers; it is called for every alive message, so it
-// also ends a suspicion that the node has refuted.
+// NotifyAlive filters peers. It does not end a suspicion: memberlist calls
+// it before its incarnation check, so retransmitted or merged (stale) alive
+// messages reach it too; only an ack (NotifyPingComplete) does.
 func (d *delegate) NotifyAlive(n *memberlist.Node) error {
 	if n.Name == d.m.cfg.NodeName {
 		return nil
@@ -68,7 +69,6 @@ func (d *delegate) NotifyAlive(n *memberlist.Node) error {
 		d.m.logRefusal(n.Name, err)
 		return err
 	}
-	d.m.clearSuspect(n.Name)
 	return nil
 }
 

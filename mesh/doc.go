@@ -52,9 +52,12 @@
 //   - Suspect. No memberlist delegate reports suspicion, and Members()
 //     carries the same zero State. mesh recognises memberlist's own log line
 //     for a failed local probe ("Suspect X has failed, no acks received") and
-//     marks X Suspect; an ack (PingDelegate) or any alive message about X
-//     (AliveDelegate, e.g. its refutation) clears it. Suspicion raised by
-//     other nodes' gossip alone is not visible. Suspect members still resolve.
+//     marks X Suspect; the next ack from X (PingDelegate) clears it. Alive
+//     messages do not: memberlist hands them to
+//     the AliveDelegate before its incarnation check, so stale ones (gossip
+//     retransmits, push/pull merges) would make Suspect flap. Suspicion
+//     raised by other nodes' gossip alone is not visible. Suspect members
+//     still resolve.
 //   - No events about the local node. Members includes it.
 //   - A member learned of only when already dead produces no event.
 //   - Dead and left members stay in Members for ReconnectTimeout, then are

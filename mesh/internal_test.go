@@ -150,6 +150,11 @@ func TestDelegateStates(t *testing.T) {
 		t.Fatalf("suspect must resolve: %v", err)
 	}
 	step(func() { d.NotifyUpdate(n) }, StateSuspect) // an update alone does not refute
+	step(func() {
+		if err := d.NotifyAlive(n); err != nil {
+			t.Fatal(err)
+		}
+	}, StateSuspect) // nor does an alive message, which may be stale gossip
 	step(func() { d.NotifyPingComplete(n, time.Millisecond, nil) }, StateAlive)
 	step(func() { d.NotifyLeave(n) }, StateDead)
 	if _, err := m.Resolve("p"); !errors.Is(err, ErrUnreachable) {

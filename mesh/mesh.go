@@ -426,7 +426,7 @@ func (m *Mesh) setFromNode(n *memberlist.Node, st State) {
 // markSuspect is called when our own probe of name failed.
 func (m *Mesh) markSuspect(name string) { m.transition(name, StateAlive, StateSuspect) }
 
-// clearSuspect is called when name acked a probe or sent an alive message.
+// clearSuspect is called when name acked a probe.
 func (m *Mesh) clearSuspect(name string) { m.transition(name, StateSuspect, StateAlive) }
 
 func (m *Mesh) transition(name string, from, to State) {

@@ -231,11 +231,13 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		seen[e.GetMsgId()] = struct{}{}
 	}
 	ws := make([]*waiter, len(envs))
-	for i := range ws {
-		ws[i] = &waiter{done: make(chan struct{})}
-	}
 	var c *conn
 	if err := t.enqueue(ctx, node, envs, func(cc *conn) error {
+		// Fresh waiters for every connection tried: a connection that died
+		// after registering them has closed them already.
+		for i := range ws {
+			ws[i] = &waiter{done: make(chan struct{})}
+		}
 		c = cc
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
@@ -532,7 +534,9 @@ func (t *Transport) Close() error {
 		}
 		t.mu.Unlock()
 		t.cancel()
-		timer := time.NewTimer(goAwayWait)
+		// One deadline for all GoAways: it stays expired, so a second stuck
+		// connection does not wait on its own.
+		wait, stop := context.WithTimeout(context.Background(), goAwayWait)
 		flushed := make([]<-chan struct{}, len(conns))
 		for i, c := range conns {
 			flushed[i] = c.lanes[len(c.lanes)-1].finish(&pb.GoAway{Code: uint32(CodeGoAway), Reason: "node shutting down"})
@@ -540,10 +544,10 @@ func (t *Transport) Close() error {
 		for _, f := range flushed {
 			select {
 			case <-f:
-			case <-timer.C:
+			case <-wait.Done():
 			}
 		}
-		timer.Stop()
+		stop()
 		var wg sync.WaitGroup
 		for _, c := range conns {
 			wg.Go(func() { c.shutdown(CodeGoAway, "node shutting down", ErrClosed) })

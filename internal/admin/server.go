@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"strconv"
@@ -79,7 +80,8 @@ func (s *Server) Close() error {
 	return err
 }
 
-// ServeHTTP checks the token, then routes.
+// ServeHTTP checks the token (or, without one, that the request really is
+// a local one), then routes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Token != "" {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
@@ -87,6 +89,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusUnauthorized, fmt.Errorf("%w: send the header \"Authorization: Bearer <admin_token>\" (meshnode --token)", ErrUnauthorized))
 			return
 		}
+	} else if err := localRequest(r); err != nil {
+		writeError(w, http.StatusForbidden, err)
+		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBody)
 	s.mux.ServeHTTP(w, r)
@@ -512,4 +517,24 @@ func (s *Server) inboxAck(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"deleted": n, "acked_to": *req.UpTo})
+}
+
+// localRequest guards a token-less API against web pages in a browser on the
+// same device: a DNS-rebound name fails the Host check, and a cross-origin
+// "simple" POST cannot carry Content-Type application/json without a CORS
+// preflight, which this server never answers.
+func localRequest(r *http.Request) error {
+	host := r.Host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	if !IsLoopback(host) {
+		return fmt.Errorf("%w: Host %q is not a loopback address; without admin_token the API only answers local requests", ErrUnauthorized, r.Host)
+	}
+	if r.Method == http.MethodPost && r.ContentLength != 0 {
+		if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+			return fmt.Errorf("%w: a POST body must be sent with Content-Type: application/json", ErrBadRequest)
+		}
+	}
+	return nil
 }

@@ -134,6 +134,9 @@ func newServer(tb testing.TB, token string) (*httptest.Server, *fakeBackend, *in
 func call(tb testing.TB, ts *httptest.Server, method, path, body string, token string) (int, map[string]any) {
 	tb.Helper()
 	req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -502,4 +505,39 @@ func BenchmarkDecodeSendRequest(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// Without a token the API answers only local requests: a DNS-rebound Host or
+// a browser's cross-origin "simple" POST (no JSON content type) is refused.
+func TestTokenlessAPIRefusesBrowserRequests(t *testing.T) {
+	ts, _, _ := newServer(t, "")
+	tests := []struct {
+		name, host, contentType string
+		status                  int
+	}{
+		{"local json", "", "application/json", http.StatusOK},
+		{"localhost name", "localhost:7948", "application/json; charset=utf-8", http.StatusOK},
+		{"rebound host", "evil.example:7948", "application/json", http.StatusForbidden},
+		{"text/plain post", "", "text/plain", http.StatusForbidden},
+		{"no content type", "", "", http.StatusForbidden},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, ts.URL+"/v1/dlq/purge", strings.NewReader(`{"all":true}`))
+			if tt.host != "" {
+				req.Host = tt.host
+			}
+			if tt.contentType != "" {
+				req.Header.Set("Content-Type", tt.contentType)
+			}
+			resp, err := ts.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tt.status)
+			}
+		})
+	}
 }
