@@ -168,6 +168,12 @@ func (a *actor) markFailed(d *delivery) {
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
+	if r == mailbox.DroppedNewest {
+		// Post also returns the error for the incoming message, and its
+		// caller answers (and marks the chain); answering here too would
+		// send two receipts for one message.
+		return
+	}
 	var err error = &CapacityError{RetryAfter: 10 * time.Millisecond}
 	code := pb.Receipt_CAPACITY
 	if r == mailbox.DroppedPanicked { // the handler's own recover normally catches it first

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
@@ -17,22 +19,7 @@ import (
 // relay would send: a failed message makes what is chained behind it refused
 // unprocessed, and once its retry is accepted the next batch flows.
 func TestChainRule(t *testing.T) {
-	ca, err := transport.NewCA("chain test", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := ca.NewIdentity("n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig("n1")
-	cfg.DataDir, cfg.TLS = t.TempDir(), id
-	cfg.GossipAddr, cfg.QUICAddr = "127.0.0.1:0", "127.0.0.1:0"
-	n, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
+	n := newLoneNode(t)
 
 	var mu sync.Mutex
 	var handled []uint64
@@ -96,5 +83,77 @@ func TestChainRule(t *testing.T) {
 	defer mu.Unlock()
 	if got, want := handled, []uint64{1, 2, 2, 3, 4, 5, 5, 6}; !slices.Equal(got, want) {
 		t.Fatalf("handled %v, want %v (6 never before 5 succeeded)", got, want)
+	}
+}
+
+// newLoneNode starts a node with no peers, for tests of its receiving side.
+func newLoneNode(tb testing.TB) *Node {
+	tb.Helper()
+	ca, err := transport.NewCA("node internal test", time.Hour)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id, err := ca.NewIdentity("n1")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := DefaultConfig("n1")
+	cfg.DataDir, cfg.TLS = tb.TempDir(), id
+	cfg.GossipAddr, cfg.QUICAddr = "127.0.0.1:0", "127.0.0.1:0"
+	n, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+// A message refused by DropNewest gets one receipt, not one from the drop
+// hook and another from the refusal.
+func TestDropNewestAnswersOnce(t *testing.T) {
+	n := newLoneNode(t)
+	release, started := make(chan struct{}), make(chan struct{}, 1)
+	if _, err := n.Spawn("busy", func(context.Context, *Message) (proto.Message, error) {
+		select {
+		case started <- struct{}{}:
+		default:
+		}
+		<-release
+		return nil, nil
+	}, WithMailbox(1, mailbox.DropNewest)); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	receipts := map[string][]pb.Receipt_Code{}
+	deliver := func(id string) {
+		env := &pb.Envelope{MsgId: id, Sender: "@p", Recipient: "busy@n1", Receipt: pb.Envelope_RECEIPT_PROCESSED}
+		n.deliverIncoming("p", env, func(rc *pb.Receipt) {
+			mu.Lock()
+			receipts[id] = append(receipts[id], rc.GetCode())
+			mu.Unlock()
+		})
+	}
+	deliver("m1")
+	<-started     // m1 in the handler
+	deliver("m2") // queued
+	deliver("m3") // refused: the mailbox of 1 is full
+	close(release)
+	testutil.WaitFor(t, 5*time.Second, "receipts of m1 and m2", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(receipts["m1"]) > 0 && len(receipts["m2"]) > 0
+	})
+	if err := n.actor("busy").mb.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string][]pb.Receipt_Code{
+		"m1": {pb.Receipt_PROCESSED}, "m2": {pb.Receipt_PROCESSED}, "m3": {pb.Receipt_CAPACITY},
+	}
+	for id, w := range want {
+		if !slices.Equal(receipts[id], w) {
+			t.Fatalf("receipts of %s = %v, want %v (all: %v)", id, receipts[id], w, receipts)
+		}
 	}
 }

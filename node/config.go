@@ -93,6 +93,9 @@ func (c Config) Validate() error {
 	if c.AskTimeout <= 0 {
 		return bad("ask timeout must be positive")
 	}
+	if c.AskResponseTTL < time.Millisecond {
+		return bad("ask response TTL %v must be at least 1ms", c.AskResponseTTL)
+	}
 	return nil
 }
 

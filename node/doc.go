@@ -43,6 +43,8 @@
 //     predecessor failed, so a retry never lets a later message overtake.
 //   - The direct attempt of TellReliable is bounded by DirectAttemptTimeout;
 //     a slow handler makes the call return Queued (the key dedupes the copy).
+//     Each attempt carries its own msg id; the idempotency key is the stable
+//     name. A direct attempt refused as poison goes to the dead-letter queue.
 //   - The idempotency key is recorded (group-committed) before PROCESSED is
 //     sent. A crash between the handler's return and that commit can run the
 //     handler twice: the at-least-once window no library can close without

@@ -23,6 +23,8 @@ var (
 	ErrActorExists = errors.New("node: actor already exists")
 	// ErrBadAddress: an address is not of the form actor@node.
 	ErrBadAddress = errors.New("node: bad address")
+	// ErrBadKey: an idempotency key longer than MaxIdempotencyKey.
+	ErrBadKey = errors.New("node: bad idempotency key")
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
 )

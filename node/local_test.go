@@ -68,6 +68,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no tls", func(c *node.Config) { c.TLS.Roots = nil }, "TLS"},
 		{"cert for other node", func(c *node.Config) { c.Name = "other" }, "certificate is for"},
 		{"zero capacity", func(c *node.Config) { c.MailboxCapacity = 0 }, "capacity"},
+		{"zero ask response TTL", func(c *node.Config) { c.AskResponseTTL = 0 }, "response TTL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

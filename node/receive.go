@@ -2,6 +2,7 @@ package node
 
 import (
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -57,7 +58,15 @@ func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*
 	}
 	if expired(env, time.Now()) {
 		n.stats.expired.Add(1)
+		if reply != nil {
+			a.markFailed(&delivery{env: env, senderNode: senderNode})
+		}
 		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0)
+		return
+	}
+	if reply != nil && len(env.GetIdempotencyKey()) > MaxIdempotencyKey {
+		a.markFailed(&delivery{env: env, senderNode: senderNode})
+		receipt(pb.Receipt_REJECTED, fmt.Sprintf("idempotency key of %d bytes (max %d)", len(env.GetIdempotencyKey()), MaxIdempotencyKey), 0)
 		return
 	}
 	if reply != nil {
@@ -163,7 +172,8 @@ func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
 	n.store.RecordAsync(scope, k, func(err error) {
 		if err != nil {
 			// The handler ran, but the key is not durable: say transient so
-			// the sender retries.
+			// the sender retries (what is chained behind it waits for that).
+			a.markFailed(d)
 			d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: "record idempotency key: " + err.Error()})
 			return
 		}

@@ -6,8 +6,10 @@ import (
 	"maps"
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // Outcome says what TellReliable achieved.
@@ -71,8 +73,12 @@ const DirectAttemptTimeout = 2 * time.Second
 // If the peer is alive and nothing waits in the outbox for the recipient,
 // it tries a direct delivery and returns Delivered when the handler
 // succeeded. Otherwise, or when that attempt fails, it stores the message in
-// the outbox and returns Queued once it is fsynced. It returns an error only
-// when the message could not be stored either; then nothing was stored.
+// the outbox and returns Queued once it is fsynced. A direct attempt that the
+// handler refused as poison (Permanent) or that arrived expired is stored in
+// the dead-letter queue instead, also Queued, and not run again. A context
+// that is done before the call stores nothing; once storing has begun it is
+// finished regardless. It returns an error only when the message could not
+// be stored either; then nothing was stored.
 func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, opts ...SendOption) (Outcome, error) {
 	if n.closed.Load() {
 		return 0, ErrClosed
@@ -80,7 +86,14 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 	if err := to.Validate(); err != nil {
 		return 0, err
 	}
-	env, err := n.reliableEnvelope(to, msg, opts)
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
+	}
+	body, err := packBody(msg)
+	if err != nil {
+		return 0, err
+	}
+	env, err := n.reliableEnvelope(to, body, opts)
 	if err != nil {
 		return 0, err
 	}
@@ -88,14 +101,32 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 	// ack, so a call that starts after another returned Queued sees it and
 	// goes behind it; calls that overlap in time have no order to keep. Not
 	// holding a lock across the fsync lets concurrent senders share commits.
+	var refused *pb.Receipt
 	if n.store.Pending(env.GetRecipient()) == 0 && n.alive(to.Node) {
-		out, done := n.tryDirect(ctx, to, env)
-		if done {
-			return out, nil
+		rc := n.tryDirect(ctx, to, env)
+		switch rc.GetCode() {
+		case pb.Receipt_PROCESSED, pb.Receipt_DUPLICATE:
+			return Delivered, nil
+		case pb.Receipt_REJECTED, pb.Receipt_EXPIRED:
+			refused = rc
 		}
 	}
-	env.Attempt = 0
-	if err := n.store.Enqueue(ctx, env); err != nil {
+	// From here on the message is stored whatever the caller's context does:
+	// a direct copy may already wait in the peer's mailbox, so an error now
+	// would report a message that can still take effect as not sent.
+	sctx := context.WithoutCancel(ctx)
+	if refused != nil {
+		// The handler refused it as poison (or it expired on the way): it
+		// goes to the dead-letter queue, not through the relay to run again.
+		reason := "expired"
+		if refused.GetCode() == pb.Receipt_REJECTED {
+			reason = "rejected: " + refused.GetMessage()
+		}
+		err = n.store.DeadLetter(sctx, env, reason)
+	} else {
+		err = n.store.Enqueue(sctx, env)
+	}
+	if err != nil {
 		n.stats.reliableFailed.Add(1)
 		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
 	}
@@ -103,33 +134,31 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 	return Queued, nil
 }
 
-// tryDirect makes one direct attempt; done reports a final outcome.
-func (n *Node) tryDirect(ctx context.Context, to Address, env *pb.Envelope) (Outcome, bool) {
+// tryDirect makes one direct attempt and returns its receipt (nil when none
+// came back in time). The attempt sends a copy with its own msg id: the
+// stored envelope stays the caller's, and a late receipt of this attempt
+// cannot be taken for one of a later attempt.
+func (n *Node) tryDirect(ctx context.Context, to Address, env *pb.Envelope) *pb.Receipt {
 	dctx, cancel := context.WithTimeout(ctx, DirectAttemptTimeout)
 	defer cancel()
-	env.Attempt = 1
+	attempt := proto.CloneOf(env)
+	attempt.MsgId = mailbox.NewID()
+	attempt.Attempt = 1
 	var rc *pb.Receipt
-	var err error
 	if to.Node == n.name {
-		rcs, derr := n.deliverLocal(dctx, []*pb.Envelope{env})
-		rc, err = rcs[0], derr
+		rcs, _ := n.deliverLocal(dctx, []*pb.Envelope{attempt})
+		rc = rcs[0]
 	} else {
-		rc, err = n.transport.Request(dctx, to.Node, proto.CloneOf(env))
-	}
-	if err != nil || rc == nil {
-		return 0, false
+		rc, _ = n.transport.Request(dctx, to.Node, attempt)
 	}
 	switch rc.GetCode() {
 	case pb.Receipt_PROCESSED, pb.Receipt_DUPLICATE:
 		n.store.Limiter(to.Node).OnSuccess()
 		n.stats.reliableDirect.Add(1)
-		return Delivered, true
 	case pb.Receipt_CAPACITY:
 		n.store.Limiter(to.Node).OnCapacity()
 	}
-	// Anything else is retried through the outbox, whose relay applies the
-	// rules (REJECTED and EXPIRED end in the dead-letter queue there).
-	return 0, false
+	return rc
 }
 
 // DispatchResult counts a fan-out's outcome per target.
@@ -145,6 +174,13 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 	if n.closed.Load() {
 		return DispatchResult{}, ErrClosed
 	}
+	if err := ctx.Err(); err != nil {
+		return DispatchResult{}, fmt.Errorf("node: dispatch: %w", err)
+	}
+	body, err := packBody(msg) // once: every envelope shares the read-only body
+	if err != nil {
+		return DispatchResult{}, err
+	}
 	res := DispatchResult{Errors: map[string]error{}}
 	envs := make([]*pb.Envelope, 0, len(targets))
 	for _, t := range targets {
@@ -153,13 +189,14 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 			res.Errors[t.String()] = err
 			continue
 		}
-		env, err := n.reliableEnvelope(t, msg, opts)
+		env, err := n.reliableEnvelope(t, body, opts)
 		if err != nil {
 			return DispatchResult{}, err
 		}
 		envs = append(envs, env)
 	}
-	for i, err := range n.store.EnqueueBatch(ctx, envs) {
+	// Like TellReliable, a commit that started is waited for (see there).
+	for i, err := range n.store.EnqueueBatch(context.WithoutCancel(ctx), envs) {
 		if err != nil {
 			res.Rejected++
 			res.Errors[envs[i].GetRecipient()] = err
@@ -171,14 +208,16 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 	return res, nil
 }
 
-func (n *Node) reliableEnvelope(to Address, msg proto.Message, opts []SendOption) (*pb.Envelope, error) {
+// MaxIdempotencyKey is the longest idempotency key accepted, in bytes.
+const MaxIdempotencyKey = 1024
+
+func (n *Node) reliableEnvelope(to Address, body *anypb.Any, opts []SendOption) (*pb.Envelope, error) {
 	var o sendOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	body, err := packBody(msg)
-	if err != nil {
-		return nil, err
+	if len(o.key) > MaxIdempotencyKey {
+		return nil, fmt.Errorf("node: idempotency key of %d bytes (max %d): %w", len(o.key), MaxIdempotencyKey, ErrBadKey)
 	}
 	env := n.envelope(to, pb.RpcMeta_EVENT)
 	env.Body = body

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,7 +126,9 @@ func TestTellReliableHandlerErrors(t *testing.T) {
 		}
 		return nil, nil
 	})
+	var poisonRuns atomic.Int32
 	nodes[1].Spawn("poison", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		poisonRuns.Add(1)
 		return nil, node.Permanent(errors.New("cannot parse"))
 	})
 	out, err := nodes[0].TellReliable(ctx, node.Addr("flaky", nodes[1].Name()), wrapperspb.String("x"))
@@ -140,10 +144,29 @@ func TestTellReliableHandlerErrors(t *testing.T) {
 	if err != nil || out != node.Queued {
 		t.Fatalf("poison: %v, %v", out, err)
 	}
-	testutil.WaitFor(t, 10*time.Second, "poison dead-lettered", func() bool {
-		dl, err := nodes[0].Outbox().DeadLetters(outbox.DLQFilter{Recipient: "poison@" + nodes[1].Name()})
-		return err == nil && len(dl) == 1
-	})
+	// The direct attempt was refused as poison: it is dead-lettered by the
+	// time TellReliable returns, and the handler is not run a second time.
+	dl, err := nodes[0].Outbox().DeadLetters(outbox.DLQFilter{Recipient: "poison@" + nodes[1].Name()})
+	if err != nil || len(dl) != 1 || !strings.HasPrefix(dl[0].Reason, "rejected: ") {
+		t.Fatalf("dead letters %v, %v; want one with reason rejected: ...", dl, err)
+	}
+	if d := nodes[0].Outbox().Stats().Depth; d != 0 {
+		t.Fatalf("outbox depth %d, want 0", d)
+	}
+	if n := poisonRuns.Load(); n != 1 {
+		t.Fatalf("poison handler ran %d times, want 1", n)
+	}
+}
+
+func TestTellReliableKeyTooLong(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir())
+	key := strings.Repeat("k", node.MaxIdempotencyKey+1)
+	if _, err := n.TellReliable(ctxT(t), node.Addr("a", "n2"), wrapperspb.String("x"), node.WithIdempotencyKey(key)); !errors.Is(err, node.ErrBadKey) {
+		t.Fatalf("TellReliable with a %d-byte key = %v, want ErrBadKey", len(key), err)
+	}
+	if d := n.Outbox().Stats().Depth; d != 0 {
+		t.Fatalf("outbox depth %d, want 0 (nothing stored)", d)
+	}
 }
 
 // Rule 7: heartbeats with OVERWRITE leave only the newest waiting.

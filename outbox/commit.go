@@ -21,10 +21,11 @@ const (
 	opRecord
 	opReplay
 	opPurge
+	opDeadLetter
 )
 
 func (k opKind) String() string {
-	return [...]string{"enqueue", "ack", "fail", "expire", "record", "replay", "purge"}[k]
+	return [...]string{"enqueue", "ack", "fail", "expire", "record", "replay", "purge", "dead-letter"}[k]
 }
 
 // op is one caller's request to the committer. The committer fills the
@@ -300,7 +301,9 @@ func (s *Store) applyEffects(b *batch) {
 				delete(s.dedupe, k)
 			}
 		}
-		if b.pruneRan {
+		if b.pruneRan && len(b.pruned) < maxPrunePerCommit {
+			// All old keys are gone; otherwise the next commit prunes on,
+			// so the window never holds more than it should.
 			s.lastPrune = b.now
 		}
 		s.dmu.Unlock()
@@ -312,6 +315,8 @@ func (s *Store) applyEffects(b *batch) {
 // reported in the op instead.
 func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	switch o.kind {
+	case opDeadLetter:
+		return s.putDeadLetter(tx, b, &pb.StoredMessage{Envelope: o.envs[0], FirstEnqueuedUnixMs: b.nowMs, LastError: o.failure.Reason}, o.failure.Reason)
 	case opEnqueue:
 		for i, env := range o.envs {
 			if o.errs[i] != nil {
@@ -466,11 +471,16 @@ func (s *Store) deadLetter(tx *bolt.Tx, b *batch, recipient string, qb *bolt.Buc
 		return err
 	}
 	b.delta(recipient).count--
-	sm.DeadLetteredUnixMs = b.nowMs
-	sm.DeadLetterReason = reason
 	if sm.Envelope == nil {
 		sm.Envelope = &pb.Envelope{Recipient: recipient, Sequence: seq}
 	}
+	return s.putDeadLetter(tx, b, sm, reason)
+}
+
+// putDeadLetter writes sm into the dead-letter queue with reason.
+func (s *Store) putDeadLetter(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, reason string) error {
+	sm.DeadLetteredUnixMs = b.nowMs
+	sm.DeadLetterReason = reason
 	val, err := proto.Marshal(sm)
 	if err != nil {
 		return fmt.Errorf("marshal dead letter: %w", err)

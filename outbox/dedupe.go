@@ -39,6 +39,9 @@ func (s *Store) Record(ctx context.Context, sender, key string) error {
 	if key == "" {
 		return nil
 	}
+	if len(sender)+len(key) > MaxKeyLen {
+		return fmt.Errorf("outbox: record: key of %d bytes (max %d): %w", len(sender)+len(key), MaxKeyLen, ErrBadKey)
+	}
 	o := &op{kind: opRecord, key: dedupeKey(sender, key)}
 	if err := s.submit(ctx, o); err != nil {
 		return fmt.Errorf("outbox: record: %w", err)
@@ -60,6 +63,10 @@ func (s *Store) RecordAsync(sender, key string, done func(error)) {
 	}
 	if key == "" {
 		done(nil)
+		return
+	}
+	if len(sender)+len(key) > MaxKeyLen {
+		done(fmt.Errorf("outbox: record: key of %d bytes (max %d): %w", len(sender)+len(key), MaxKeyLen, ErrBadKey))
 		return
 	}
 	dk := dedupeKey(sender, key)

@@ -166,3 +166,31 @@ func (s *Store) applyDLQ(tx *bolt.Tx, b *batch, o *op) error {
 	}
 	return nil
 }
+
+// DeadLetter stores env straight into the dead-letter queue with reason and
+// returns after the commit. It is for a message whose first attempt already
+// settled its fate (the receiver refused it as poison, or it expired), so
+// that it is recorded without going through a queue and being sent again.
+func (s *Store) DeadLetter(ctx context.Context, env *pb.Envelope, reason string) error {
+	if err := s.precheckDead(env); err != nil {
+		return err
+	}
+	o := &op{kind: opDeadLetter, envs: []*pb.Envelope{env}, failure: Failure{Reason: reason, Permanent: true}}
+	if err := s.submit(ctx, o); err != nil {
+		return fmt.Errorf("outbox: dead-letter %s: %w", env.GetRecipient(), err)
+	}
+	if o.err != nil {
+		return fmt.Errorf("outbox: dead-letter %s: %w", env.GetRecipient(), o.err)
+	}
+	return nil
+}
+
+func (s *Store) precheckDead(env *pb.Envelope) error {
+	if env == nil {
+		return fmt.Errorf("outbox: dead-letter: %w", ErrNoRecipient)
+	}
+	if err := checkRecipient(env.GetRecipient()); err != nil {
+		return fmt.Errorf("outbox: dead-letter: %w", err)
+	}
+	return nil
+}

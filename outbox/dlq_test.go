@@ -3,7 +3,9 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -110,7 +112,36 @@ func TestDedupeWindow(t *testing.T) {
 	if err := s.Record(ctx, "n1", "k2"); err != nil {
 		t.Fatal(err)
 	}
-	if st := s.Stats(); st.DedupeHits != 1 {
-		t.Fatalf("dedupe hits %d", st.DedupeHits)
+	if st := s.Stats(); st.DedupeHits != 1 || st.DedupeKeys != 1 {
+		t.Fatalf("dedupe hits %d, keys %d; want 1 and 1 (k pruned)", st.DedupeHits, st.DedupeKeys)
+	}
+}
+
+// More expired keys than one commit prunes: the following commits go on
+// pruning, so the window never holds more than a window's worth.
+func TestDedupePrunesBacklog(t *testing.T) {
+	clk := newClock()
+	s, _ := openTemp(t, func(c *outbox.Config) { c.Now = clk.Now; c.DedupeWindow = time.Minute })
+	ctx := context.Background()
+	const n = 10000 // over twice the per-commit bound
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		s.RecordAsync("p", fmt.Sprint("k", i), func(err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			wg.Done()
+		})
+	}
+	wg.Wait()
+	clk.Advance(2 * time.Minute)
+	for i := 0; i < 5; i++ { // each commit prunes a bounded share
+		if err := s.Record(ctx, "p", fmt.Sprint("fresh", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := s.Stats().DedupeKeys; got != 5 {
+		t.Fatalf("dedupe keys after pruning = %d, want 5 (only the fresh ones)", got)
 	}
 }

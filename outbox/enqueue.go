@@ -97,6 +97,10 @@ func (s *Store) precheck(env *pb.Envelope) error {
 	if err := checkRecipient(env.GetRecipient()); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
+	if len(env.GetIdempotencyKey()) > MaxKeyLen {
+		return fmt.Errorf("outbox: enqueue to %s: idempotency key of %d bytes (max %d): %w",
+			env.GetRecipient(), len(env.GetIdempotencyKey()), MaxKeyLen, ErrBadKey)
+	}
 	if expiredAt(env, s.cfg.Now().UnixMilli()) {
 		s.expired.Add(1)
 		return fmt.Errorf("outbox: enqueue to %s: %w", env.GetRecipient(), ErrExpired)

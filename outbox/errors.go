@@ -25,4 +25,11 @@ var (
 	ErrInvalidConfig = errors.New("outbox: invalid config")
 	// ErrCorrupt means a stored record could not be decoded.
 	ErrCorrupt = errors.New("outbox: corrupt record")
+	// ErrBadKey means an idempotency key (with its sender) is longer than
+	// MaxKeyLen: bbolt would refuse it and fail the whole group commit.
+	ErrBadKey = errors.New("outbox: idempotency key too long")
 )
+
+// MaxKeyLen bounds idempotency keys (plus the sender, for the dedupe
+// window), far below bbolt's 32 KiB key limit.
+const MaxKeyLen = 4096

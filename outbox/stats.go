@@ -19,8 +19,9 @@ type Stats struct {
 	Superseded   uint64 // OVERWRITE envelopes dropped as older
 	DedupeHits   uint64 // Seen calls that returned true
 
-	DLQDepth int    // records in the DLQ
-	Fsyncs   uint64 // committed transactions (one fsync each)
+	DLQDepth   int    // records in the DLQ
+	DedupeKeys int    // idempotency keys held by the receiver's dedupe window
+	Fsyncs     uint64 // committed transactions (one fsync each)
 }
 
 // Stats returns a snapshot. It walks the per-recipient states, so it is
@@ -51,6 +52,9 @@ func (s *Store) Stats() Stats {
 		}
 	}
 	s.mu.RUnlock()
+	s.dmu.RLock()
+	st.DedupeKeys = len(s.dedupe)
+	s.dmu.RUnlock()
 	if oldest != 0 && nowMs > oldest {
 		st.OldestAge = time.Duration(nowMs-oldest) * time.Millisecond
 	}

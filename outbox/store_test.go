@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -418,5 +419,49 @@ func TestRestartKeepsEverything(t *testing.T) {
 	st := s2.Stats()
 	if st.Depth != 3 || st.DLQDepth != 1 || st.DepthByPeer["n1"] != 3 {
 		t.Fatalf("stats after restart %+v", st)
+	}
+}
+
+// A key bbolt would refuse must fail alone, never the group commit it
+// would have shared with other callers.
+func TestOversizedKeyRefusedAlone(t *testing.T) {
+	s, _ := openTemp(t, nil)
+	big := strings.Repeat("k", outbox.MaxKeyLen+1)
+	envs := []*pb.Envelope{
+		{Recipient: "a@n1", MsgId: "ok"},
+		{Recipient: "a@n1", MsgId: "big", IdempotencyKey: big, Conflict: pb.Envelope_OVERWRITE},
+	}
+	errs := s.EnqueueBatch(context.Background(), envs)
+	if errs[0] != nil || !errors.Is(errs[1], outbox.ErrBadKey) {
+		t.Fatalf("EnqueueBatch errors = %v, want [nil ErrBadKey]", errs)
+	}
+	if err := s.Record(context.Background(), "p", big); !errors.Is(err, outbox.ErrBadKey) {
+		t.Fatalf("Record(big) = %v, want ErrBadKey", err)
+	}
+	done := make(chan error, 1)
+	s.RecordAsync("p", big, func(err error) { done <- err })
+	if err := <-done; !errors.Is(err, outbox.ErrBadKey) {
+		t.Fatalf("RecordAsync(big) = %v, want ErrBadKey", err)
+	}
+	if got := s.Pending("a@n1"); got != 1 {
+		t.Fatalf("Pending = %d, want 1 (the normal message was stored)", got)
+	}
+}
+
+func TestDeadLetterDirect(t *testing.T) {
+	s, _ := openTemp(t, nil)
+	env := &pb.Envelope{Recipient: "a@n1", MsgId: "p1", IdempotencyKey: "k"}
+	if err := s.DeadLetter(context.Background(), env, "rejected: bad input"); err != nil {
+		t.Fatal(err)
+	}
+	dl, err := s.DeadLetters(outbox.DLQFilter{Recipient: "a@n1"})
+	if err != nil || len(dl) != 1 || dl[0].Reason != "rejected: bad input" || dl[0].Message.GetEnvelope().GetMsgId() != "p1" {
+		t.Fatalf("dead letters = %+v, %v", dl, err)
+	}
+	if st := s.Stats(); st.Depth != 0 || st.DLQDepth != 1 || st.DeadLettered != 1 {
+		t.Fatalf("stats %+v: want depth 0, one dead letter", st)
+	}
+	if err := s.DeadLetter(context.Background(), &pb.Envelope{Recipient: "nobody"}, "x"); !errors.Is(err, outbox.ErrBadRecipient) {
+		t.Fatalf("bad recipient = %v", err)
 	}
 }

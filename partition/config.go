@@ -17,18 +17,23 @@ type Config struct {
 	// 1 = at most one batch waits for its ack fsync while the next is on
 	// the wire; the unreceipted batch in flight is always at most one.
 	MaxAckPending int
-	Logger        *slog.Logger
+	// DeliverTimeout bounds one batch's wait for its receipts. A receipt
+	// lost while the connection stays up would otherwise hold the batch,
+	// and its peer's AIMD slots, until the relay closes.
+	DeliverTimeout time.Duration
+	Logger         *slog.Logger
 }
 
 // DefaultConfig returns a Config with every field set.
 func DefaultConfig() Config {
 	return Config{
-		Partitions:    4,                // DESIGN default P
-		BatchSize:     128,              // amortises a round trip over many messages
-		DownRecheck:   10 * time.Second, // safety net if a NodeAlive event is missed
-		MaxDue:        256,              // bounds one iteration's work
-		MaxAckPending: 4,                // acks of up to 4 batches commit while the next batch is out
-		Logger:        slog.Default(),   // structured logs
+		Partitions:     4,                // DESIGN default P
+		BatchSize:      128,              // amortises a round trip over many messages
+		DownRecheck:    10 * time.Second, // safety net if a NodeAlive event is missed
+		MaxDue:         256,              // bounds one iteration's work
+		MaxAckPending:  4,                // acks of up to 4 batches commit while the next batch is out
+		DeliverTimeout: 30 * time.Second, // far above a batch's round trip plus the receiver's fsync
+		Logger:         slog.Default(),   // structured logs
 	}
 }
 
@@ -45,6 +50,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: MaxDue must be >= 1", ErrInvalidConfig)
 	case c.MaxAckPending < 1:
 		return fmt.Errorf("%w: MaxAckPending must be >= 1", ErrInvalidConfig)
+	case c.DeliverTimeout <= 0:
+		return fmt.Errorf("%w: DeliverTimeout must be > 0", ErrInvalidConfig)
 	case c.Logger == nil:
 		return fmt.Errorf("%w: Logger is nil", ErrInvalidConfig)
 	}

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -252,8 +253,7 @@ func (r *Relay) dispatch(p *part, rcpt string, now time.Time) bool {
 	if !r.d.Alive(node) {
 		// Rule 3: nothing is counted while the peer is down; NodeAlive
 		// wakes it, DownRecheck is the safety net.
-		r.store.Defer(rcpt, now.Add(r.cfg.DownRecheck))
-		r.deferred.Add(1)
+		r.deferDown(rcpt, node, now)
 		return false
 	}
 	pending := r.store.Pending(rcpt)
@@ -342,13 +342,16 @@ func (r *Relay) deliver(p *part, rcpt, node string, lim *outbox.Limiter, slots i
 	var prev uint64
 	for i, m := range msgs {
 		e := m.GetEnvelope()
+		e.MsgId = mailbox.NewID() // unique per attempt; the idempotency key is the stable name
 		e.Attempt = m.GetAttempts() + 1
 		e.PrevSequence = prev
 		prev = e.GetSequence()
 		envs[i] = e
 	}
 	r.batches.Add(1)
-	receipts, derr := r.d.Deliver(r.ctx, node, envs)
+	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
+	receipts, derr := r.d.Deliver(dctx, node, envs)
+	cancel()
 	// The peer's share of the work is over when the receipts are back:
 	// free its AIMD slots now so other recipients of the node need not wait
 	// for this batch's ack fsync.
@@ -419,7 +422,7 @@ func (r *Relay) process(rcpt, node string, lim *outbox.Limiter, envs []*pb.Envel
 			}
 			if !r.d.Alive(node) {
 				// The peer went down: rule 3, not counted.
-				r.store.Defer(rcpt, time.Now().Add(r.cfg.DownRecheck))
+				r.deferDown(rcpt, node, time.Now())
 				continue
 			}
 			// Connection loss to a peer membership still calls alive is
@@ -482,6 +485,18 @@ func removeSorted(a, b []uint64) []uint64 {
 		return nil
 	}
 	return out
+}
+
+// deferDown parks rcpt while its peer is down. If the peer came back between
+// the Alive check and the Defer, NodeAlive's wake-up may already have run:
+// checking again keeps rule 4 (drain at once) from waiting for DownRecheck.
+func (r *Relay) deferDown(rcpt, node string, now time.Time) {
+	r.store.Defer(rcpt, now.Add(r.cfg.DownRecheck))
+	r.deferred.Add(1)
+	if r.d.Alive(node) {
+		r.store.WakeNode(node)
+		r.wakeAll()
+	}
 }
 
 func (r *Relay) fail(rcpt string, seq uint64, f outbox.Failure) {

@@ -328,7 +328,7 @@ func TestEndToEnd(t *testing.T) {
 		resp.Body.Close()
 		for _, want := range []string{`meshnode_members{state="alive"} 3`, "meshnode_tell_total", `meshnode_reliable_total{outcome="queued"} 1`,
 			"meshnode_ask_total", "meshnode_outbox_depth 0", "meshnode_outbox_aimd_limit", "meshnode_dedupe_hits_total",
-			"meshnode_admin_ask_latency_seconds_bucket", "meshnode_inbox_depth", "meshnode_peer_frames_total{peer=", "meshnode_mailbox_depth{actor="} {
+			"meshnode_admin_ask_latency_seconds_bucket", "meshnode_inbox_depth", "meshnode_peer_frames_total{peer=", "# TYPE meshnode_mailbox_depth gauge"} {
 			if !strings.Contains(string(data), want) {
 				t.Errorf("metrics lack %q", want)
 			}

@@ -114,6 +114,9 @@ func (c nodeCollector) Collect() []Family {
 		depth := Family{Name: "meshnode_mailbox_depth", Help: "Messages queued per actor mailbox.", Type: "gauge"}
 		drops := Family{Name: "meshnode_mailbox_drops_total", Help: "Messages dropped or refused per actor mailbox and reason.", Type: "counter"}
 		for _, a := range as.ActorStats() {
+			if a.Depth == 0 && a.Rejected+a.DroppedOldest+a.DroppedNewest+a.DroppedClosed == 0 {
+				continue // idle and never full: 100k such actors would flood every scrape
+			}
 			depth.Samples = append(depth.Samples, Sample{Labels: []string{"actor", a.Name}, Value: float64(a.Depth)})
 			for _, r := range []struct {
 				reason string

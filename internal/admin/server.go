@@ -149,7 +149,7 @@ func statusOf(err error) int {
 		return http.StatusTooManyRequests
 	case errors.Is(err, node.ErrNoSuchActor), errors.Is(err, inbox.ErrNoSuchInbox):
 		return http.StatusNotFound
-	case errors.Is(err, inbox.ErrAckBeyond):
+	case errors.Is(err, inbox.ErrAckBeyond), errors.Is(err, inbox.ErrPullBeyond):
 		return http.StatusConflict
 	case errors.Is(err, node.ErrUnreachable):
 		return http.StatusServiceUnavailable

@@ -81,6 +81,12 @@ func (f *fakeBackend) OutboxStats() outbox.Stats {
 	return outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, LimitByPeer: map[string]int{"n2": 10}, OldestAge: time.Second}
 }
 
+func (f *fakeBackend) ActorStats() []node.ActorStats {
+	busy := node.ActorStats{Name: "busy"}
+	busy.Depth, busy.Rejected = 2, 5
+	return []node.ActorStats{busy, {Name: "idle"}}
+}
+
 func (f *fakeBackend) PeerStats() map[string]transport.PeerStats {
 	return map[string]transport.PeerStats{"n2": {FramesIn: 1, FramesOut: 2, BytesIn: 3, BytesOut: 4}}
 }
@@ -398,10 +404,15 @@ func TestMetrics(t *testing.T) {
 		`meshnode_admin_ask_latency_seconds_count 1`,
 		`meshnode_admin_ask_latency_seconds_bucket{le="+Inf"} 1`,
 		"# TYPE meshnode_admin_ask_latency_seconds histogram",
+		`meshnode_mailbox_depth{actor="busy"} 2`,
+		`meshnode_mailbox_drops_total{actor="busy",reason="rejected"} 5`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	if strings.Contains(text, `actor="idle"`) {
+		t.Error("an idle actor that never dropped is exported; 100k of them would flood the scrape")
 	}
 	if t.Failed() {
 		t.Log(text)

@@ -17,6 +17,9 @@ var (
 	// ErrAckBeyond: an ack names a cursor past the last stored message; the
 	// watermark never passes durable work.
 	ErrAckBeyond = errors.New("inbox: ack beyond the last stored message")
+	// ErrPullBeyond: a pull asks for messages after a cursor that was never
+	// handed out; waiting there would skip the messages stored in between.
+	ErrPullBeyond = errors.New("inbox: pull after a cursor beyond the last stored message")
 	// ErrBadName: an inbox name is empty, too long or has '@', '/' or spaces.
 	ErrBadName = errors.New("inbox: bad name")
 	// ErrBadConfig: Config.Validate refused the configuration.

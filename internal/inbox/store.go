@@ -262,6 +262,8 @@ func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wa
 			return nil, ErrClosed
 		case !ok:
 			return nil, fmt.Errorf("inbox: pull %q: %w", name, ErrNoSuchInbox)
+		case after > last:
+			return nil, fmt.Errorf("inbox: pull %q: %w: after %d, last %d", name, ErrPullBeyond, after, last)
 		}
 		if last > after {
 			msgs, err := s.read(name, after, max)

@@ -129,6 +129,9 @@ func TestAckRules(t *testing.T) {
 		{"the rest", 3, 2, nil},
 		{"below is a no-op", 2, 0, nil},
 	}
+	if _, err := s.Pull(context.Background(), "box", 4, 10, 0); !errors.Is(err, inbox.ErrPullBeyond) {
+		t.Fatalf("pull after a cursor never handed out = %v, want ErrPullBeyond", err)
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			n, err := s.AckUpTo("box", tt.upTo)
