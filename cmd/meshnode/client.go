@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -273,7 +275,7 @@ func newOutboxCmd() *cobra.Command {
 			fmt.Fprintf(tw, "depth\t%d\noldest age\t%s\nin flight\t%d\n", st.Depth, time.Duration(st.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), st.InFlight)
 			fmt.Fprintf(tw, "enqueued\t%d\ndelivered\t%d\nretries\t%d\ndead-lettered\t%d\nexpired\t%d\ncoalesced\t%d\ndedupe hits\t%d\nDLQ depth\t%d\nfsyncs\t%d\n",
 				st.Enqueued, st.Delivered, st.Retries, st.DeadLettered, st.Expired, st.Coalesced, st.DedupeHits, st.DLQDepth, st.Fsyncs)
-			for _, p := range sortedKeys(st.LimitByPeer) {
+			for _, p := range slices.Sorted(maps.Keys(st.LimitByPeer)) {
 				fmt.Fprintf(tw, "peer %s\tdepth %d, AIMD limit %d\n", p, st.DepthByPeer[p], st.LimitByPeer[p])
 			}
 			return tw.Flush()
@@ -283,19 +285,6 @@ func newOutboxCmd() *cobra.Command {
 	addClientFlags(stats)
 	ob.AddCommand(stats)
 	return ob
-}
-
-func sortedKeys(m map[string]int) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	for i := 1; i < len(keys); i++ {
-		for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
-			keys[j], keys[j-1] = keys[j-1], keys[j]
-		}
-	}
-	return keys
 }
 
 func newDLQCmd() *cobra.Command {
