@@ -25,9 +25,10 @@ type Config struct {
 	Identity   Identity // CA roots and this node's certificate
 	DataDir    string   // the stateless-reset key is persisted as DataDir/quic-reset.key; "" = random per run
 
-	MaxFrameSize  int // largest frame sent or accepted; a larger length prefix is refused before allocating
-	SendQueueSize int // envelopes queued per peer before Send returns ErrQueueFull
-	Lanes         int // unidirectional envelope streams per connection and direction
+	MaxFrameSize   int // largest frame sent or accepted; a larger length prefix is refused before allocating
+	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull
+	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
+	Lanes          int // unidirectional envelope streams per connection and direction
 
 	KeepAlivePeriod  time.Duration // PING interval so an idle connection stays open and a dead one is noticed
 	MaxIdleTimeout   time.Duration // a connection with no packets from the peer for this long is dead
@@ -52,6 +53,7 @@ func DefaultConfig(nodeName string) Config {
 		DataDir:          "",              // no persisted reset key: resets only work within one run
 		MaxFrameSize:     4 << 20,         // 4 MiB, as DESIGN.md says
 		SendQueueSize:    8192,            // ~1 MiB of 128-byte messages per peer
+		SendQueueBytes:   64 << 20,        // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
 		Lanes:            16,              // 16 recipients can progress independently per peer
 		KeepAlivePeriod:  time.Second,     // ping every second
 		MaxIdleTimeout:   5 * time.Second, // dead peer noticed within 5 s
@@ -84,6 +86,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("transport: config: MaxFrameSize %d outside [1 KiB, 1 GiB]", c.MaxFrameSize)
 	case c.SendQueueSize < 1:
 		return fmt.Errorf("transport: config: SendQueueSize %d must be at least 1", c.SendQueueSize)
+	case c.SendQueueBytes < c.MaxFrameSize:
+		return fmt.Errorf("transport: config: SendQueueBytes %d must hold one frame of MaxFrameSize %d", c.SendQueueBytes, c.MaxFrameSize)
 	case c.Lanes < 1 || c.Lanes > maxLanes:
 		return fmt.Errorf("transport: config: Lanes %d outside [1, %d]", c.Lanes, maxLanes)
 	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:

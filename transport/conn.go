@@ -30,6 +30,7 @@ type conn struct {
 	remote netip.AddrPort // the peer's UDP address
 	done   chan struct{}  // closed by shutdown
 	queued atomic.Int64   // envelopes queued on all lanes, bounded by SendQueueSize
+	qbytes atomic.Int64   // their encoded bytes, bounded by SendQueueBytes
 	lanes  []*lane        // Lanes envelope lanes, then the control lane (receipts, GoAway)
 
 	closeOnce sync.Once

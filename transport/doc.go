@@ -57,10 +57,12 @@
 //     the envelope straight out of the frame bytes (no pb.Frame, no oneof
 //     wrapper) and fall back to the generic decoder for any other form, so
 //     what they accept is exactly what proto.Unmarshal accepts (fuzzed).
-//   - SendQueueSize counts envelopes queued on all lanes of a peer's
-//     connection. Receipts have their own bound of the same size on the
-//     control lane; a receipt that does not fit is dropped with a log (the
-//     requester then times out or retries), because reply must not block.
+//   - SendQueueSize counts envelopes and SendQueueBytes their encoded bytes
+//     queued on all lanes of a peer's connection; either bound refuses with
+//     ErrQueueFull (one frame always fits an empty queue). Receipts have
+//     their own bound of SendQueueSize on the control lane; a receipt that
+//     does not fit is dropped with a log (the requester's DeliverTimeout or
+//     context then retries it), because reply must not block.
 //   - Simultaneous dials: both sides keep the connection dialed by the
 //     lexically smaller node name and close the other with CodeDuplicate;
 //     waiters on the closed one get ErrConnLost; a dial that lost the

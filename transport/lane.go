@@ -69,10 +69,19 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		}
 	}
 	eb.b = out
+	size := int64(len(out))
+	if cur := c.qbytes.Add(size); cur > int64(c.t.cfg.SendQueueBytes) && cur != size {
+		// Over the byte bound, unless the queue was empty: one frame up to
+		// MaxFrameSize always fits (Validate keeps SendQueueBytes above it).
+		c.qbytes.Add(-size)
+		c.queued.Add(-k)
+		return fmt.Errorf("%w: %d bytes queued for %s", ErrQueueFull, cur-size, c.peer.Name)
+	}
 	l.mu.Lock()
 	if l.finished != nil || c.isClosedFast() {
 		l.mu.Unlock()
 		c.queued.Add(-k)
+		c.qbytes.Add(-size)
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
 	l.appendLocked(out)
@@ -197,6 +206,7 @@ func (l *lane) run() {
 			}
 			if !l.control {
 				c.queued.Add(-int64(n))
+				c.qbytes.Add(-int64(bytes))
 			}
 			c.stats.framesOut.Add(uint64(n))
 			c.stats.bytesOut.Add(uint64(bytes))

@@ -3,6 +3,7 @@ package transport_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,25 +175,38 @@ func TestRequestBatchOrder(t *testing.T) {
 }
 
 func TestQueueFull(t *testing.T) {
-	ca := newCA(t)
-	r := newResolver()
-	release := make(chan struct{})
-	var once sync.Once
-	h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) { <-release })
-	cfgA := testConfig(t, ca, "a")
-	cfgA.SendQueueSize = 4
-	a := startNode(t, cfgA, r, &recorder{})
-	startNode(t, testConfig(t, ca, "b"), r, h)
-	t.Cleanup(func() { once.Do(func() { close(release) }) }) // runs before the Close cleanups
-	env := envTo(t, "slow@b", pb.Envelope_RECEIPT_NONE)
-	env.Headers = map[string]string{"pad": string(make([]byte, 64<<10))}
-	ctx := ctxT(t, 10*time.Second)
-	var err error
-	for i := 0; i < 5000 && err == nil; i++ {
-		err = a.Send(ctx, "b", env)
+	for _, tc := range []struct {
+		name string
+		mut  func(*transport.Config)
+		want string
+	}{
+		{"by envelopes", func(c *transport.Config) { c.SendQueueSize = 4 }, "envelopes queued"},
+		{"by bytes", func(c *transport.Config) {
+			c.SendQueueSize, c.MaxFrameSize, c.SendQueueBytes = 1<<20, 128<<10, 256<<10
+		}, "bytes queued"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ca := newCA(t)
+			r := newResolver()
+			release := make(chan struct{})
+			var once sync.Once
+			h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) { <-release })
+			cfgA := testConfig(t, ca, "a")
+			tc.mut(&cfgA)
+			a := startNode(t, cfgA, r, &recorder{})
+			startNode(t, testConfig(t, ca, "b"), r, h)
+			t.Cleanup(func() { once.Do(func() { close(release) }) }) // runs before the Close cleanups
+			env := envTo(t, "slow@b", pb.Envelope_RECEIPT_NONE)
+			env.Headers = map[string]string{"pad": string(make([]byte, 64<<10))}
+			ctx := ctxT(t, 10*time.Second)
+			var err error
+			for i := 0; i < 5000 && err == nil; i++ {
+				err = a.Send(ctx, "b", env)
+			}
+			if !errors.Is(err, transport.ErrQueueFull) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want ErrQueueFull (%s)", err, tc.want)
+			}
+			once.Do(func() { close(release) })
+		})
 	}
-	if !errors.Is(err, transport.ErrQueueFull) {
-		t.Fatalf("err = %v, want ErrQueueFull", err)
-	}
-	once.Do(func() { close(release) })
 }
