@@ -157,3 +157,33 @@ func TestDropNewestAnswersOnce(t *testing.T) {
 		}
 	}
 }
+
+// RECEIPT_ACCEPTED asks only whether the message was queued: one ACCEPTED
+// receipt, and the handler's outcome is not reported.
+func TestAcceptedReceipt(t *testing.T) {
+	n := newLoneNode(t)
+	ran := make(chan struct{}, 1)
+	if _, err := n.Spawn("a", func(context.Context, *Message) (proto.Message, error) {
+		ran <- struct{}{}
+		return nil, errors.New("not reported")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var codes []pb.Receipt_Code
+	env := &pb.Envelope{MsgId: "m1", Sender: "@p", Recipient: "a@n1", Receipt: pb.Envelope_RECEIPT_ACCEPTED}
+	n.deliverIncoming("p", env, func(rc *pb.Receipt) {
+		mu.Lock()
+		codes = append(codes, rc.GetCode())
+		mu.Unlock()
+	})
+	<-ran
+	if err := n.actor("a").mb.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(codes, []pb.Receipt_Code{pb.Receipt_ACCEPTED}) {
+		t.Fatalf("receipts %v, want exactly [ACCEPTED]", codes)
+	}
+}

@@ -76,12 +76,16 @@ func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*
 			return
 		}
 	}
+	// RECEIPT_ACCEPTED: the sender only wants to know it is queued, so the
+	// handler's outcome is not reported (decided before the actor sees d).
+	acceptedOnly := reply != nil && env.GetReceipt() == pb.Envelope_RECEIPT_ACCEPTED
 	d := &delivery{env: env, senderNode: senderNode, receipt: reply, remoteAsk: kind == pb.RpcMeta_REQUEST}
+	if acceptedOnly {
+		d.receipt = nil
+	}
 	err := a.post(d)
 	if err == nil {
-		if reply != nil && env.GetReceipt() == pb.Envelope_RECEIPT_ACCEPTED {
-			// The sender only wanted to know it is queued; the handler's outcome is not reported.
-			d.receipt = nil
+		if acceptedOnly {
 			receipt(pb.Receipt_ACCEPTED, "", 0)
 		}
 		return
