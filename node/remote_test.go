@@ -83,7 +83,7 @@ func TestRemoteTellOrder(t *testing.T) {
 		err := nodes[0].Tell(ctx, to, wrapperspb.Int64(int64(i)))
 		var ce *node.CapacityError
 		for errors.As(err, &ce) { // the connection queue is bounded: back off as told
-			time.Sleep(ce.RetryAfter)
+			time.Sleep(ce.RetryAfter) // the sender's behaviour under test, not a wait for a state
 			err = nodes[0].Tell(ctx, to, wrapperspb.Int64(int64(i)))
 		}
 		if err != nil {
