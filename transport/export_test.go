@@ -29,8 +29,20 @@ func ConnInfo(t *Transport, node string) (ok, dialed bool) {
 
 // AppendEnvelopeFrame exposes the hand-written envelope frame encoder.
 func AppendEnvelopeFrame(dst []byte, env *pb.Envelope, max int) ([]byte, error) {
+	return appendEnvelopeFrame(dst, env, max)
+}
+
+// AppendEnvelopeFrameGeneric is the proto.Marshal-based encoder the
+// hand-written one must match byte for byte.
+func AppendEnvelopeFrameGeneric(dst []byte, env *pb.Envelope, max int) ([]byte, error) {
 	return appendMsgFrame(dst, frameFieldEnvelope, env, max)
 }
+
+// DecodeEnvelope exposes the hand-written envelope decoder (with its fallback).
+func DecodeEnvelope(b []byte) (*pb.Envelope, error) { return decodeEnvelope(b) }
+
+// DecodeEnvelopeFast exposes the decoder's fast path alone.
+func DecodeEnvelopeFast(b []byte) (*pb.Envelope, bool) { return decodeEnvelopeFast(b) }
 
 // AppendReceiptFrame exposes the hand-written receipt frame encoder.
 func AppendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {

@@ -113,8 +113,8 @@ func readEnvelopeFrame(r *bufio.Reader, max int) (env *pb.Envelope, other any, n
 func decodeEnvelopeFrame(b []byte) (env *pb.Envelope, other any, err error) {
 	if num, typ, tn := protowire.ConsumeTag(b); tn > 0 && num == frameFieldEnvelope && typ == protowire.BytesType {
 		if v, vn := protowire.ConsumeBytes(b[tn:]); vn > 0 && tn+vn == len(b) {
-			env = new(pb.Envelope)
-			if err := proto.Unmarshal(v, env); err != nil {
+			env, err := decodeEnvelope(v)
+			if err != nil {
 				return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 			}
 			return env, nil, nil

@@ -62,7 +62,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	out := eb.b[:0]
 	for _, env := range envs {
 		var err error
-		if out, err = appendMsgFrame(out, frameFieldEnvelope, env, c.t.cfg.MaxFrameSize); err != nil {
+		if out, err = appendEnvelopeFrame(out, env, c.t.cfg.MaxFrameSize); err != nil {
 			eb.b = out
 			c.queued.Add(-k)
 			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
