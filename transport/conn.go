@@ -25,13 +25,14 @@ type conn struct {
 	t      *Transport
 	qc     *quic.Conn
 	peer   PeerInfo
-	stats  *peer          // set by register
-	dialed bool           // this node dialed it
-	remote netip.AddrPort // the peer's UDP address
-	done   chan struct{}  // closed by shutdown
-	queued atomic.Int64   // envelopes queued on all lanes, bounded by SendQueueSize
-	qbytes atomic.Int64   // their encoded bytes, bounded by SendQueueBytes
-	lanes  []*lane        // Lanes envelope lanes, then the control lane (receipts, GoAway)
+	stats  *peer                  // set by register
+	dialed bool                   // this node dialed it
+	remote netip.AddrPort         // the peer's UDP address
+	done   chan struct{}          // closed by shutdown
+	queued atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
+	qbytes atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
+	lanes  []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
+	fresh  atomic.Pointer[string] // last address staleFor found equal to remote
 
 	closeOnce sync.Once
 
@@ -241,6 +242,9 @@ func (c *conn) staleFor(addr string) bool {
 	if !c.dialed {
 		return false
 	}
+	if last := c.fresh.Load(); last != nil && *last == addr {
+		return false // the resolver gives the same string on every send: parse it once
+	}
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
 		return false // a host name: do not resolve on the send path
@@ -249,7 +253,11 @@ func (c *conn) staleFor(addr string) bool {
 	if ap.Addr().IsUnspecified() {
 		return false
 	}
-	return ap != c.remote
+	if ap != c.remote {
+		return true
+	}
+	c.fresh.Store(&addr)
+	return false
 }
 
 // isClosedFast reports whether shutdown has begun, without taking mu.

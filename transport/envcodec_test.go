@@ -3,6 +3,7 @@ package transport_test
 import (
 	"bytes"
 	"fmt"
+	"hash/fnv"
 	"testing"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
@@ -285,5 +286,19 @@ func BenchmarkEnvelopeDecode(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 		})
+	}
+}
+
+// laneOf is FNV-1a of the recipient, as hash/fnv computes it, so a
+// recipient keeps its lane across versions.
+func TestLaneOfIsFNV1a(t *testing.T) {
+	for _, r := range []string{"", "a@b", "worker-17@n2", "ünïcode@n", string(bytes.Repeat([]byte{0xff}, 40))} {
+		for _, lanes := range []int{1, 3, 4, 64} {
+			h := fnv.New32a()
+			_, _ = h.Write([]byte(r))
+			if got, want := transport.LaneOf(r, lanes), int(h.Sum32()%uint32(lanes)); got != want {
+				t.Errorf("LaneOf(%q, %d) = %d, want %d", r, lanes, got, want)
+			}
+		}
 	}
 }
