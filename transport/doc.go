@@ -63,10 +63,10 @@
 //     Deterministic uses; proto.Marshal's own order is random); an
 //     envelope with unknown fields or invalid UTF-8 takes proto.Marshal.
 //     The decoder copies the envelope bytes once and points every string
-//     into that copy (unsafe.String over bytes never written again), and
-//     a body value up to 1 KiB too, so an envelope costs two allocations;
-//     a larger value gets its own copy so a string a handler keeps does
-//     not pin a big body. Unknown or repeated fields, wire types that do
+//     into that copy (unsafe.String over bytes never written again); the
+//     body value gets a copy of its own, since a handler may write into
+//     it, so an envelope costs three allocations. Unknown or repeated
+//     fields, wire types that do
 //     not match, reordered map entries or invalid UTF-8 go to
 //     proto.Unmarshal. Both directions are checked against the generated
 //     code: byte equality over random envelopes (rapid) and a fuzz test

@@ -409,18 +409,12 @@ func decodeHeader(env *pb.Envelope, v []byte, str func([]byte) (string, bool)) b
 	return true
 }
 
-// maxAliasedValue: a body value up to this size shares the envelope's one
-// copy; a larger one gets its own, so that a string a handler keeps (an
-// idempotency key in a dedupe window) does not pin a big body.
-const maxAliasedValue = 1 << 10
-
 // value returns the body bytes s (a slice of the decoder's copy) as the
-// Any's value.
+// Any's value, in a copy of its own: the strings of the envelope point into
+// the decoder's copy, and a handler may write into the body bytes it was
+// given (or keep a small string that would otherwise pin a big body).
 func value(s []byte) []byte {
-	if len(s) > maxAliasedValue {
-		return append([]byte(nil), s...)
-	}
-	return s[:len(s):len(s)] // capped: an append copies instead of overwriting a string
+	return append([]byte(nil), s...)
 }
 
 // decodeAny decodes a body in the form appendEnvelope writes it.
