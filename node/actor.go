@@ -123,13 +123,16 @@ func (a *actor) post(d *delivery) error {
 	if d.receipt != nil && d.env.GetPrevSequence() != 0 && a.chainBroken(d) {
 		return errChainBroken
 	}
+	chained := d.receipt != nil && d.env.GetSequence() != 0
+	if chained {
+		// A retry of the failed message is under way again. Cleared before
+		// Post: once posted, the actor may fail it anew at any moment, and
+		// that fresh mark must not be erased.
+		a.clearFailed(d)
+	}
 	err := a.mb.Post(d)
-	if d.receipt != nil && d.env.GetSequence() != 0 {
-		if err != nil {
-			a.markFailed(d)
-		} else {
-			a.clearFailed(d) // a retry of the failed message is under way again
-		}
+	if err != nil && chained {
+		a.markFailed(d)
 	}
 	return err
 }
