@@ -206,8 +206,7 @@ func (a *actor) handle(d *delivery) {
 			d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_EXPIRED, Message: "expired before processing"})
 			return
 		}
-		if scope, k := dedupeKey(d.senderNode, env); a.n.seen(scope, k) {
-			a.n.stats.dedupeHits.Add(1)
+		if scope, k := dedupeKey(d.senderNode, env); a.n.store.Seen(scope, k) {
 			d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_DUPLICATE})
 			return
 		}

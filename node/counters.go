@@ -16,7 +16,7 @@ type counters struct {
 	askNanos                                       atomic.Uint64
 	reliableDirect, reliableQueued, reliableFailed atomic.Uint64
 	dropped, panics, noSuchActor, expired          atomic.Uint64
-	remoteFull, dedupeHits                         atomic.Uint64
+	remoteFull                                     atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -51,7 +51,8 @@ func (n *Node) Stats() Stats {
 		AskOK: c.askOK.Load(), AskFailed: c.askFailed.Load(),
 		ReliableDelivered: c.reliableDirect.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
 		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
-		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(), DedupeHits: c.dedupeHits.Load(),
+		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
+		DedupeHits: n.store.Stats().DedupeHits, // counted where the window is read
 	}
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)

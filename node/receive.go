@@ -70,8 +70,7 @@ func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*
 		return
 	}
 	if reply != nil {
-		if scope, k := dedupeKey(senderNode, env); n.seen(scope, k) {
-			n.stats.dedupeHits.Add(1)
+		if scope, k := dedupeKey(senderNode, env); n.store.Seen(scope, k) {
 			receipt(pb.Receipt_DUPLICATE, "", 0)
 			return
 		}
@@ -183,15 +182,6 @@ func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
 		}
 		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
 	})
-}
-
-// seen reports whether a reliable message was already processed here: its
-// key is recorded, or pending its commit (outbox.Store.Seen covers both).
-func (n *Node) seen(scope, key string) bool {
-	if key == "" {
-		return false
-	}
-	return n.store.Seen(scope, key)
 }
 
 // dedupeKey names a reliable message in the receiver's dedupe window. Keys
