@@ -104,7 +104,7 @@ func DefaultConfig(nodeName string) Config {
 		Join:          nil,           // no seeds: start a new cluster
 		SecretKey:     nil,           // unencrypted: set a key in production
 		DataDir:       "",            // no peers.json
-		Meta:          &pb.NodeMeta{BootId: NewBootID(), ProtocolVersions: pb.SupportedVersions},
+		Meta:          &pb.NodeMeta{BootId: NewBootID(), ProtocolVersions: pb.SupportedVersions()},
 		OnEvent:       nil, // no subscriber
 
 		ProbeInterval:           300 * time.Millisecond, // ~3 probes/s per node; 200 ms gave false suspicion on a loaded 2-core box

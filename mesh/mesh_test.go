@@ -32,7 +32,7 @@ func TestThreeNodeJoin(t *testing.T) {
 			if got.Name != want.LocalName() || got.State != mesh.StateAlive ||
 				got.QUICAddr != want.cfg.Meta.GetQuicAddr() || got.BootID != want.cfg.Meta.GetBootId() ||
 				got.GossipAddr != want.GossipAddr() || got.Cluster != "test" ||
-				!slices.Equal(got.ProtocolVersions, pb.SupportedVersions) || got.Since.IsZero() {
+				!slices.Equal(got.ProtocolVersions, pb.SupportedVersions()) || got.Since.IsZero() {
 				t.Errorf("%s sees %+v, want name %s quic %s boot %s", n.LocalName(), got,
 					want.LocalName(), want.cfg.Meta.GetQuicAddr(), want.cfg.Meta.GetBootId())
 			}

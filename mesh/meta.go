@@ -20,7 +20,7 @@ func fillMeta(meta *pb.NodeMeta, cluster string) *pb.NodeMeta {
 		out.BootId = NewBootID()
 	}
 	if len(out.GetProtocolVersions()) == 0 {
-		out.ProtocolVersions = append([]uint32(nil), pb.SupportedVersions...)
+		out.ProtocolVersions = pb.SupportedVersions()
 	}
 	if out.GetCluster() == "" {
 		out.Cluster = cluster
@@ -63,7 +63,7 @@ func checkPeer(cluster string, raw []byte) error {
 	}
 	if !pb.Compatible(meta.GetProtocolVersions()) {
 		return fmt.Errorf("%w: no compatible protocol version in %v (we speak %v)",
-			ErrRefused, meta.GetProtocolVersions(), pb.SupportedVersions)
+			ErrRefused, meta.GetProtocolVersions(), pb.SupportedVersions())
 	}
 	return nil
 }

@@ -95,7 +95,7 @@ func New(cfg Config) (*Node, error) {
 	mcfg.Meta = &pb.NodeMeta{
 		QuicAddr:         n.transport.LocalAddr().String(),
 		BootId:           n.bootID,
-		ProtocolVersions: pb.SupportedVersions,
+		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          cfg.Cluster,
 	}
 	mcfg.OnEvent = n.onMemberEvent
@@ -142,7 +142,7 @@ func (n *Node) advertiseQUIC() error {
 	meta := &pb.NodeMeta{
 		QuicAddr:         net.JoinHostPort(ghost, qport),
 		BootId:           n.bootID,
-		ProtocolVersions: pb.SupportedVersions,
+		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          n.cfg.Cluster,
 	}
 	if err := n.mesh.UpdateMeta(meta); err != nil {

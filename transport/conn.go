@@ -129,7 +129,7 @@ func (t *Transport) hello() *pb.Hello {
 	h := &pb.Hello{
 		NodeName:         t.cfg.NodeName,
 		BootId:           t.cfg.BootID,
-		ProtocolVersions: slices.Clone(pb.SupportedVersions),
+		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          t.cfg.Cluster,
 	}
 	if t.cfg.helloHook != nil {
@@ -202,7 +202,7 @@ func (t *Transport) checkHello(h *pb.Hello, certNames []string, expect string) (
 		return CodeIncompatible, fmt.Errorf("%w: peer %s is in cluster %q, we are in %q", ErrIncompatible, name, h.GetCluster(), t.cfg.Cluster)
 	}
 	if !pb.Compatible(h.GetProtocolVersions()) {
-		return CodeIncompatible, fmt.Errorf("%w: peer %s speaks protocol versions %v, we speak %v", ErrIncompatible, name, h.GetProtocolVersions(), pb.SupportedVersions)
+		return CodeIncompatible, fmt.Errorf("%w: peer %s speaks protocol versions %v, we speak %v", ErrIncompatible, name, h.GetProtocolVersions(), pb.SupportedVersions())
 	}
 	if h.GetBootId() == "" {
 		return CodeProtocol, fmt.Errorf("%w: peer %s sent no boot id", ErrIncompatible, name)
