@@ -2,13 +2,14 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -26,29 +27,26 @@ func WithMailbox(capacity int, overflow mailbox.Overflow) SpawnOption {
 }
 
 // actor is one spawned handler with its bounded mailbox. The mailbox runs
-// handle on at most one goroutine at a time, and none while idle.
+// handle on at most one goroutine at a time, and none while idle: that
+// goroutine is the one owner of every decision about the actor's reliable
+// streams.
 type actor struct {
 	n       *Node
 	name    string
 	handler Handler
 	mb      *mailbox.Mailbox[*delivery]
-
-	// chainMu guards the field below: per sender node, the sequence of the
-	// last reliable message that failed here. A chained message whose
-	// predecessor failed is refused unprocessed, so the sender's retry keeps
-	// FIFO order (see pb.Envelope.prev_sequence).
-	chainMu    sync.Mutex
-	lastFailed map[string]uint64
 }
 
 // delivery is one message in an actor's mailbox.
 type delivery struct {
 	env        *pb.Envelope
 	body       proto.Message     // local path: the sender's value
-	senderNode string            // node that sent it (dedupe and chain scope)
+	senderNode string            // node that sent it, as verified by TLS
 	receipt    func(*pb.Receipt) // reliable: receipt to the sender; nil otherwise
 	replyCh    chan<- localReply // local ask: where the reply goes
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
+	stream     StreamID          // reliable: the stream it belongs to
+	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 }
 
 type localReply struct {
@@ -98,16 +96,22 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 }
 
 // Stop removes an actor; messages still in its mailbox are dropped (and
-// reliable ones are redelivered by their senders later).
+// reliable ones are sent again by their senders later). The name can be
+// spawned again once Stop returns, not before: until then the old actor
+// may still be handling a message of its streams.
 func (n *Node) Stop(name string) error {
-	n.actorsMu.Lock()
+	n.actorsMu.RLock()
 	a, ok := n.actors[name]
-	delete(n.actors, name)
-	n.actorsMu.Unlock()
+	n.actorsMu.RUnlock()
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrNoSuchActor, name)
 	}
 	a.mb.Close()
+	n.actorsMu.Lock()
+	if n.actors[name] == a {
+		delete(n.actors, name)
+	}
+	n.actorsMu.Unlock()
 	return nil
 }
 
@@ -118,74 +122,34 @@ func (n *Node) actor(name string) *actor {
 	return a
 }
 
-// post puts d into the actor's mailbox, applying the chain rule first.
-func (a *actor) post(d *delivery) error {
-	if d.receipt != nil && d.env.GetPrevSequence() != 0 && a.chainBroken(d) {
-		return errChainBroken
-	}
-	chained := d.receipt != nil && d.env.GetSequence() != 0
-	if chained {
-		// A retry of the failed message is under way again. Cleared before
-		// Post: once posted, the actor may fail it anew at any moment, and
-		// that fresh mark must not be erased.
-		a.clearFailed(d)
-	}
-	err := a.mb.Post(d)
-	if err != nil && chained {
-		a.markFailed(d)
-	}
-	return err
-}
+// post puts d into the actor's mailbox.
+func (a *actor) post(d *delivery) error { return a.mb.Post(d) }
 
-// chainBroken reports (and records) that d's predecessor failed here.
-func (a *actor) chainBroken(d *delivery) bool {
-	a.chainMu.Lock()
-	defer a.chainMu.Unlock()
-	if a.lastFailed[d.senderNode] != d.env.GetPrevSequence() {
-		return false
-	}
-	a.lastFailed[d.senderNode] = d.env.GetSequence()
-	return true
-}
-
-// clearFailed forgets d's failure mark: the message was accepted again, so
-// what is chained behind it must not be refused for its old failure.
-func (a *actor) clearFailed(d *delivery) {
-	a.chainMu.Lock()
-	if s, ok := a.lastFailed[d.senderNode]; ok && s == d.env.GetSequence() {
-		delete(a.lastFailed, d.senderNode)
-	}
-	a.chainMu.Unlock()
-}
-
-func (a *actor) markFailed(d *delivery) {
-	a.chainMu.Lock()
-	if a.lastFailed == nil {
-		a.lastFailed = make(map[string]uint64)
-	}
-	a.lastFailed[d.senderNode] = d.env.GetSequence()
-	a.chainMu.Unlock()
-}
-
-// dropped is the mailbox's dead-letter hook: count it and answer whoever waits.
+// dropped is the mailbox's dead-letter hook: count it and answer whoever
+// waits. A reliable message dropped for room gets CAPACITY: its sender
+// waits and sends it again; what was chained behind it is refused by the
+// watermark check, since the watermark stays behind it.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
 	if r == mailbox.DroppedNewest {
 		// Post also returns the error for the incoming message, and its
-		// caller answers (and marks the chain); answering here too would
-		// send two receipts for one message.
+		// caller answers; answering here too would send two receipts.
 		return
 	}
 	var err error = &CapacityError{RetryAfter: 10 * time.Millisecond}
-	code := pb.Receipt_CAPACITY
-	if r == mailbox.DroppedPanicked { // the handler's own recover normally catches it first
-		err, code = Permanent(fmt.Errorf("node: handler of %q panicked", a.name)), pb.Receipt_REJECTED
+	code, retry := pb.Receipt_CAPACITY, int64(10)
+	switch r {
+	case mailbox.DroppedPanicked: // the handler's own recover normally catches it first
+		err, code, retry = Permanent(fmt.Errorf("node: handler of %q panicked", a.name)), pb.Receipt_REJECTED, 0
+	case mailbox.DroppedClosed:
+		// The actor or the node is stopping: not the message's fault.
+		code, retry = pb.Receipt_NO_SUCH_ACTOR, 1000
+		err = fmt.Errorf("node: actor %q stopped: %w", a.name, ErrNoSuchActor)
 	}
 	switch {
 	case d.receipt != nil:
-		a.markFailed(d)
-		d.receipt(&pb.Receipt{MsgId: d.env.GetMsgId(), Code: code, RetryAfterMs: 10, Message: "dropped: " + r.String()})
+		d.receipt(&pb.Receipt{MsgId: d.env.GetMsgId(), Code: code, RetryAfterMs: retry, Message: "dropped: " + r.String()})
 	case d.replyCh != nil:
 		d.replyCh <- localReply{err: err}
 	case d.remoteAsk:
@@ -195,26 +159,15 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
-	env := d.env
 	if d.receipt != nil {
-		if env.GetPrevSequence() != 0 && a.chainBroken(d) {
-			d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_TRANSIENT, Message: errChainBroken.Error()})
-			return
-		}
-		if expired(env, time.Now()) {
-			a.markFailed(d)
-			d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_EXPIRED, Message: "expired before processing"})
-			return
-		}
-		if scope, k := dedupeKey(d.senderNode, env); a.n.store.Seen(scope, k) {
-			d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_DUPLICATE})
-			return
-		}
+		a.handleStream(d)
+		return
 	}
+	env := d.env
 	ctx := a.n.ctx
-	if ms := env.GetExpiresAtUnixMs(); ms > 0 && (d.replyCh != nil || d.remoteAsk) {
+	if d.deadlineMs > 0 && (d.replyCh != nil || d.remoteAsk) {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, time.UnixMilli(ms))
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(d.deadlineMs-a.n.store.ElapsedMs())*time.Millisecond)
 		defer cancel()
 	}
 	reply, err := a.call(ctx, &Message{env: env, body: d.body})
@@ -223,11 +176,103 @@ func (a *actor) handle(d *delivery) {
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
 		a.n.respond(env, reply, err)
-	case d.receipt != nil:
-		a.n.finishReliable(a, d, err)
 	case err != nil:
 		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", env.GetMsgId(), "err", err)
 	}
+}
+
+// handleStream decides a reliable message when the actor takes it, from
+// the stream's watermark W (this goroutine is its only writer):
+//
+//   - sequence <= W: already processed: DUPLICATE, not run;
+//   - prev_sequence neither 0 nor W: its predecessor has not run here:
+//     OUT_OF_ORDER, not run (the sender resends from its frontier);
+//   - its TTL ran out: EXPIRED;
+//   - its idempotency key was seen: DUPLICATE, and W moves to it;
+//   - else the handler runs; on success W moves to it.
+//
+// PROCESSED and DUPLICATE go out only once a W covering the message is
+// durable; a failed commit is answered TRANSIENT.
+func (a *actor) handleStream(d *delivery) {
+	n, env := a.n, d.env
+	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
+	st, err := n.in.get(d.stream)
+	if err != nil {
+		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
+		return
+	}
+	positive := func(code pb.Receipt_Code) func(error, uint64) {
+		return func(err error, w uint64) {
+			if err != nil {
+				rc(&pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: "watermark not durable: " + err.Error()})
+				return
+			}
+			rc(&pb.Receipt{Code: code, Watermark: w})
+		}
+	}
+	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
+	switch {
+	case seq <= w:
+		n.stats.duplicates.Add(1)
+		n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+		return
+	case prev != 0 && prev != w:
+		n.stats.outOfOrder.Add(1)
+		rc(&pb.Receipt{Code: pb.Receipt_OUT_OF_ORDER, Watermark: w})
+		return
+	case d.deadlineMs > 0 && n.store.ElapsedMs() >= d.deadlineMs:
+		n.stats.expired.Add(1)
+		rc(&pb.Receipt{Code: pb.Receipt_EXPIRED, Message: "expired before processing"})
+		return
+	}
+	var keys [][]byte
+	if k := env.GetIdempotencyKey(); k != "" {
+		scoped := outbox.ScopedKey(d.senderNode, a.name, k)
+		seen, err := n.store.KeySeen(scoped)
+		if err != nil {
+			rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
+			return
+		}
+		if seen {
+			// The application sent this key before (a retry of its own):
+			// it took effect then. W moves on as for a success.
+			n.stats.duplicates.Add(1)
+			st.w.Store(seq)
+			n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+			return
+		}
+		keys = [][]byte{scoped}
+	}
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.HandlerTimeout)
+	if d.deadlineMs > 0 {
+		ctx, cancel = contextWithEarlier(ctx, cancel, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
+	}
+	_, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream})
+	cancel()
+	if herr == nil {
+		// A nil return is success, even after the deadline.
+		st.w.Store(seq)
+		n.in.afterDurable(st, seq, keys, positive(pb.Receipt_PROCESSED))
+		return
+	}
+	r := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}
+	var ce *CapacityError
+	switch {
+	case mailbox.IsPermanent(herr):
+		r.Code = pb.Receipt_REJECTED
+	case errors.As(herr, &ce):
+		// A handler that is itself full (a bounded store behind it) is
+		// congestion, not poison: the sender backs off without counting.
+		r.Code, r.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
+	}
+	rc(r)
+}
+
+// contextWithEarlier bounds ctx by d as well, and returns a cancel that
+// releases both.
+func contextWithEarlier(ctx context.Context, cancel context.CancelFunc, d time.Duration) (context.Context, context.CancelFunc) {
+	c2, cancel2 := context.WithTimeout(ctx, d)
+	return c2, func() { cancel2(); cancel() }
 }
 
 // call runs the handler, turning a panic into a permanent error.
@@ -240,9 +285,4 @@ func (a *actor) call(ctx context.Context, m *Message) (reply proto.Message, err 
 		}
 	}()
 	return a.handler(ctx, m)
-}
-
-func expired(env *pb.Envelope, now time.Time) bool {
-	ms := env.GetExpiresAtUnixMs()
-	return ms > 0 && now.UnixMilli() >= ms
 }

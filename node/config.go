@@ -31,11 +31,20 @@ type Config struct {
 	Overflow        mailbox.Overflow // default overflow strategy of spawned actors (Reject)
 	AskTimeout      time.Duration    // deadline for Ask when the context has none (10 s)
 	AskResponseTTL  time.Duration    // early responses and orphaned waiters are pruned after this (1 min)
+	// SpawnGrace: for this long after Start, a reliable message for an
+	// actor that does not exist here is answered "not yet" (the sender
+	// waits, uncounted) rather than "no such actor" (which counts toward
+	// the message's MaxAttempts), so an application may spawn late.
+	SpawnGrace time.Duration
+	// HandlerTimeout bounds the context a reliable message's handler runs
+	// with (its TTL may bound it sooner). A handler that returns an error
+	// after it is a handler failure; one that returns nil is a success.
+	HandlerTimeout time.Duration
 
 	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
 	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
-	Outbox    outbox.Config    // durable store tuning (attempts, backoff, AIMD, dedupe window)
-	Relay     partition.Config // relay partitions and batch size
+	Outbox    outbox.Config    // durable store tuning (attempts, key window, retention, clock)
+	Relay     partition.Config // relay partitions, batch size, backoff, AIMD
 
 	Logger *slog.Logger // structured logs; nil discards them
 }
@@ -52,6 +61,8 @@ func DefaultConfig(name string) Config {
 		Overflow:        mailbox.Reject,
 		AskTimeout:      10 * time.Second,
 		AskResponseTTL:  time.Minute,
+		SpawnGrace:      2 * time.Minute,
+		HandlerTimeout:  30 * time.Second,
 		Mesh:            mesh.DefaultConfig(name),
 		Transport:       transport.DefaultConfig(name),
 		Outbox:          outbox.DefaultConfig(""),
@@ -96,11 +107,17 @@ func (c Config) Validate() error {
 	if c.AskResponseTTL < time.Millisecond {
 		return bad("ask response TTL %v must be at least 1ms", c.AskResponseTTL)
 	}
+	if c.SpawnGrace < 0 {
+		return bad("spawn grace %v must not be negative", c.SpawnGrace)
+	}
+	if c.HandlerTimeout <= 0 {
+		return bad("handler timeout must be positive")
+	}
 	return nil
 }
 
 // lower fills the embedded configs from the top-level fields.
-func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config) {
+func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config, partition.Config) {
 	m := c.Mesh
 	m.NodeName, m.Cluster, m.BindAddr, m.Join, m.SecretKey, m.DataDir = c.Name, c.Cluster, c.GossipAddr, c.Join, c.GossipKey, c.DataDir
 	m.Logger = logger.With("part", "mesh")
@@ -112,5 +129,8 @@ func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transpor
 	o := c.Outbox
 	o.Path = filepath.Join(c.DataDir, "outbox.db")
 	o.Logger = logger.With("part", "outbox")
-	return m, t, o
+
+	r := c.Relay
+	r.Logger = logger.With("part", "relay")
+	return m, t, o, r
 }

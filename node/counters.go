@@ -15,8 +15,9 @@ type counters struct {
 	askOK, askFailed                               atomic.Uint64
 	askNanos                                       atomic.Uint64
 	reliableDirect, reliableQueued, reliableFailed atomic.Uint64
+	reliableDead, unknownPeer                      atomic.Uint64
 	dropped, panics, noSuchActor, expired          atomic.Uint64
-	remoteFull                                     atomic.Uint64
+	remoteFull, duplicates, outOfOrder             atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -34,12 +35,16 @@ type Stats struct {
 	AskOK, AskFailed                                  uint64
 	AskMeanLatency                                    time.Duration
 	ReliableDelivered, ReliableQueued, ReliableFailed uint64 // TellReliable outcomes (Dispatch counts as queued)
+	ReliableDeadLettered                              uint64 // TellReliable calls answered DeadLettered
+	UnknownPeer                                       uint64 // reliable sends to a node no member has seen
 	Dropped                                           uint64 // mailbox drops (DropOldest/DropNewest/closed)
 	Panics                                            uint64 // handler panics recovered
 	NoSuchActor                                       uint64 // messages for an actor that does not exist here
 	Expired                                           uint64 // messages that arrived expired
 	RefusedFull                                       uint64 // messages refused because a mailbox was full
-	DedupeHits                                        uint64 // reliable messages recognised as duplicates
+	DedupeHits                                        uint64 // reliable messages answered DUPLICATE (watermark or idempotency key)
+	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
+	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
 }
 
@@ -52,7 +57,9 @@ func (n *Node) Stats() Stats {
 		ReliableDelivered: c.reliableDirect.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
 		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
 		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
-		DedupeHits: n.store.Stats().DedupeHits, // counted where the window is read
+		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(),
+		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
+		Streams: n.in.len(),
 	}
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)

@@ -23,8 +23,15 @@ var (
 	ErrActorExists = errors.New("node: actor already exists")
 	// ErrBadAddress: an address is not of the form actor@node.
 	ErrBadAddress = errors.New("node: bad address")
-	// ErrBadKey: an idempotency key longer than MaxIdempotencyKey.
+	// ErrBadKey: an idempotency or coalesce key longer than MaxIdempotencyKey.
 	ErrBadKey = errors.New("node: bad idempotency key")
+	// ErrBadOption: a send option out of range (a TTL that is not positive
+	// or longer than a message may wait).
+	ErrBadOption = errors.New("node: bad send option")
+	// ErrTooLarge: the message would not fit in a frame on the wire
+	// (transport MaxFrameSize, minus room for per-send fields). Refused
+	// before anything is stored.
+	ErrTooLarge = errors.New("node: message too large")
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
 )

@@ -22,8 +22,9 @@ type Handler func(ctx context.Context, m *Message) (reply proto.Message, err err
 
 // Message is what a Handler receives. It is only valid during the call.
 type Message struct {
-	env  *pb.Envelope
-	body proto.Message // the sender's value on the local path; nil when it came over the wire
+	env    *pb.Envelope
+	body   proto.Message // the sender's value on the local path; nil when it came over the wire
+	stream StreamID      // reliable messages: the stream it belongs to
 }
 
 // Envelope returns the wire envelope (ids, headers, rpc metadata). Treat it as read-only.
@@ -32,8 +33,19 @@ func (m *Message) Envelope() *pb.Envelope { return m.env }
 // ID returns the message id of this attempt.
 func (m *Message) ID() string { return m.env.GetMsgId() }
 
-// IdempotencyKey returns the key that is stable across retries ("" for tell and ask).
+// IdempotencyKey returns the application's idempotency key ("" when none
+// was given; always for tell and ask).
 func (m *Message) IdempotencyKey() string { return m.env.GetIdempotencyKey() }
+
+// Stream returns the reliable stream the message belongs to (zero for tell
+// and ask). Stored with Sequence in the same transaction as the handler's
+// effects, it lets a handler recognise a message it has already applied
+// (a crash between its effects and the watermark's commit redelivers it).
+func (m *Message) Stream() StreamID { return m.stream }
+
+// Sequence returns the message's sequence in its stream (0 for tell and
+// ask): increasing in the order the sender sent them, never reused.
+func (m *Message) Sequence() uint64 { return m.env.GetSequence() }
 
 // Sender returns who sent the message ("@node" when it came from the node API, not an actor).
 func (m *Message) Sender() Address { a, _ := parseLoose(m.env.GetSender()); return a }
@@ -44,7 +56,10 @@ func (m *Message) Recipient() Address { a, _ := parseLoose(m.env.GetRecipient())
 // Headers returns the application headers.
 func (m *Message) Headers() map[string]string { return m.env.GetHeaders() }
 
-// Attempt returns the delivery attempt of a reliable message (1-based; 0 for tell and ask).
+// Attempt returns, for a reliable message, the number of this handler run as
+// far as the sender knows: 1 on the first, one more after each handler
+// failure it was told of (0 for tell and ask). A run whose outcome never
+// reached the sender is not counted, so a redelivery may repeat a number.
 func (m *Message) Attempt() int { return int(m.env.GetAttempt()) }
 
 // CreatedAt returns when the logical message was created.

@@ -26,24 +26,27 @@ type Member = mesh.Member
 // Node is one meshnode: membership, transport, actors, outbox and relay.
 // All methods are safe for concurrent use.
 //
-// Lock order: actorsMu before an actor's chainMu; askMu is a leaf.
+// Lock order: actorsMu and askMu are leaves.
 type Node struct {
 	cfg    Config
 	name   string
 	bootID string
 	log    *slog.Logger
 
-	mesh      *mesh.Mesh
+	mesh      *mesh.Mesh // nil until Start
 	transport *transport.Transport
 	store     *outbox.Store
 	relay     *partition.Relay
+	in        *inbound
 	responses *mailbox.ResponseRegistry
 
-	ctx    context.Context // cancelled by Close: handlers and sends see it
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // background goroutines of the node itself
-	closed atomic.Bool
-	once   sync.Once
+	ctx       context.Context // cancelled by Close: handlers and sends see it
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup // background goroutines of the node itself
+	closed    atomic.Bool
+	once      sync.Once
+	startOnce sync.Once
+	startedMs atomic.Int64 // the store's elapsed clock at Start (0 = not started)
 
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex
@@ -57,9 +60,26 @@ type Node struct {
 	stats counters
 }
 
-// New starts a node: opens the outbox, binds QUIC, joins the cluster and
-// starts the relay. A bad config is an error, never a panic.
+// New starts a node: Open, then Start. A bad config is an error, never a
+// panic. The node joins the cluster before New returns, so peers may send
+// to actors the application has not spawned yet: reliable messages for them
+// wait (SpawnGrace). To have actors in place first, use Open, Spawn, Start.
 func New(cfg Config) (*Node, error) {
+	n, err := Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := n.Start(context.Background()); err != nil {
+		_ = n.Kill()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Open prepares a node without making it visible to the cluster: it opens
+// the outbox and binds QUIC. Actors can be spawned and reliable messages
+// sent (they are stored) before Start joins the cluster.
+func Open(cfg Config) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -80,49 +100,70 @@ func New(cfg Config) (*Node, error) {
 		asks:      make(map[string]map[string]struct{}),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
-	mcfg, tcfg, ocfg := cfg.lower(n.bootID, n.log)
+	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
 
 	var err error
 	if n.store, err = outbox.Open(ocfg); err != nil {
 		n.cancel()
 		return nil, fmt.Errorf("node: open outbox: %w", err)
 	}
+	n.in = newInbound(n.store)
+	tcfg.OutboxID = n.store.OutboxID()
 	if n.transport, err = transport.New(tcfg, resolver{n}, receiver{n}); err != nil {
 		n.cancel()
 		_ = n.store.Close()
 		return nil, fmt.Errorf("node: start transport: %w", err)
 	}
-	mcfg.Meta = &pb.NodeMeta{
-		QuicAddr:         n.transport.LocalAddr().String(),
-		BootId:           n.bootID,
-		ProtocolVersions: pb.SupportedVersions(),
-		Cluster:          cfg.Cluster,
-	}
-	mcfg.OnEvent = n.onMemberEvent
-	rcfg := cfg.Relay
-	rcfg.Logger = n.log.With("part", "relay")
 	if n.relay, err = partition.New(rcfg, n.store, deliverer{n}); err != nil {
 		n.cancel()
 		_ = n.transport.Close()
 		_ = n.store.Close()
 		return nil, fmt.Errorf("node: start relay: %w", err)
 	}
-	if n.mesh, err = mesh.New(mcfg); err != nil {
-		n.cancel()
-		_ = n.relay.Close()
-		_ = n.transport.Close()
-		_ = n.store.Close()
-		return nil, fmt.Errorf("node: join cluster: %w", err)
+	return n, nil
+}
+
+// Start joins the cluster and starts delivering reliable messages. It is
+// called once (New calls it); a second call returns nil. ctx bounds the
+// join only as far as it is checked before and after it.
+func (n *Node) Start(ctx context.Context) error {
+	if n.closed.Load() {
+		return ErrClosed
 	}
+	var err error
+	n.startOnce.Do(func() { err = n.start(ctx) })
+	return err
+}
+
+func (n *Node) start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("node: start: %w", err)
+	}
+	mcfg, _, _, _ := n.cfg.lower(n.bootID, n.log)
+	mcfg.Meta = &pb.NodeMeta{
+		QuicAddr:         n.transport.LocalAddr().String(),
+		BootId:           n.bootID,
+		ProtocolVersions: pb.SupportedVersions(),
+		Cluster:          n.cfg.Cluster,
+	}
+	mcfg.OnEvent = n.onMemberEvent
+	m, err := mesh.New(mcfg)
+	if err != nil {
+		return fmt.Errorf("node: join cluster: %w", err)
+	}
+	n.mesh = m
 	if err := n.advertiseQUIC(); err != nil {
-		_ = n.shutdown(false)
-		return nil, err
+		return err
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("node: start: %w", err)
+	}
+	n.startedMs.Store(max(n.store.ElapsedMs(), 1))
 	n.relay.Start()
 	n.wg.Add(1)
 	go n.pruneLoop()
 	n.log.Info("node started", "gossip", n.mesh.GossipAddr(), "quic", n.transport.LocalAddr().String(), "boot", n.bootID)
-	return n, nil
+	return nil
 }
 
 // advertiseQUIC replaces an unspecified QUIC host (0.0.0.0) in the gossip
@@ -157,17 +198,25 @@ func (n *Node) Name() string { return n.name }
 // BootID returns the id of this incarnation of the node.
 func (n *Node) BootID() string { return n.bootID }
 
-// GossipAddr returns the memberlist address others can join.
-func (n *Node) GossipAddr() string { return n.mesh.GossipAddr() }
+// GossipAddr returns the memberlist address others can join ("" before Start).
+func (n *Node) GossipAddr() string {
+	if n.mesh == nil {
+		return ""
+	}
+	return n.mesh.GossipAddr()
+}
 
 // QUICAddr returns the bound QUIC address.
 func (n *Node) QUICAddr() string { return n.transport.LocalAddr().String() }
 
-// Members returns every known member with its state, this node included.
-func (n *Node) Members() []Member { return n.mesh.Members() }
-
-// Outbox returns the durable outbox: Stats, DeadLetters, Replay, Purge.
-func (n *Node) Outbox() *outbox.Store { return n.store }
+// Members returns every known member with its state, this node included
+// (none before Start).
+func (n *Node) Members() []Member {
+	if n.mesh == nil {
+		return nil
+	}
+	return n.mesh.Members()
+}
 
 // Close leaves the cluster gracefully (peers see Left), stops the relay,
 // closes connections, stops the actors and closes the outbox. Messages that
@@ -187,16 +236,22 @@ func (n *Node) shutdown(graceful bool) error {
 		if graceful {
 			// Leave first so peers see Left and stop sending; handlers then see
 			// their context end and in-flight replies may still go out.
-			errs = append(errs, n.mesh.Close())
+			if n.mesh != nil {
+				errs = append(errs, n.mesh.Close())
+			}
 			n.cancel()
 			errs = append(errs, n.relay.Close())
 			errs = append(errs, n.transport.Close())
 		} else {
-			// A crash: the network goes first, so nothing more leaves the node.
-			errs = append(errs, n.mesh.Kill())
+			// A crash: nothing more is decided or recorded (the relay stops
+			// first, so a dying connection is not judged), and nothing more
+			// leaves the node.
+			errs = append(errs, n.relay.Close())
+			if n.mesh != nil {
+				errs = append(errs, n.mesh.Kill())
+			}
 			errs = append(errs, n.transport.Close())
 			n.cancel()
-			errs = append(errs, n.relay.Close())
 		}
 		n.actorsMu.Lock()
 		actors := n.actors
@@ -206,6 +261,7 @@ func (n *Node) shutdown(graceful bool) error {
 			a.mb.Close()
 		}
 		n.wg.Wait()
+		n.in.wg.Wait()
 		errs = append(errs, n.store.Close())
 		n.log.Info("node stopped", "graceful", graceful)
 	})
@@ -215,7 +271,8 @@ func (n *Node) shutdown(graceful bool) error {
 	return nil
 }
 
-// pruneLoop drops early responses and waiters that outlived their TTL.
+// pruneLoop drops early responses and waiters that outlived their TTL, and
+// forgets cached stream watermarks nobody used for a while.
 func (n *Node) pruneLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.AskResponseTTL / 2)
@@ -226,9 +283,14 @@ func (n *Node) pruneLoop() {
 			return
 		case now := <-t.C:
 			n.responses.Prune(now)
+			n.in.evictIdle(streamCacheIdle.Milliseconds())
 		}
 	}
 }
+
+// streamCacheIdle: a stream's watermark stays cached this long after its
+// last message; after that it is read from the store again.
+const streamCacheIdle = 10 * time.Minute
 
 // onMemberEvent runs on mesh's dispatcher goroutine.
 func (n *Node) onMemberEvent(ev mesh.Event) {
@@ -240,6 +302,9 @@ func (n *Node) onMemberEvent(ev mesh.Event) {
 	case mesh.EventDead, mesh.EventLeft:
 		n.transport.ClosePeer(name, "peer "+ev.Kind.String())
 		n.failAsks(name, "peer "+ev.Kind.String())
+		if ev.Kind == mesh.EventLeft {
+			n.relay.ForgetPeer(name)
+		}
 	case mesh.EventRestart:
 		n.transport.ClosePeer(name, "peer restarted")
 		n.failAsks(name, "peer restarted")

@@ -3,7 +3,6 @@ package node
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -12,14 +11,11 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// errChainBroken refuses a chained reliable message whose predecessor failed.
-var errChainBroken = errors.New("node: skipped: predecessor in batch failed")
-
 // resolver gives the transport QUIC addresses from membership.
 type resolver struct{ n *Node }
 
 func (r resolver) Resolve(name string) (string, error) {
-	if r.n.mesh == nil { // during New, before membership exists
+	if r.n.mesh == nil { // before Start, membership does not exist yet
 		return "", transport.ErrUnreachable
 	}
 	return r.n.mesh.Resolve(name)
@@ -30,81 +26,122 @@ func (r resolver) Resolve(name string) (string, error) {
 type receiver struct{ n *Node }
 
 func (r receiver) HandleEnvelope(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-	r.n.deliverIncoming(from.Name, env, reply)
+	r.n.deliverIncoming(from, env, reply)
 }
 
-// deliverIncoming routes an envelope that arrived from senderNode (possibly
-// this node, for the outbox's local deliveries) to its actor.
-func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*pb.Receipt)) {
+// self is the PeerInfo of this node, for its own local deliveries.
+func (n *Node) self() transport.PeerInfo {
+	return transport.PeerInfo{Name: n.name, BootID: n.bootID, OutboxID: n.store.OutboxID()}
+}
+
+// deliverIncoming routes an envelope that arrived from the verified peer
+// from (possibly this node, for local deliveries) to its actor. Decisions
+// about a reliable message's order and duplicates are not taken here but
+// by the actor when it takes the message (see actor.handleStream); the one
+// exception is a copy at or below the durable watermark, which is answered
+// DUPLICATE at once (a watermark only grows).
+func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 	kind := env.GetRpc().GetKind()
 	if kind == pb.RpcMeta_RESPONSE {
 		n.responses.Deliver(env)
 		return
 	}
-	receipt := func(code pb.Receipt_Code, msg string, retry time.Duration) {
+	arrival := n.store.ElapsedMs()
+	receipt := func(code pb.Receipt_Code, msg string, retry time.Duration, w uint64) {
 		if reply != nil {
-			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds()})
+			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
+	}
+	refuse := func(code pb.Receipt_Code, err error) {
+		receipt(code, err.Error(), 0, 0)
+		if kind == pb.RpcMeta_REQUEST {
+			n.respond(env, nil, err)
+		}
+	}
+	if env.GetOrigin() != nil {
+		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
+		return
+	}
+	stream := reply != nil
+	if stream && (env.GetSequence() == 0 || env.GetReceipt() != pb.Envelope_RECEIPT_PROCESSED) {
+		// Only stream messages ask for receipts, and only for processed
+		// ones: an ACCEPTED receipt would let the sender ack before the
+		// outcome is known.
+		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: a message asking for a receipt must be a stream message asking for a processed receipt")))
+		return
 	}
 	to, _ := parseLoose(env.GetRecipient())
 	a := n.actor(to.Actor)
 	if to.Node != n.name || a == nil {
 		n.stats.noSuchActor.Add(1)
-		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), 0)
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)
 		if kind == pb.RpcMeta_REQUEST {
 			n.respond(env, nil, ErrNoSuchActor)
 		}
 		return
 	}
-	if expired(env, time.Now()) {
+	if env.GetTtlMs() < 0 {
 		n.stats.expired.Add(1)
-		if reply != nil {
-			a.markFailed(&delivery{env: env, senderNode: senderNode})
+		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0, 0)
+		return
+	}
+	d := &delivery{env: env, senderNode: from.Name, receipt: reply, remoteAsk: kind == pb.RpcMeta_REQUEST}
+	if t := env.GetTtlMs(); t > 0 {
+		d.deadlineMs = arrival + t
+	}
+	if stream {
+		if len(env.GetIdempotencyKey()) > MaxIdempotencyKey {
+			receipt(pb.Receipt_REJECTED, fmt.Sprintf("idempotency key of %d bytes (max %d)", len(env.GetIdempotencyKey()), MaxIdempotencyKey), 0, 0)
+			return
 		}
-		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0)
-		return
-	}
-	if reply != nil && len(env.GetIdempotencyKey()) > MaxIdempotencyKey {
-		a.markFailed(&delivery{env: env, senderNode: senderNode})
-		receipt(pb.Receipt_REJECTED, fmt.Sprintf("idempotency key of %d bytes (max %d)", len(env.GetIdempotencyKey()), MaxIdempotencyKey), 0)
-		return
-	}
-	if reply != nil {
-		if scope, k := dedupeKey(senderNode, env); n.store.Seen(scope, k) {
-			receipt(pb.Receipt_DUPLICATE, "", 0)
+		d.stream = StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
+		st, err := n.in.get(d.stream)
+		if err != nil {
+			// The store is closing: nobody's verdict; the sender waits.
+			receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
+			return
+		}
+		if w := st.durable.Load(); env.GetSequence() <= w {
+			n.stats.duplicates.Add(1)
+			receipt(pb.Receipt_DUPLICATE, "", 0, w)
 			return
 		}
 	}
-	// RECEIPT_ACCEPTED: the sender only wants to know it is queued, so the
-	// handler's outcome is not reported (decided before the actor sees d).
-	acceptedOnly := reply != nil && env.GetReceipt() == pb.Envelope_RECEIPT_ACCEPTED
-	d := &delivery{env: env, senderNode: senderNode, receipt: reply, remoteAsk: kind == pb.RpcMeta_REQUEST}
-	if acceptedOnly {
-		d.receipt = nil
-	}
 	err := a.post(d)
 	if err == nil {
-		if acceptedOnly {
-			receipt(pb.Receipt_ACCEPTED, "", 0)
-		}
 		return
 	}
 	var ce *CapacityError
 	switch {
-	case errors.Is(err, errChainBroken):
-		receipt(pb.Receipt_TRANSIENT, err.Error(), 0)
 	case errors.As(err, &ce):
 		n.stats.remoteFull.Add(1)
-		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter)
+		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
 		if d.remoteAsk {
 			n.respond(env, nil, err)
 		}
 	default:
-		receipt(pb.Receipt_TRANSIENT, err.Error(), 0)
+		// The mailbox is closed: the actor is stopping, or the node. Not
+		// the message's fault, so not a verdict: the sender waits.
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "actor "+to.Actor+" is stopping", time.Second, 0)
 		if d.remoteAsk {
 			n.respond(env, nil, err)
 		}
 	}
+}
+
+// spawnGraceLeft is the retry hint of a NO_SUCH_ACTOR receipt: positive
+// while this node is within its SpawnGrace (its application may still
+// spawn the actor, so the sender defers without counting), zero after.
+func (n *Node) spawnGraceLeft() time.Duration {
+	started := n.startedMs.Load()
+	if started == 0 {
+		return time.Second // not started yet: well within the grace
+	}
+	left := time.Duration(started+n.cfg.SpawnGrace.Milliseconds()-n.store.ElapsedMs()) * time.Millisecond
+	if left <= 0 {
+		return 0
+	}
+	return min(left, time.Second)
 }
 
 // respond sends the RESPONSE to a remote REQUEST: the reply, or the error
@@ -112,8 +149,8 @@ func (n *Node) deliverIncoming(senderNode string, env *pb.Envelope, reply func(*
 // asker's deadline.
 func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
 	replyTo, _ := parseLoose(req.GetRpc().GetReplyTo())
-	if replyTo.Node == "" || expired(req, time.Now()) {
-		return // nobody waits for it any more
+	if replyTo.Node == "" {
+		return // nobody waits for it
 	}
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
@@ -140,63 +177,4 @@ func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
 	if err := n.transport.Send(n.ctx, replyTo.Node, env); err != nil {
 		n.log.Debug("response not sent", "to", replyTo.Node, "err", err)
 	}
-}
-
-// finishReliable answers a reliable message after its handler returned.
-// On success the idempotency key is recorded before PROCESSED is sent
-// (rule 6: never before the handler succeeded), asynchronously so the actor
-// can go on with its next message while the key waits for its group commit
-// (concurrent commits share one fsync). RecordAsync makes the key pending at
-// once: a copy that arrives before the commit is a duplicate (seen), not a
-// second run of the handler. The receipt is sent from the store's committer
-// after the commit; sending a receipt never blocks.
-func (n *Node) finishReliable(a *actor, d *delivery, herr error) {
-	id := d.env.GetMsgId()
-	if herr != nil {
-		a.markFailed(d)
-		rc := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}
-		var ce *CapacityError
-		switch {
-		case mailbox.IsPermanent(herr):
-			rc.Code = pb.Receipt_REJECTED
-		case errors.As(herr, &ce):
-			// A handler that is itself full (a bounded store behind it) is
-			// congestion, not poison: the sender backs off without counting.
-			rc.Code, rc.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
-		}
-		d.receipt(rc)
-		return
-	}
-	scope, k := dedupeKey(d.senderNode, d.env)
-	if k == "" {
-		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
-		return
-	}
-	n.store.RecordAsync(scope, k, func(err error) {
-		if err != nil {
-			// The handler ran, but the key is not durable: say transient so
-			// the sender retries (what is chained behind it waits for that).
-			a.markFailed(d)
-			d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: "record idempotency key: " + err.Error()})
-			return
-		}
-		d.receipt(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
-	})
-}
-
-// dedupeKey names a reliable message in the receiver's dedupe window. Keys
-// are scoped by sender node and recipient actor, so one key used for many
-// recipients (Dispatch) takes effect once per recipient. An OVERWRITE key
-// names a stream of versions, not one message: each version (sequence) is
-// its own logical message, or the second heartbeat would be a "duplicate".
-func dedupeKey(senderNode string, env *pb.Envelope) (scope, key string) {
-	key = env.GetIdempotencyKey()
-	if key == "" {
-		return "", ""
-	}
-	if env.GetConflict() == pb.Envelope_OVERWRITE {
-		key += "#" + strconv.FormatUint(env.GetSequence(), 10)
-	}
-	to, _ := parseLoose(env.GetRecipient())
-	return senderNode + ">" + to.Actor, key
 }

@@ -2,12 +2,16 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
+	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -20,6 +24,10 @@ const (
 	Delivered Outcome = iota + 1
 	// Queued: fsynced in the local outbox; the relay delivers it later.
 	Queued
+	// DeadLettered: the direct attempt got a final verdict — the handler
+	// refused the message as poison (Permanent), or its TTL ran out on the
+	// way. It is in the dead-letter queue with the reason; it will not run.
+	DeadLettered
 )
 
 func (o Outcome) String() string {
@@ -28,6 +36,8 @@ func (o Outcome) String() string {
 		return "Delivered"
 	case Queued:
 		return "Queued"
+	case DeadLettered:
+		return "DeadLettered"
 	}
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
@@ -37,25 +47,39 @@ type SendOption func(*sendOptions)
 
 type sendOptions struct {
 	key       string
-	overwrite bool
+	coalesce  string
 	ttl       time.Duration
+	ttlSet    bool
 	headers   map[string]string
 	msgType   string
+	noDirect  bool
+	badOption error
 }
 
-// WithIdempotencyKey gives the message a key: the receiver processes a key
-// once within its dedupe window, so retries and replays take effect once.
+// WithIdempotencyKey gives the message the application's own key, for the
+// application's retries (a second call after a crash, say): the receiver
+// runs a key once per (sender node, recipient) within its key window
+// (24 h by default), on disk. Retries of one TellReliable call need no key:
+// the stream's watermark makes them take effect once.
 func WithIdempotencyKey(key string) SendOption { return func(o *sendOptions) { o.key = key } }
 
-// WithOverwrite coalesces: a waiting message to the same recipient with the
-// same key is replaced by this newer one (heartbeats, latest state).
-func WithOverwrite(key string) SendOption {
-	return func(o *sendOptions) { o.key, o.overwrite = key, true }
+// WithOverwrite coalesces: a message waiting in the outbox for the same
+// recipient with the same coalesce key is replaced by this newer one
+// (heartbeats, latest state). An older version never replaces a newer one,
+// and a receiver never runs an older version after a newer one. It is
+// independent of WithIdempotencyKey.
+func WithOverwrite(coalesceKey string) SendOption {
+	return func(o *sendOptions) { o.coalesce = coalesceKey }
 }
 
-// WithTTL makes the message expire: it is never delivered after ttl and goes
-// to the dead-letter queue with reason "expired".
-func WithTTL(ttl time.Duration) SendOption { return func(o *sendOptions) { o.ttl = ttl } }
+// WithTTL makes the message expire: it is never processed after ttl and
+// goes to the dead-letter queue with reason "expired". The TTL is measured
+// by each side on its own clock (the time left travels with the message),
+// so it works between nodes whose wall clocks disagree. It must be positive
+// and at most the outbox's retention limit (23 days by default).
+func WithTTL(ttl time.Duration) SendOption {
+	return func(o *sendOptions) { o.ttl, o.ttlSet = ttl, true }
+}
 
 // WithHeaders adds application headers.
 func WithHeaders(h map[string]string) SendOption {
@@ -65,20 +89,23 @@ func WithHeaders(h map[string]string) SendOption {
 // WithType sets the envelope's application type string.
 func WithType(t string) SendOption { return func(o *sendOptions) { o.msgType = t } }
 
-// DirectAttemptTimeout bounds TellReliable's direct attempt; past it the
-// message goes to the outbox (a slow handler does not hold the caller).
-const DirectAttemptTimeout = 2 * time.Second
-
-// TellReliable delivers msg at least once (exactly-once effect with a key).
-// If the peer is alive and nothing waits in the outbox for the recipient,
-// it tries a direct delivery and returns Delivered when the handler
-// succeeded. Otherwise, or when that attempt fails, it stores the message in
-// the outbox and returns Queued once it is fsynced. A direct attempt that the
-// handler refused as poison (Permanent) or that arrived expired is stored in
-// the dead-letter queue instead, also Queued, and not run again. A context
-// that is done before the call stores nothing; once storing has begun it is
-// finished regardless. It returns an error only when the message could not
-// be stored either; then nothing was stored.
+// TellReliable delivers msg at least once, with an exactly-once effect per
+// stream: the receiver keeps a durable watermark of what it ran from this
+// node's outbox, so retries, redeliveries and copies never run twice (see
+// the package doc for the one crash window) and run in the order they were
+// sent.
+//
+// If the peer is alive and nothing of the stream is waiting or in flight,
+// it makes one direct attempt (bounded by the relay's DirectTimeout) and
+// returns Delivered when the handler succeeded, or DeadLettered when it
+// refused the message as poison or its TTL ran out. Otherwise, or when that
+// attempt has no final verdict, it stores the message and returns Queued
+// once it is fsynced; the relay delivers it later, paced by the peer's AIMD
+// limit. A message too large for the wire is refused with ErrTooLarge
+// before anything is stored. A context that is done before the call stores
+// nothing; once storing has begun it is finished regardless. It returns an
+// error only when the message could not be stored either; then nothing was
+// stored.
 func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, opts ...SendOption) (Outcome, error) {
 	if n.closed.Load() {
 		return 0, ErrClosed
@@ -93,83 +120,41 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 	if err != nil {
 		return 0, err
 	}
-	env, err := n.reliableEnvelope(to, body, opts)
+	o := n.sendOptions(opts)
+	sm, err := n.reliableMessage(to, body, &o)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
 	}
-	// Rule 1 needs no lock: Pending counts every committed message until its
-	// ack, so a call that starts after another returned Queued sees it and
-	// goes behind it; calls that overlap in time have no order to keep. Not
-	// holding a lock across the fsync lets concurrent senders share commits.
-	var refused *pb.Receipt
-	if n.store.Pending(env.GetRecipient()) == 0 && n.alive(to.Node) {
-		rc := n.tryDirect(ctx, to, env)
-		switch rc.GetCode() {
-		case pb.Receipt_PROCESSED, pb.Receipt_DUPLICATE:
-			return Delivered, nil
-		case pb.Receipt_REJECTED, pb.Receipt_EXPIRED:
-			refused = rc
-		}
-	}
-	// From here on the message is stored whatever the caller's context does:
-	// a direct copy may already wait in the peer's mailbox, so an error now
-	// would report a message that can still take effect as not sent.
-	sctx := context.WithoutCancel(ctx)
-	if refused != nil {
-		// The handler refused it as poison (or it expired on the way): it
-		// goes to the dead-letter queue, not through the relay to run again.
-		reason := "expired"
-		if refused.GetCode() == pb.Receipt_REJECTED {
-			reason = "rejected: " + refused.GetMessage()
-		}
-		err = n.store.DeadLetter(sctx, env, reason)
-	} else {
-		err = n.store.Enqueue(sctx, env)
-	}
+	n.warnUnknown(to.Node)
+	res, err := n.relay.Send(ctx, sm, !o.noDirect)
 	if err != nil {
 		n.stats.reliableFailed.Add(1)
-		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
+		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, n.mapRelayErr(err))
+	}
+	switch res.Outcome {
+	case partition.Delivered:
+		n.stats.reliableDirect.Add(1)
+		return Delivered, nil
+	case partition.DeadLettered:
+		n.stats.reliableDead.Add(1)
+		return DeadLettered, nil
 	}
 	n.stats.reliableQueued.Add(1)
 	return Queued, nil
 }
 
-// tryDirect makes one direct attempt and returns its receipt (nil when none
-// came back in time). The attempt sends a copy with its own msg id: the
-// stored envelope stays the caller's, and a late receipt of this attempt
-// cannot be taken for one of a later attempt.
-func (n *Node) tryDirect(ctx context.Context, to Address, env *pb.Envelope) *pb.Receipt {
-	dctx, cancel := context.WithTimeout(ctx, DirectAttemptTimeout)
-	defer cancel()
-	attempt := proto.CloneOf(env)
-	attempt.MsgId = mailbox.NewID()
-	attempt.Attempt = 1
-	var rc *pb.Receipt
-	if to.Node == n.name {
-		rcs, _ := n.deliverLocal(dctx, []*pb.Envelope{attempt})
-		rc = rcs[0]
-	} else {
-		rc, _ = n.transport.Request(dctx, to.Node, attempt)
-	}
-	switch rc.GetCode() {
-	case pb.Receipt_PROCESSED, pb.Receipt_DUPLICATE:
-		n.store.Limiter(to.Node).OnSuccess()
-		n.stats.reliableDirect.Add(1)
-	case pb.Receipt_CAPACITY:
-		n.store.Limiter(to.Node).OnCapacity()
-	}
-	return rc
-}
-
 // DispatchResult counts a fan-out's outcome per target.
 type DispatchResult struct {
 	Accepted int              // stored in the outbox (fsynced)
-	Rejected int              // refused (bad address, expired, store error)
+	Rejected int              // refused (bad address, too large, store error)
 	Errors   map[string]error // why, per refused target
 }
 
-// Dispatch sends msg to many recipients through the outbox in one commit and
-// returns how many were accepted and rejected (the seed's DispatchWithTargets).
+// Dispatch sends msg to many recipients through the outbox (no direct
+// attempt) and returns how many were accepted and rejected: the fan-out of
+// waves and thundering herds. Each target gets its own message in its own
+// stream; the commits are bounded in bytes, so a large body to many
+// targets is stored in several transactions.
 func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Message, opts ...SendOption) (DispatchResult, error) {
 	if n.closed.Load() {
 		return DispatchResult{}, ErrClosed
@@ -177,29 +162,34 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 	if err := ctx.Err(); err != nil {
 		return DispatchResult{}, fmt.Errorf("node: dispatch: %w", err)
 	}
-	body, err := packBody(msg) // once: every envelope shares the read-only body
+	body, err := packBody(msg) // once: every message shares the read-only body
 	if err != nil {
 		return DispatchResult{}, err
 	}
+	o := n.sendOptions(opts)
+	if o.badOption != nil {
+		return DispatchResult{}, fmt.Errorf("node: dispatch: %w", o.badOption)
+	}
 	res := DispatchResult{Errors: map[string]error{}}
-	envs := make([]*pb.Envelope, 0, len(targets))
+	sms := make([]*pb.StoredMessage, 0, len(targets))
 	for _, t := range targets {
 		if err := t.Validate(); err != nil {
 			res.Rejected++
 			res.Errors[t.String()] = err
 			continue
 		}
-		env, err := n.reliableEnvelope(t, body, opts)
-		if err != nil {
-			return DispatchResult{}, err
-		}
-		envs = append(envs, env)
-	}
-	// Like TellReliable, a commit that started is waited for (see there).
-	for i, err := range n.store.EnqueueBatch(context.WithoutCancel(ctx), envs) {
+		sm, err := n.reliableMessage(t, body, &o)
 		if err != nil {
 			res.Rejected++
-			res.Errors[envs[i].GetRecipient()] = err
+			res.Errors[t.String()] = err
+			continue
+		}
+		sms = append(sms, sm)
+	}
+	for i, err := range n.relay.Store(ctx, sms) {
+		if err != nil {
+			res.Rejected++
+			res.Errors[sms[i].GetEnvelope().GetRecipient()] = n.mapRelayErr(err)
 			continue
 		}
 		res.Accepted++
@@ -208,38 +198,83 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 	return res, nil
 }
 
-// MaxIdempotencyKey is the longest idempotency key accepted, in bytes.
+// MaxIdempotencyKey is the longest idempotency or coalesce key accepted, in bytes.
 const MaxIdempotencyKey = 1024
 
-func (n *Node) reliableEnvelope(to Address, body *anypb.Any, opts []SendOption) (*pb.Envelope, error) {
+func (n *Node) sendOptions(opts []SendOption) sendOptions {
 	var o sendOptions
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if len(o.key) > MaxIdempotencyKey {
-		return nil, fmt.Errorf("node: idempotency key of %d bytes (max %d): %w", len(o.key), MaxIdempotencyKey, ErrBadKey)
+	switch {
+	case len(o.key) > MaxIdempotencyKey:
+		o.badOption = fmt.Errorf("idempotency key of %d bytes (max %d): %w", len(o.key), MaxIdempotencyKey, ErrBadKey)
+	case len(o.coalesce) > MaxIdempotencyKey:
+		o.badOption = fmt.Errorf("coalesce key of %d bytes (max %d): %w", len(o.coalesce), MaxIdempotencyKey, ErrBadKey)
+	case o.ttlSet && o.ttl <= 0:
+		o.badOption = fmt.Errorf("TTL %v: %w: it must be positive", o.ttl, ErrBadOption)
+	case o.ttl > n.store.Config().MaxAge():
+		o.badOption = fmt.Errorf("TTL %v: %w: a message waits at most %v", o.ttl, ErrBadOption, n.store.Config().MaxAge())
 	}
-	env := n.envelope(to, pb.RpcMeta_EVENT)
-	env.Body = body
-	env.Type = o.msgType
-	env.Headers = o.headers
-	env.Receipt = pb.Envelope_RECEIPT_PROCESSED
-	env.Sequence = n.store.NextSequence()
-	env.IdempotencyKey = o.key
-	if env.IdempotencyKey == "" {
-		// Stays the same across retries, since the stored envelope carries it.
-		env.IdempotencyKey = "auto:" + env.GetMsgId()
-	}
-	if o.overwrite {
-		env.Conflict = pb.Envelope_OVERWRITE
-	}
-	if o.ttl > 0 {
-		env.ExpiresAtUnixMs = time.Now().Add(o.ttl).UnixMilli()
-	}
-	return env, nil
+	return o
 }
 
-func (n *Node) alive(peer string) bool { return peer == n.name || n.mesh.Alive(peer) }
+// reliableMessage builds the stored form of a reliable message to to.
+func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb.StoredMessage, error) {
+	if o.badOption != nil {
+		return nil, o.badOption
+	}
+	now := time.Now()
+	env := &pb.Envelope{
+		ProtocolVersion: pb.ProtocolVersion,
+		MsgId:           mailbox.NewID(),
+		IdempotencyKey:  o.key,
+		Sender:          Address{Node: n.name}.String(),
+		Recipient:       to.String(),
+		CreatedAtUnixMs: now.UnixMilli(),
+		Type:            o.msgType,
+		Headers:         o.headers,
+		Body:            body,
+		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_EVENT},
+		Receipt:         pb.Envelope_RECEIPT_PROCESSED,
+		TtlMs:           o.ttl.Milliseconds(),
+	}
+	if o.coalesce != "" {
+		env.Conflict, env.CoalesceKey = pb.Envelope_OVERWRITE, o.coalesce
+	}
+	if err := n.transport.CheckSize(env); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+	}
+	return &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}, nil
+}
+
+// warnUnknown logs a reliable send to a node no member has ever seen: it
+// waits until that node joins or the message's age runs out (a typo in a
+// node name would otherwise queue silently).
+func (n *Node) warnUnknown(peer string) {
+	if peer == n.name || n.mesh == nil || n.mesh.Alive(peer) {
+		return
+	}
+	for _, m := range n.mesh.Members() {
+		if m.Name == peer {
+			return
+		}
+	}
+	n.stats.unknownPeer.Add(1)
+	n.log.Warn("reliable message queued for a node no member has seen; it waits until that node joins, or is dropped with the outbox's drop command",
+		"peer", peer)
+}
+
+func (n *Node) mapRelayErr(err error) error {
+	if errors.Is(err, partition.ErrClosed) || errors.Is(err, outbox.ErrClosed) {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return err
+}
+
+func (n *Node) alive(peer string) bool {
+	return peer == n.name || (n.mesh != nil && n.mesh.Alive(peer))
+}
 
 // deliverer is the relay's view of the network.
 type deliverer struct{ n *Node }
@@ -251,7 +286,14 @@ func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope
 		return d.n.deliverLocal(ctx, msgs)
 	}
 	rcs, err := d.n.transport.RequestBatch(ctx, peer, msgs)
-	if err != nil {
+	var ee *transport.EncodeError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		err = errors.Join(&partition.UnsendableError{Errs: ee.Errs}, err)
+	case errors.Is(err, transport.ErrQueueFull):
+		err = fmt.Errorf("%w: %w", partition.ErrCongested, err)
+	default:
 		err = d.n.mapSendErr(err)
 	}
 	return rcs, err
@@ -265,8 +307,9 @@ func (n *Node) deliverLocal(ctx context.Context, msgs []*pb.Envelope) ([]*pb.Rec
 		rc *pb.Receipt
 	}
 	ch := make(chan indexed, len(msgs)) // buffered: late receipts never block an actor
+	self := n.self()
 	for i, env := range msgs {
-		n.deliverIncoming(n.name, env, func(rc *pb.Receipt) { ch <- indexed{i, rc} })
+		n.deliverIncoming(self, env, func(rc *pb.Receipt) { ch <- indexed{i, rc} })
 	}
 	out := make([]*pb.Receipt, len(msgs))
 	for got := 0; got < len(msgs); got++ {

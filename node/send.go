@@ -77,9 +77,6 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 	}
 	if to.Node == n.name {
 		env := n.envelope(to, pb.RpcMeta_REQUEST)
-		if dl, ok := ctx.Deadline(); ok {
-			env.ExpiresAtUnixMs = dl.UnixMilli()
-		}
 		return n.askLocal(ctx, to, env, req, resp)
 	}
 	// The envelope is pooled: the transport has encoded it when Send
@@ -91,7 +88,8 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 	}
 	env := &o.env
 	if dl, ok := ctx.Deadline(); ok {
-		env.ExpiresAtUnixMs = dl.UnixMilli()
+		// The time left, not the deadline: the two clocks need not agree.
+		env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
 	}
 	corr := env.GetMsgId()
 	o.rpc.CorrelationId = corr
@@ -142,7 +140,11 @@ func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, 
 		return fmt.Errorf("node: ask %s: %w", to, ErrNoSuchActor)
 	}
 	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
-	if err := a.post(&delivery{env: env, body: req, senderNode: n.name, replyCh: ch}); err != nil {
+	d := &delivery{env: env, body: req, senderNode: n.name, replyCh: ch}
+	if dl, ok := ctx.Deadline(); ok {
+		d.deadlineMs = n.store.ElapsedMs() + max(time.Until(dl).Milliseconds(), 1)
+	}
+	if err := a.post(d); err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	select {

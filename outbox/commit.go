@@ -18,60 +18,74 @@ const (
 	opAck
 	opFail
 	opExpire
-	opRecord
+	opReserve
+	opStream
 	opReplay
 	opPurge
 	opDeadLetter
+	opDefer
+	opEpoch
+	opDrop
+	opCheckpoint
 )
 
 func (k opKind) String() string {
-	return [...]string{"enqueue", "ack", "fail", "expire", "record", "replay", "purge", "dead-letter"}[k]
+	return [...]string{"enqueue", "ack", "fail", "expire", "reserve", "stream", "replay", "purge",
+		"dead-letter", "defer", "epoch", "drop", "checkpoint"}[k]
 }
 
 // op is one caller's request to the committer. The committer fills the
-// result fields and closes done after the transaction committed.
+// result fields and closes done (or calls async) after the transaction
+// committed.
 type op struct {
 	kind      opKind
-	envs      []*pb.Envelope // opEnqueue
-	recipient string         // opAck, opFail, opExpire
-	seqs      []uint64       // opAck, opExpire; opFail uses seqs[0]
-	failure   Failure        // opFail
-	key       string         // opRecord: sender\x00key
-	filter    DLQFilter      // opReplay, opPurge
-	async     func(error)    // opRecord by RecordAsync: called after the commit instead of closing done
+	msgs      []*pb.StoredMessage // opEnqueue, opDeadLetter
+	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop
+	seqs      []uint64            // opAck, opExpire, opReplay (new sequences); opFail uses seqs[0]
+	seq       uint64              // opReserve: new high-water; opEpoch: the epoch
+	at        int64               // opDefer: send_at (elapsed ms)
+	failure   Failure             // opFail
+	reason    string              // opExpire, opDeadLetter, opDrop
+	ids       [][]byte            // opReplay, opPurge: dead-letter keys
+	replayTTL int64               // opReplay: TTL override in ms (-1 = keep)
+	stream    *StreamCommit       // opStream
+	async     func(error)         // called after the commit instead of closing done
 
 	err     error    // whole-op result
-	results []Result // opEnqueue: per envelope
-	errs    []error  // opEnqueue: per envelope
-	n       int      // opReplay, opPurge: records affected
+	results []Result // opEnqueue: per message
+	errs    []error  // opEnqueue: per message
+	n       int      // opReplay, opPurge, opDrop, opExpire: records affected
+	skipped int      // opReplay: dead letters refused (superseded, unroutable)
 	dead    bool     // opFail: went to the DLQ
+	more    bool     // opDrop: records remain
 	done    chan struct{}
 }
 
 func (o *op) weight() int {
-	return max(1, len(o.envs), len(o.seqs))
+	return max(1, len(o.msgs), len(o.seqs), len(o.ids))
 }
 
 // qdelta is what one batch did to one recipient's queue.
 type qdelta struct {
-	count    int
-	sendAt   int64 // 0 = leave as is
-	empty    bool  // queue empty after the batch
-	headSeq  uint64
-	oldestMs int64
-	enqueued bool // wake the relay
+	count     int
+	sendAt    int64  // in-memory send_at to set (0 = leave as is)
+	persistAt bool   // write sendAt into the stream record
+	epoch     uint64 // with setEpoch: write it into the stream record
+	setEpoch  bool
+	highWater uint64 // highest sequence stored by this batch
+	empty     bool   // queue empty after the batch
+	headSeq   uint64
+	oldestMs  int64
+	enqueued  bool // wake the relay
 }
 
 // batch accumulates the in-memory effects of one transaction; they are
 // applied only after it committed.
 type batch struct {
-	now      time.Time
 	nowMs    int64
+	wallMs   int64
 	q        map[string]*qdelta
 	dlq      int
-	dedupe   map[string]int64
-	pruned   []string
-	pruneRan bool
 	counters struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 }
 
@@ -95,10 +109,16 @@ func (s *Store) run() {
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
+	idle := time.NewTimer(s.cfg.CheckpointInterval)
+	defer idle.Stop()
 	for {
 		var first *op
 		select {
 		case first = <-s.ops:
+		case <-idle.C:
+			// Nothing committed for a while: persist the elapsed clock so a
+			// crash does not lose the time the store was idle.
+			first = &op{kind: opCheckpoint, async: func(error) {}}
 		case <-s.closing:
 			// Commit what callers already handed over, then stop.
 			for {
@@ -111,9 +131,9 @@ func (s *Store) run() {
 		}
 		buf, n := s.gather(append(buf[:0], first), first.weight())
 		// Linger: the callers the last commit released are likely to come
-		// straight back (a sender loop, an actor recording its next key).
-		// Waiting a little for them lets one fsync carry all the callers
-		// instead of alternating between two half batches.
+		// straight back (a sender loop, an actor committing its next
+		// watermark). Waiting a little for them lets one fsync carry all
+		// the callers instead of alternating between two half batches.
 		// want estimates the concurrent callers: those released plus those
 		// that queued up during the last commit.
 		if want := released + backlog; s.cfg.CommitLinger > 0 && len(buf) < want && n < s.cfg.MaxBatch {
@@ -141,6 +161,13 @@ func (s *Store) run() {
 		s.commit(buf)
 		backlog = len(s.ops)
 		clear(buf)
+		if !idle.Stop() {
+			select {
+			case <-idle.C:
+			default:
+			}
+		}
+		idle.Reset(s.cfg.CheckpointInterval)
 	}
 }
 
@@ -161,37 +188,20 @@ func (s *Store) gather(buf []*op, n int) ([]*op, int) {
 
 // commit applies ops in one transaction.
 func (s *Store) commit(ops []*op) {
-	now := s.cfg.Now()
-	b := &batch{now: now, nowMs: now.UnixMilli(), q: make(map[string]*qdelta)}
+	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		for _, o := range ops {
 			if err := s.apply(tx, b, o); err != nil {
 				return fmt.Errorf("%s: %w", o.kind, err)
 			}
 		}
-		if err := s.pruneDedupe(tx, b); err != nil {
+		if err := s.housekeep(tx, b); err != nil {
 			return err
 		}
-		q := tx.Bucket(bucketQueues)
-		for r, d := range b.q {
-			qb := q.Bucket([]byte(r))
-			var k, v []byte
-			if qb != nil {
-				k, v = qb.Cursor().First()
-			}
-			if k == nil {
-				d.empty = true
-				if qb != nil {
-					if err := q.DeleteBucket([]byte(r)); err != nil {
-						return fmt.Errorf("drop empty queue %s: %w", r, err)
-					}
-				}
-				continue
-			}
-			d.headSeq = binary.BigEndian.Uint64(k)
-			d.oldestMs = enqueuedMs(v)
+		if err := s.finishQueues(tx, b); err != nil {
+			return err
 		}
-		return tx.Bucket(bucketMeta).Put(keySeqHigh, u64(s.seq.Load()))
+		return tx.Bucket(bucketMeta).Put(keyClock, s.clock.checkpoint())
 	})
 	if err != nil {
 		err = fmt.Errorf("outbox: commit: %w", err)
@@ -202,13 +212,13 @@ func (s *Store) commit(ops []*op) {
 				o.errs[i] = err
 			}
 		}
-		s.forgetPending(ops)
+		s.forgetPendingKeys(ops)
 		s.finish(ops)
 		return
 	}
 	s.fsyncs.Add(1)
 	s.applyEffects(b)
-	s.forgetPending(ops)
+	s.forgetPendingKeys(ops)
 	s.finish(ops)
 	if f := s.onEnqueue.Load(); f != nil {
 		for r, d := range b.q {
@@ -219,8 +229,75 @@ func (s *Store) commit(ops []*op) {
 	}
 }
 
-// finish releases the callers of ops: it closes done, or calls the
-// RecordAsync callback.
+// finishQueues reads each touched queue's new head, drops emptied queue
+// buckets and writes the stream records the batch changed.
+func (s *Store) finishQueues(tx *bolt.Tx, b *batch) error {
+	q, out := tx.Bucket(bucketQueues), tx.Bucket(bucketOut)
+	for r, d := range b.q {
+		name := []byte(r)
+		qb := q.Bucket(name)
+		var k, v []byte
+		if qb != nil {
+			k, v = qb.Cursor().First()
+		}
+		if k == nil {
+			d.empty = true
+			if qb != nil {
+				if err := q.DeleteBucket(name); err != nil {
+					return fmt.Errorf("drop empty queue %s: %w", r, err)
+				}
+			}
+		} else {
+			d.headSeq, d.oldestMs = seqOf(k), createdMs(v)
+		}
+		if d.highWater == 0 && !d.persistAt && !d.setEpoch && !d.empty {
+			continue
+		}
+		os, err := decodeOutStream(out.Get(name))
+		if err != nil {
+			return fmt.Errorf("stream record %s: %w", r, err)
+		}
+		os.HighWater = max(os.HighWater, d.highWater)
+		if d.persistAt {
+			os.SendAtElapsedMs = d.sendAt
+		}
+		if d.setEpoch {
+			os.Epoch = d.epoch
+		}
+		if d.empty {
+			// Nothing waits: the high-water and the deferral are only
+			// needed while messages do. A non-zero epoch is kept.
+			if os.Epoch == 0 {
+				if err := out.Delete(name); err != nil {
+					return err
+				}
+				continue
+			}
+			os.HighWater, os.SendAtElapsedMs = 0, 0
+		}
+		val, err := proto.Marshal(os)
+		if err != nil {
+			return err
+		}
+		if err := out.Put(name, val); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeOutStream(v []byte) (*pb.OutStream, error) {
+	os := &pb.OutStream{}
+	if len(v) == 0 {
+		return os, nil
+	}
+	if err := proto.Unmarshal(v, os); err != nil {
+		return os, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	return os, nil
+}
+
+// finish releases the callers of ops: it closes done, or calls async.
 func (s *Store) finish(ops []*op) {
 	for _, o := range ops {
 		if o.async != nil {
@@ -228,27 +305,6 @@ func (s *Store) finish(ops []*op) {
 			continue
 		}
 		close(o.done)
-	}
-}
-
-// forgetPending drops RecordAsync keys of ops from the pending set: after a
-// commit they are in the dedupe map, after a failure they are not recorded.
-func (s *Store) forgetPending(ops []*op) {
-	locked := false
-	for _, o := range ops {
-		if o.async == nil {
-			continue
-		}
-		if !locked {
-			s.dmu.Lock()
-			locked = true
-		}
-		if s.pendingKeys[o.key]--; s.pendingKeys[o.key] <= 0 {
-			delete(s.pendingKeys, o.key)
-		}
-	}
-	if locked {
-		s.dmu.Unlock()
 	}
 }
 
@@ -264,22 +320,23 @@ func (s *Store) applyEffects(b *batch) {
 	s.superseded.Add(c.superseded)
 
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.dlqLen += b.dlq
 	for r, d := range b.q {
-		st := s.rs[r]
+		st := s.queues[r]
 		if d.empty {
 			if st != nil {
 				s.depth -= st.count
-				s.removeRS(st)
+				s.removeQueue(st)
 			}
 			continue
 		}
 		if st == nil {
-			st = &rstate{name: r, node: nodeOf(r), count: d.count, headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.now.UnixNano()}
+			st = &queue{name: r, node: nodeOf(r), count: d.count, headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.nowMs}
 			if d.sendAt != 0 {
 				st.sendAt = d.sendAt
 			}
-			s.insertRS(st)
+			s.insertQueue(st)
 			continue
 		}
 		st.count += d.count
@@ -289,25 +346,6 @@ func (s *Store) applyEffects(b *batch) {
 			s.setSendAt(st, d.sendAt)
 		}
 	}
-	s.mu.Unlock()
-
-	if len(b.dedupe) > 0 || b.pruneRan {
-		s.dmu.Lock()
-		for k, v := range b.dedupe {
-			s.dedupe[k] = v
-		}
-		for _, k := range b.pruned {
-			if s.dedupe[k] < b.nowMs-s.cfg.DedupeWindow.Milliseconds() {
-				delete(s.dedupe, k)
-			}
-		}
-		if b.pruneRan && len(b.pruned) < maxPrunePerCommit {
-			// All old keys are gone; otherwise the next commit prunes on,
-			// so the window never holds more than it should.
-			s.lastPrune = b.now
-		}
-		s.dmu.Unlock()
-	}
 }
 
 // apply performs one op inside the transaction. A returned error aborts
@@ -315,39 +353,23 @@ func (s *Store) applyEffects(b *batch) {
 // reported in the op instead.
 func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	switch o.kind {
-	case opDeadLetter:
-		return s.putDeadLetter(tx, b, &pb.StoredMessage{Envelope: o.envs[0], FirstEnqueuedUnixMs: b.nowMs, LastError: o.failure.Reason}, o.failure.Reason)
 	case opEnqueue:
-		for i, env := range o.envs {
+		for i, sm := range o.msgs {
 			if o.errs[i] != nil {
 				continue
 			}
-			res, err := s.applyEnqueue(tx, b, env, true, &pb.StoredMessage{Envelope: env, FirstEnqueuedUnixMs: b.nowMs})
+			res, err := s.applyEnqueue(tx, b, sm)
 			if err != nil {
-				return err
+				o.errs[i] = err
+				continue
 			}
 			o.results[i] = res
 		}
+	case opDeadLetter:
+		sm := o.msgs[0]
+		sm.LastError = o.reason
+		return s.putDeadLetter(tx, b, sm, o.reason)
 	case opAck:
-		qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
-		if qb == nil {
-			return nil
-		}
-		d := b.delta(o.recipient)
-		for _, sq := range o.seqs {
-			k := seqKey(sq)
-			if qb.Get(k) == nil {
-				continue
-			}
-			if err := qb.Delete(k); err != nil {
-				return err
-			}
-			d.count--
-			b.counters.delivered++
-		}
-	case opFail:
-		return s.applyFail(tx, b, o)
-	case opExpire:
 		qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
 		if qb == nil {
 			return nil
@@ -355,95 +377,164 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		for _, sq := range o.seqs {
 			v := qb.Get(seqKey(sq))
 			if v == nil {
-				continue
+				continue // already acked, replaced or given up
 			}
-			sm, err := decodeQueued(v)
-			if err != nil {
-				// Undecodable: still never deliverable.
-				sm = &pb.StoredMessage{LastError: err.Error()}
-			}
-			if err := s.deadLetter(tx, b, o.recipient, qb, sq, sm, "expired"); err != nil {
+			if err := s.removeRecord(tx, b, o.recipient, qb, sq, v); err != nil {
 				return err
 			}
+			b.counters.delivered++
 		}
-	case opRecord:
-		if err := tx.Bucket(bucketDedupe).Put([]byte(o.key), u64(uint64(b.nowMs))); err != nil {
-			return err
+	case opFail:
+		return s.applyFail(tx, b, o)
+	case opExpire:
+		return s.applyExpire(tx, b, o)
+	case opReserve:
+		return tx.Bucket(bucketMeta).Put(keySeqHigh, u64(o.seq))
+	case opStream:
+		return s.applyStream(tx, b, o.stream)
+	case opReplay:
+		return s.applyReplay(tx, b, o)
+	case opPurge:
+		dlq := tx.Bucket(bucketDLQ)
+		for _, k := range o.ids {
+			if dlq.Get(k) == nil {
+				continue
+			}
+			if err := dlq.Delete(k); err != nil {
+				return err
+			}
+			b.dlq--
+			o.n++
 		}
-		if b.dedupe == nil {
-			b.dedupe = make(map[string]int64)
+	case opDefer:
+		if tx.Bucket(bucketQueues).Bucket([]byte(o.recipient)) == nil {
+			return nil // delivered or dropped meanwhile
 		}
-		b.dedupe[o.key] = b.nowMs
-	case opReplay, opPurge:
-		return s.applyDLQ(tx, b, o)
+		d := b.delta(o.recipient)
+		d.sendAt, d.persistAt = o.at, true
+	case opEpoch:
+		d := b.delta(o.recipient)
+		d.epoch, d.setEpoch = o.seq, true
+	case opDrop:
+		return s.applyDrop(tx, b, o)
+	case opCheckpoint:
 	}
 	return nil
 }
 
-// applyEnqueue appends sm (whose envelope is env) to its recipient's queue.
-// With coalesce, an OVERWRITE envelope with an idempotency key replaces the
-// waiting message of the same (recipient, key) if it is newer, and is
-// dropped as superseded if it is older.
-func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, env *pb.Envelope, coalesce bool, sm *pb.StoredMessage) (Result, error) {
-	r := env.GetRecipient()
-	if env.Sequence == 0 {
-		env.Sequence = s.NextSequence()
-	} else {
-		s.observeSeq(env.Sequence)
-	}
-	q := tx.Bucket(bucketQueues)
-	qb, err := q.CreateBucketIfNotExists([]byte(r))
+// applyEnqueue stores sm at its sequence. An OVERWRITE message with a
+// coalesce key replaces the waiting older version of the same (recipient,
+// key), and is dropped as superseded if a newer version was stored.
+func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Result, error) {
+	env := sm.GetEnvelope()
+	r, seq := env.GetRecipient(), env.GetSequence()
+	qb, err := tx.Bucket(bucketQueues).CreateBucketIfNotExists([]byte(r))
 	if err != nil {
 		return 0, err
 	}
+	if qb.Get(seqKey(seq)) != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
+	}
 	d := b.delta(r)
 	res := Queued
-	var ck []byte
-	co := tx.Bucket(bucketCoalesce)
-	if coalesce && env.GetConflict() == pb.Envelope_OVERWRITE && env.GetIdempotencyKey() != "" {
-		ck = []byte(r + "\x00" + env.GetIdempotencyKey())
-		if v := co.Get(ck); len(v) == 8 {
-			old := binary.BigEndian.Uint64(v)
-			if env.Sequence <= old {
+	var flags byte
+	if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+		co := tx.Bucket(bucketCoalesce)
+		ck := coalesceKey(r, env.GetCoalesceKey())
+		if v := co.Get(ck); len(v) >= 8 {
+			old := seqOf(v)
+			if old >= seq {
 				b.counters.superseded++
 				return Superseded, nil
 			}
-			if qb.Get(seqKey(old)) != nil {
-				if err := qb.Delete(seqKey(old)); err != nil {
+			if ov := qb.Get(seqKey(old)); ov != nil {
+				if err := s.removeRecord(tx, b, r, qb, old, ov); err != nil {
 					return 0, err
 				}
-				d.count--
 				res = Replaced
 				b.counters.coalesced++
 			}
 		}
+		if err := co.Put(ck, coalesceVal(seq, b.nowMs)); err != nil {
+			return 0, err
+		}
+		flags |= flagCoalesce
 	}
-	// Rule 1: a new message always goes behind the waiting ones, even if
-	// its caller-chosen sequence is lower.
-	if k, _ := qb.Cursor().Last(); k != nil && binary.BigEndian.Uint64(k) >= env.Sequence {
-		env.Sequence = s.NextSequence()
-	}
-	if ck != nil {
-		if err := co.Put(ck, u64(env.Sequence)); err != nil {
+	var giveUp int64
+	if t := env.GetTtlMs(); t > 0 {
+		giveUp = sm.GetCreatedElapsedMs() + t + s.cfg.MaxClockSkew.Milliseconds()
+		if err := tx.Bucket(bucketExpiry).Put(expiryKey(giveUp, seq, r), nil); err != nil {
 			return 0, err
 		}
 	}
-	val, err := encodeQueued(sm)
+	val, err := encodeRecord(sm, giveUp, flags)
 	if err != nil {
 		return 0, err
 	}
-	if err := qb.Put(seqKey(env.Sequence), val); err != nil {
+	if err := qb.Put(seqKey(seq), val); err != nil {
 		return 0, err
 	}
 	d.count++
 	d.enqueued = true
+	d.highWater = max(d.highWater, seq)
 	b.counters.enqueued++
 	return res, nil
 }
 
-func encodeQueued(sm *pb.StoredMessage) ([]byte, error) {
-	buf := make([]byte, 8, 8+proto.Size(sm))
-	binary.BigEndian.PutUint64(buf, uint64(sm.GetFirstEnqueuedUnixMs()))
+// removeRecord deletes the queued record seq (value v) of recipient r and
+// its index entries.
+func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte) error {
+	if g := giveUpMs(v); g != 0 {
+		if err := tx.Bucket(bucketExpiry).Delete(expiryKey(g, seq, r)); err != nil {
+			return err
+		}
+	}
+	if recFlags(v)&flagCoalesce != 0 {
+		if sm, err := decodeRecord(v); err == nil {
+			// The index entry stays, now pointing at nothing: it still
+			// says which version is the newest, so an older one arriving
+			// or replayed later is refused. Only its age is refreshed.
+			co := tx.Bucket(bucketCoalesce)
+			ck := coalesceKey(r, sm.GetEnvelope().GetCoalesceKey())
+			if cv := co.Get(ck); len(cv) >= 8 && seqOf(cv) == seq {
+				if err := co.Put(ck, coalesceVal(seq, b.nowMs)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := qb.Delete(seqKey(seq)); err != nil {
+		return err
+	}
+	b.delta(r).count--
+	return nil
+}
+
+func coalesceKey(r, key string) []byte { return []byte(r + "\x00" + key) }
+
+// coalesceVal is a coalesce index value: the newest version's sequence and
+// when the entry last changed (elapsed ms), for pruning.
+func coalesceVal(seq uint64, nowMs int64) []byte {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], seq)
+	binary.BigEndian.PutUint64(v[8:], uint64(nowMs))
+	return v[:]
+}
+
+// expiryKey orders the expiry index by give-up time.
+func expiryKey(giveUp int64, seq uint64, r string) []byte {
+	k := make([]byte, 16+len(r))
+	binary.BigEndian.PutUint64(k[:8], uint64(giveUp))
+	binary.BigEndian.PutUint64(k[8:16], seq)
+	copy(k[16:], r)
+	return k
+}
+
+func encodeRecord(sm *pb.StoredMessage, giveUp int64, flags byte) ([]byte, error) {
+	buf := make([]byte, recHeader, recHeader+proto.Size(sm))
+	binary.BigEndian.PutUint64(buf[:8], uint64(sm.GetCreatedElapsedMs()))
+	binary.BigEndian.PutUint64(buf[8:16], uint64(giveUp))
+	buf[16] = flags
 	out, err := proto.MarshalOptions{}.MarshalAppend(buf, sm)
 	if err != nil {
 		return nil, fmt.Errorf("marshal: %w", err)
@@ -451,12 +542,12 @@ func encodeQueued(sm *pb.StoredMessage) ([]byte, error) {
 	return out, nil
 }
 
-func decodeQueued(v []byte) (*pb.StoredMessage, error) {
-	if len(v) < 8 {
+func decodeRecord(v []byte) (*pb.StoredMessage, error) {
+	if len(v) < recHeader {
 		return nil, fmt.Errorf("%w: short queue record", ErrCorrupt)
 	}
 	sm := &pb.StoredMessage{}
-	if err := proto.Unmarshal(v[8:], sm); err != nil {
+	if err := proto.Unmarshal(v[recHeader:], sm); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if sm.Envelope == nil {
@@ -465,21 +556,29 @@ func decodeQueued(v []byte) (*pb.StoredMessage, error) {
 	return sm, nil
 }
 
-// deadLetter moves the queued record seq of recipient into the DLQ.
-func (s *Store) deadLetter(tx *bolt.Tx, b *batch, recipient string, qb *bolt.Bucket, seq uint64, sm *pb.StoredMessage, reason string) error {
-	if err := qb.Delete(seqKey(seq)); err != nil {
-		return err
+// deadLetter moves the queued record seq (value v) of recipient r into the
+// DLQ with reason.
+func (s *Store) deadLetter(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte, reason string, edit func(*pb.StoredMessage)) error {
+	sm, err := decodeRecord(v)
+	if err != nil {
+		sm = &pb.StoredMessage{LastError: err.Error(), Envelope: &pb.Envelope{}}
+		reason = "undecodable"
 	}
-	b.delta(recipient).count--
-	if sm.Envelope == nil {
-		sm.Envelope = &pb.Envelope{Recipient: recipient, Sequence: seq}
+	if sm.Envelope.GetRecipient() == "" {
+		sm.Envelope.Recipient, sm.Envelope.Sequence = r, seq
+	}
+	if edit != nil {
+		edit(sm)
+	}
+	if err := s.removeRecord(tx, b, r, qb, seq, v); err != nil {
+		return err
 	}
 	return s.putDeadLetter(tx, b, sm, reason)
 }
 
 // putDeadLetter writes sm into the dead-letter queue with reason.
 func (s *Store) putDeadLetter(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, reason string) error {
-	sm.DeadLetteredUnixMs = b.nowMs
+	sm.DeadLetteredUnixMs = b.wallMs
 	sm.DeadLetterReason = reason
 	val, err := proto.Marshal(sm)
 	if err != nil {
@@ -495,7 +594,7 @@ func (s *Store) putDeadLetter(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, reaso
 	}
 	b.dlq++
 	b.counters.dead++
-	if reason == "expired" {
+	if isExpiredReason(reason) {
 		b.counters.expired++
 	}
 	return nil

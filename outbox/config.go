@@ -8,63 +8,106 @@ import (
 
 // Config configures a Store. Start from DefaultConfig.
 type Config struct {
-	Path         string        // the bbolt file (node passes DataDir/outbox.db)
-	LockTimeout  time.Duration // how long Open waits for the file lock before ErrLocked
-	MaxAttempts  int           // counted attempts before the dead-letter queue
-	Backoff      BackoffConfig // retry delay after a counted failure
-	Limiter      LimiterConfig // AIMD limits of every per-node Limiter
-	DedupeWindow time.Duration // receiver-side idempotency window
-	MaxBatch     int           // max operations per group-commit transaction
-	QueueSize    int           // bound of the committer's input queue
-	CommitLinger time.Duration // max wait for the callers of the last commit to come back before the next one (0 = none)
-	Now          func() time.Time
-	Logger       *slog.Logger
+	Path        string        // the bbolt file (node passes DataDir/outbox.db)
+	LockTimeout time.Duration // how long Open waits for the file lock before ErrLocked
+	MaxAttempts int           // handler failures a message may have before the dead-letter queue
+
+	// KeyWindow is how long a receiver remembers an application idempotency
+	// key (on disk; memory does not grow with it).
+	KeyWindow time.Duration
+	// StreamRetention is how long a receiver keeps a stream's watermark
+	// after it last changed. A sender gives up a message stored longer
+	// than StreamRetention - RetentionMargin, so no stream is forgotten
+	// while its sender may still send it a message that already ran.
+	StreamRetention time.Duration
+	RetentionMargin time.Duration
+	// MaxClockSkew: once a message has been on the wire, the sender gives
+	// it up for age only after its TTL plus this, since the receiver
+	// measures the TTL on its own clock from the arrival of a copy.
+	MaxClockSkew time.Duration
+	// MaxDowntime bounds the wall-clock difference counted as elapsed time
+	// across a restart. The wall clock may step (a device without a
+	// real-time clock, a manual change); a step of years then neither
+	// expires every message nor stops ages from counting.
+	MaxDowntime time.Duration
+	// CheckpointInterval: the elapsed clock is persisted with every commit
+	// and at least this often while the store is idle, so a crash loses
+	// at most this much of it (plus what MaxDowntime cuts).
+	CheckpointInterval time.Duration
+
+	MaxBatch      int           // max records per group-commit transaction
+	MaxBatchBytes int           // max message bytes per group-commit transaction
+	QueueSize     int           // bound of the committer's input queue
+	CommitLinger  time.Duration // max wait for the callers of the last commit to come back before the next one (0 = none)
+	SequenceBlock uint64        // sequences reserved per durable write of the high-water
+
+	Clock  Clock        // wall and monotonic time; tests replace it
+	Logger *slog.Logger // structured logs
 }
 
 // DefaultConfig returns a Config for the bbolt file at path with every field
 // set.
 func DefaultConfig(path string) Config {
 	return Config{
-		Path:         path,                   // the data file
-		LockTimeout:  time.Second,            // fail fast when another node holds the file
-		MaxAttempts:  10,                     // DESIGN default
-		Backoff:      DefaultBackoffConfig(), // 100ms base, 30s cap, full jitter
-		Limiter:      DefaultLimiterConfig(), // 10 initial, 1 min, 100 max
-		DedupeWindow: 10 * time.Minute,       // keys older than this are forgotten
-		MaxBatch:     8192,                   // bounds one transaction's size and latency
-		QueueSize:    16384,                  // callers block (ctx-aware) beyond this
-		CommitLinger: 200 * time.Microsecond, // small against an fsync (~1.5 ms); lets one commit carry every concurrent caller
-		Now:          time.Now,               // the clock; tests may replace it
-		Logger:       slog.Default(),         // structured logs
+		Path:               path,                   // the data file
+		LockTimeout:        time.Second,            // fail fast when another node holds the file
+		MaxAttempts:        10,                     // a handler gets ten tries before its message is poison
+		KeyWindow:          24 * time.Hour,         // an application retrying after a day is a new request
+		StreamRetention:    30 * 24 * time.Hour,    // a stream idle for a month is forgotten
+		RetentionMargin:    7 * 24 * time.Hour,     // senders give up at 23 days, a week before receivers forget
+		MaxClockSkew:       time.Minute,            // slack for two clocks measuring one TTL
+		MaxDowntime:        24 * time.Hour,         // a restart counts at most a day of wall-clock difference
+		CheckpointInterval: time.Minute,            // one small write a minute while idle
+		MaxBatch:           8192,                   // bounds one transaction's size and latency
+		MaxBatchBytes:      16 << 20,               // and its memory: a fan-out of big bodies is split
+		QueueSize:          16384,                  // callers block (ctx-aware) beyond this
+		CommitLinger:       200 * time.Microsecond, // small against an fsync (~1.5 ms); lets one commit carry every concurrent caller
+		SequenceBlock:      1 << 16,                // one fsync per 65,536 sequences
+		Clock:              SystemClock(),          // the system's clocks
+		Logger:             slog.Default(),         // structured logs
 	}
 }
 
+// MaxAge is the longest a sender keeps a message: StreamRetention minus
+// RetentionMargin. A TTL longer than that is refused.
+func (c Config) MaxAge() time.Duration { return c.StreamRetention - c.RetentionMargin }
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
 	switch {
 	case c.Path == "":
-		return fmt.Errorf("%w: Path is empty", ErrInvalidConfig)
+		return bad("Path is empty")
 	case c.LockTimeout <= 0:
-		return fmt.Errorf("%w: LockTimeout must be > 0 (0 would wait forever for the lock)", ErrInvalidConfig)
+		return bad("LockTimeout must be > 0 (0 would wait forever for the lock)")
 	case c.MaxAttempts < 1:
-		return fmt.Errorf("%w: MaxAttempts must be >= 1", ErrInvalidConfig)
-	case c.Backoff.Base <= 0 || c.Backoff.Cap < c.Backoff.Base:
-		return fmt.Errorf("%w: Backoff needs 0 < Base <= Cap", ErrInvalidConfig)
-	case c.Limiter.Min < 1 || c.Limiter.Max < c.Limiter.Min ||
-		c.Limiter.Initial < c.Limiter.Min || c.Limiter.Initial > c.Limiter.Max:
-		return fmt.Errorf("%w: Limiter needs 1 <= Min <= Initial <= Max", ErrInvalidConfig)
-	case c.DedupeWindow <= 0:
-		return fmt.Errorf("%w: DedupeWindow must be > 0", ErrInvalidConfig)
+		return bad("MaxAttempts must be >= 1")
+	case c.KeyWindow <= 0:
+		return bad("KeyWindow must be > 0")
+	case c.StreamRetention <= 0 || c.RetentionMargin <= 0 || c.RetentionMargin >= c.StreamRetention:
+		return bad("need 0 < RetentionMargin < StreamRetention")
+	case c.MaxClockSkew < 0:
+		return bad("MaxClockSkew must be >= 0")
+	case c.MaxDowntime < 0:
+		return bad("MaxDowntime must be >= 0")
+	case c.CheckpointInterval <= 0:
+		return bad("CheckpointInterval must be > 0")
 	case c.MaxBatch < 1:
-		return fmt.Errorf("%w: MaxBatch must be >= 1", ErrInvalidConfig)
+		return bad("MaxBatch must be >= 1")
+	case c.MaxBatchBytes < 1:
+		return bad("MaxBatchBytes must be >= 1")
 	case c.QueueSize < 1:
-		return fmt.Errorf("%w: QueueSize must be >= 1", ErrInvalidConfig)
+		return bad("QueueSize must be >= 1")
 	case c.CommitLinger < 0 || c.CommitLinger > time.Second:
-		return fmt.Errorf("%w: CommitLinger must be in [0, 1s]", ErrInvalidConfig)
-	case c.Now == nil:
-		return fmt.Errorf("%w: Now is nil", ErrInvalidConfig)
+		return bad("CommitLinger must be in [0, 1s]")
+	case c.SequenceBlock < 1:
+		return bad("SequenceBlock must be >= 1")
+	case c.Clock == nil:
+		return bad("Clock is nil")
 	case c.Logger == nil:
-		return fmt.Errorf("%w: Logger is nil", ErrInvalidConfig)
+		return bad("Logger is nil")
 	}
 	return nil
 }

@@ -3,22 +3,24 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
-// Result says what Enqueue did with an envelope.
+// Result says what Enqueue did with a message.
 type Result uint8
 
 const (
-	// Queued: appended at the tail of the recipient's queue.
+	// Queued: stored in the recipient's queue at its sequence.
 	Queued Result = iota
-	// Replaced: an OVERWRITE envelope replaced the waiting message with the
-	// same (recipient, idempotency key); the old one was removed and the new
-	// one appended at the tail.
+	// Replaced: an OVERWRITE message replaced the waiting older version
+	// with the same (recipient, coalesce key).
 	Replaced
-	// Superseded: an OVERWRITE envelope was older than (or as old as) the
-	// newest message seen for its (recipient, key) and was dropped.
+	// Superseded: an OVERWRITE message was older than the waiting version
+	// with the same (recipient, coalesce key) and was dropped.
 	Superseded
 )
 
@@ -34,21 +36,14 @@ func (r Result) String() string {
 	return fmt.Sprintf("Result(%d)", uint8(r))
 }
 
-// Enqueue stores env durably and returns only after the fsync of the
-// transaction that contains it (group commit). A zero env.Sequence is
-// assigned from NextSequence; Enqueue writes the final sequence back into
-// env.Sequence. A superseded OVERWRITE envelope returns nil (use
-// EnqueueResult to tell). The relay is woken through the OnEnqueue hook.
-func (s *Store) Enqueue(ctx context.Context, env *pb.Envelope) error {
-	_, err := s.EnqueueResult(ctx, env)
-	return err
-}
-
-// EnqueueResult is Enqueue that also reports whether env was queued,
-// replaced a waiting message, or was dropped as superseded.
-func (s *Store) EnqueueResult(ctx context.Context, env *pb.Envelope) (Result, error) {
-	o := &op{kind: opEnqueue, envs: []*pb.Envelope{env}, results: make([]Result, 1), errs: make([]error, 1)}
-	if o.errs[0] = s.precheck(env); o.errs[0] != nil {
+// Enqueue stores sm durably and returns only after the fsync of the
+// transaction that contains it (group commit). The envelope's sequence must
+// be set (ReserveSequence): it places the message in its recipient's queue
+// and never changes. sm.CreatedElapsedMs zero means now. The relay is woken
+// through the OnEnqueue hook.
+func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, error) {
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, results: make([]Result, 1), errs: make([]error, 1)}
+	if o.errs[0] = s.precheck(sm); o.errs[0] != nil {
 		return 0, o.errs[0]
 	}
 	if err := s.submit(ctx, o); err != nil {
@@ -60,50 +55,77 @@ func (s *Store) EnqueueResult(ctx context.Context, env *pb.Envelope) (Result, er
 	return o.results[0], o.err
 }
 
-// EnqueueBatch stores envs in one commit and returns one error per envelope
-// (nil = stored or superseded). Dispatch uses it for fan-out.
-func (s *Store) EnqueueBatch(ctx context.Context, envs []*pb.Envelope) []error {
-	_, errs := s.EnqueueBatchResult(ctx, envs)
-	return errs
-}
-
-// EnqueueBatchResult is EnqueueBatch that also reports each envelope's Result.
-func (s *Store) EnqueueBatchResult(ctx context.Context, envs []*pb.Envelope) ([]Result, []error) {
-	o := &op{kind: opEnqueue, envs: envs, results: make([]Result, len(envs)), errs: make([]error, len(envs))}
-	valid := 0
-	for i, env := range envs {
-		if o.errs[i] = s.precheck(env); o.errs[i] == nil {
-			valid++
+// EnqueueBatch stores msgs and returns one Result and one error per
+// message. Messages are committed in groups of at most MaxBatchBytes, so a
+// fan-out of big bodies never becomes one huge transaction: a failure may
+// then leave some groups stored and others not (each error says which).
+func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]Result, []error) {
+	results, errs := make([]Result, len(msgs)), make([]error, len(msgs))
+	var group []int
+	bytes := 0
+	flush := func() {
+		if len(group) == 0 {
+			return
 		}
-	}
-	if valid == 0 {
-		return o.results, o.errs
-	}
-	if err := s.submit(ctx, o); err != nil {
-		for i := range o.errs {
-			if o.errs[i] == nil {
-				o.errs[i] = err
+		o := &op{kind: opEnqueue, msgs: make([]*pb.StoredMessage, len(group)), results: make([]Result, len(group)), errs: make([]error, len(group))}
+		for j, i := range group {
+			o.msgs[j] = msgs[i]
+		}
+		err := s.submit(ctx, o)
+		for j, i := range group {
+			results[i], errs[i] = o.results[j], o.errs[j]
+			if errs[i] == nil {
+				errs[i] = err
+			}
+			if errs[i] == nil {
+				errs[i] = o.err
 			}
 		}
+		group, bytes = group[:0], 0
 	}
-	return o.results, o.errs
+	for i, sm := range msgs {
+		if errs[i] = s.precheck(sm); errs[i] != nil {
+			continue
+		}
+		size := proto.Size(sm)
+		if len(group) > 0 && (bytes+size > s.cfg.MaxBatchBytes || len(group) >= s.cfg.MaxBatch) {
+			flush()
+		}
+		group = append(group, i)
+		bytes += size
+	}
+	flush()
+	return results, errs
 }
 
-// precheck validates env before it reaches the committer.
-func (s *Store) precheck(env *pb.Envelope) error {
+// precheck validates sm before it reaches the committer.
+func (s *Store) precheck(sm *pb.StoredMessage) error {
+	env := sm.GetEnvelope()
 	if env == nil {
 		return fmt.Errorf("outbox: enqueue: %w", ErrNoRecipient)
 	}
-	if err := checkRecipient(env.GetRecipient()); err != nil {
+	r := env.GetRecipient()
+	if err := checkRecipient(r); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	if len(env.GetIdempotencyKey()) > MaxKeyLen {
-		return fmt.Errorf("outbox: enqueue to %s: idempotency key of %d bytes (max %d): %w",
-			env.GetRecipient(), len(env.GetIdempotencyKey()), MaxKeyLen, ErrBadKey)
+	switch {
+	case env.GetSequence() == 0:
+		return fmt.Errorf("outbox: enqueue to %s: %w: no sequence", r, ErrBadMessage)
+	case len(env.GetIdempotencyKey()) > MaxKeyLen || len(env.GetCoalesceKey()) > MaxKeyLen:
+		return fmt.Errorf("outbox: enqueue to %s: %w: key longer than %d bytes", r, ErrBadMessage, MaxKeyLen)
+	case env.GetTtlMs() < 0:
+		return fmt.Errorf("outbox: enqueue to %s: %w: negative TTL", r, ErrBadMessage)
+	case env.GetTtlMs() > s.cfg.MaxAge().Milliseconds():
+		return fmt.Errorf("outbox: enqueue to %s: %w: TTL %v is longer than the %v a message may wait",
+			r, ErrBadMessage, time.Duration(env.GetTtlMs())*time.Millisecond, s.cfg.MaxAge())
 	}
-	if expiredAt(env, s.cfg.Now().UnixMilli()) {
+	now := s.clock.nowMs()
+	if sm.GetCreatedElapsedMs() == 0 {
+		sm.CreatedElapsedMs = now
+	}
+	if t := env.GetTtlMs(); t > 0 && sm.GetCreatedElapsedMs()+t <= now {
 		s.expired.Add(1)
-		return fmt.Errorf("outbox: enqueue to %s: %w", env.GetRecipient(), ErrExpired)
+		return fmt.Errorf("outbox: enqueue to %s: %w", r, ErrExpired)
 	}
 	return nil
 }

@@ -11,25 +11,30 @@ var (
 	// Config.LockTimeout: another process (usually another node on the same
 	// data directory) holds it.
 	ErrLocked = errors.New("outbox: data file is locked by another process")
-	// ErrExpired means the envelope's expires_at had passed before it was
-	// stored; it was counted as expired and not stored.
+	// ErrExpired means the message's TTL had run out before it was stored.
 	ErrExpired = errors.New("outbox: message already expired")
 	// ErrNoRecipient means the envelope is nil or has no recipient.
 	ErrNoRecipient = errors.New("outbox: envelope has no recipient")
 	// ErrBadRecipient means the recipient is not of the form "actor@node".
 	ErrBadRecipient = errors.New("outbox: recipient must be actor@node")
+	// ErrBadMessage means a message cannot be stored as given: no sequence,
+	// a TTL out of range, a key too long.
+	ErrBadMessage = errors.New("outbox: bad message")
 	// ErrEmptyFilter means Replay or Purge was called with a filter that
-	// selects nothing in particular and without DLQFilter.All.
-	ErrEmptyFilter = errors.New("outbox: empty dead-letter filter needs All")
+	// selects nothing in particular and without the "all" flag.
+	ErrEmptyFilter = errors.New("outbox: a filter that selects every dead letter needs the explicit all flag")
 	// ErrInvalidConfig is wrapped by Config.Validate errors.
 	ErrInvalidConfig = errors.New("outbox: invalid config")
 	// ErrCorrupt means a stored record could not be decoded.
 	ErrCorrupt = errors.New("outbox: corrupt record")
-	// ErrBadKey means an idempotency key (with its sender) is longer than
-	// MaxKeyLen: bbolt would refuse it and fail the whole group commit.
-	ErrBadKey = errors.New("outbox: idempotency key too long")
+	// ErrFormat means the file was written by a newer meshnode, in a layout
+	// this one does not know.
+	ErrFormat = errors.New("outbox: unknown file format")
+	// ErrSuperseded means Replay was asked for an OVERWRITE dead letter
+	// whose coalesce key has a newer version.
+	ErrSuperseded = errors.New("outbox: superseded by a newer version")
 )
 
-// MaxKeyLen bounds idempotency keys (plus the sender, for the dedupe
-// window), far below bbolt's 32 KiB key limit.
+// MaxKeyLen bounds idempotency and coalesce keys (plus the names scoping
+// them), far below bbolt's 32 KiB key limit.
 const MaxKeyLen = 4096

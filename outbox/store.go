@@ -2,48 +2,58 @@ package outbox
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/google/btree"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
-
-	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
-// Bucket names. See doc.go for the layout.
+// Bucket and key names. See doc.go for the layout.
 var (
 	bucketQueues   = []byte("q")
+	bucketOut      = []byte("out")
+	bucketExpiry   = []byte("exp")
 	bucketCoalesce = []byte("coalesce")
 	bucketDLQ      = []byte("dlq")
-	bucketDedupe   = []byte("dedupe")
+	bucketIn       = []byte("in")
+	bucketKeys     = []byte("keys")
+	bucketKeyAge   = []byte("keyage")
 	bucketMeta     = []byte("meta")
-	keySeqHigh     = []byte("seq")
+
+	keyFormat   = []byte("format")
+	keySeqHigh  = []byte("seq")
+	keyOutboxID = []byte("outbox_id")
+	keyClock    = []byte("clock")
 )
+
+// formatVersion is the layout this code writes. Files without a format
+// key were written by the first release (format 1) and are migrated at
+// Open; a higher format is refused.
+const formatVersion = 2
 
 // maxRecipientLen bounds recipient names, which become bbolt bucket names.
 const maxRecipientLen = 1024
 
-// rstate is the small in-memory state of one non-empty recipient queue. No
+// queue is the small in-memory state of one non-empty recipient queue. No
 // message bodies live in memory, so a million queued messages cost only the
-// bytes of their recipients' rstates.
-type rstate struct {
+// bytes of their recipients' queues.
+type queue struct {
 	name     string
 	node     string
 	count    int    // messages in the queue (== keys in q/<name>)
 	headSeq  uint64 // sequence of the oldest message
-	oldestMs int64  // first_enqueued of the oldest message
-	sendAt   int64  // unix nanos; the recipient is due when sendAt <= now
+	oldestMs int64  // created_elapsed_ms of the oldest message
+	sendAt   int64  // elapsed ms; the recipient is due when sendAt <= now
 }
 
-func lessRS(a, b *rstate) bool {
+func lessQueue(a, b *queue) bool {
 	if a.sendAt != b.sendAt {
 		return a.sendAt < b.sendAt
 	}
@@ -52,8 +62,10 @@ func lessRS(a, b *rstate) bool {
 
 // Store is the durable outbox. All methods are safe for concurrent use.
 type Store struct {
-	cfg Config
-	db  *bolt.DB
+	cfg      Config
+	db       *bolt.DB
+	outboxID [16]byte
+	clock    elapsed
 
 	ops      chan *op
 	closing  chan struct{} // closed by Close: the committer drains and exits
@@ -61,41 +73,45 @@ type Store struct {
 	closeMu  sync.Mutex
 	isClosed bool
 
-	seq       atomic.Uint64 // last sequence handed out
 	onEnqueue atomic.Pointer[func(string)]
+	seqr      atomic.Pointer[Sequencer]
 
-	// mu guards the fields below. Lock order: mu before lmu and dmu; the
-	// committer takes mu only after its transaction committed.
+	// seqMu guards the fields below. It is held across the commit of a new
+	// reservation, so callers wait for a durable high-water.
+	seqMu       sync.Mutex
+	nextSeq     uint64 // the next sequence to hand out
+	reservedSeq uint64 // durable: every sequence <= it may be handed out
+
+	// mu guards the fields below. Lock order: mu before kmu; the committer
+	// takes mu only after its transaction committed.
 	mu     sync.RWMutex
-	rs     map[string]*rstate            // non-empty queues only
-	byNode map[string]map[string]*rstate // node -> recipient -> state
-	due    *btree.BTreeG[*rstate]        // every rstate, by (sendAt, name)
-	depth  int                           // sum of rs[*].count
-	dlqLen int                           // records in the dlq bucket
+	queues map[string]*queue            // non-empty queues only
+	byNode map[string]map[string]*queue // node -> recipient -> queue
+	due    *btree.BTreeG[*queue]        // every queue, by (sendAt, name)
+	depth  int                          // sum of queues[*].count
+	dlqLen int                          // records in the dlq bucket
 
-	// lmu guards the fields below.
-	lmu      sync.Mutex
-	limiters map[string]*Limiter
+	// kmu guards the field below: idempotency keys handed to the committer
+	// and not yet committed, so a copy arriving meanwhile sees them.
+	kmu         sync.Mutex
+	pendingKeys map[string]int
 
-	// dmu guards the fields below.
-	dmu         sync.RWMutex
-	dedupe      map[string]int64 // sender\x00key -> recorded unix ms
-	pendingKeys map[string]int   // sender\x00key -> RecordAsync calls not yet committed
-	lastPrune   time.Time
-
-	// asyncMu orders RecordAsync's hand-off before Close: readers are
-	// RecordAsync calls between their closed check and their send on ops,
-	// the writer is Close closing s.closing. Lock order: closeMu before
-	// asyncMu before dmu.
+	// asyncMu orders CommitStream's hand-off before Close: readers are
+	// calls between their closed check and their send on ops, the writer
+	// is Close closing s.closing. Lock order: closeMu before asyncMu.
 	asyncMu sync.RWMutex
 
+	// hkIn and hkCoalesce are where housekeeping resumes its scans of the
+	// in and coalesce buckets. Owned by the committer; not thread-safe.
+	hkIn, hkCoalesce []byte
+
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
-	coalesced, superseded, dedupeHits, fsyncs           atomic.Uint64
+	coalesced, superseded, fsyncs                       atomic.Uint64
 }
 
-// Open opens (creating if needed) the outbox file and rebuilds the
-// in-memory indexes from it. If another process holds the file, Open fails
-// with ErrLocked after cfg.LockTimeout.
+// Open opens (creating if needed) the outbox file, migrates a file of the
+// first format and rebuilds the in-memory indexes. If another process holds
+// the file, Open fails with ErrLocked after cfg.LockTimeout.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: open: %w", err)
@@ -119,17 +135,14 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
 	}
 	s := &Store{
-		cfg:      cfg,
-		db:       db,
-		ops:      make(chan *op, cfg.QueueSize),
-		closing:  make(chan struct{}),
-		stopped:  make(chan struct{}),
-		rs:       make(map[string]*rstate),
-		byNode:   make(map[string]map[string]*rstate),
-		due:      btree.NewG(32, lessRS),
-		limiters: make(map[string]*Limiter),
-		dedupe:   make(map[string]int64),
-
+		cfg:         cfg,
+		db:          db,
+		ops:         make(chan *op, cfg.QueueSize),
+		closing:     make(chan struct{}),
+		stopped:     make(chan struct{}),
+		queues:      make(map[string]*queue),
+		byNode:      make(map[string]map[string]*queue),
+		due:         btree.NewG(32, lessQueue),
 		pendingKeys: make(map[string]int),
 	}
 	if err := s.load(); err != nil {
@@ -140,67 +153,111 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// load creates the buckets and rebuilds every in-memory index.
+// load creates the buckets, migrates an old layout and rebuilds every
+// in-memory index.
 func (s *Store) load() error {
-	now := s.cfg.Now()
-	var high uint64
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketQueues, bucketCoalesce, bucketDLQ, bucketDedupe, bucketMeta} {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return fmt.Errorf("create bucket meta: %w", err)
+		}
+		s.clock = resume(s.cfg.Clock, meta.Get(keyClock), s.cfg.MaxDowntime)
+		format := uint64(1)
+		if v := meta.Get(keyFormat); len(v) == 8 {
+			format = binary.BigEndian.Uint64(v)
+		} else if tx.Bucket(bucketQueues) == nil {
+			format = formatVersion // a new file
+		}
+		if format > formatVersion {
+			return fmt.Errorf("%w: format %d is newer than this meshnode's %d: run the newer meshnode, or move the data directory aside to start empty",
+				ErrFormat, format, formatVersion)
+		}
+		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketKeys, bucketKeyAge} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
-		if v := tx.Bucket(bucketMeta).Get(keySeqHigh); len(v) == 8 {
+		if format < formatVersion {
+			if err := s.migrate(tx); err != nil {
+				return fmt.Errorf("migrate from format %d: %w", format, err)
+			}
+		}
+		if err := meta.Put(keyFormat, u64(formatVersion)); err != nil {
+			return err
+		}
+		if v := meta.Get(keyOutboxID); len(v) == len(s.outboxID) {
+			copy(s.outboxID[:], v)
+		} else {
+			if _, err := rand.Read(s.outboxID[:]); err != nil {
+				return fmt.Errorf("make outbox id: %w", err)
+			}
+			if err := meta.Put(keyOutboxID, s.outboxID[:]); err != nil {
+				return err
+			}
+		}
+		var high uint64
+		if v := meta.Get(keySeqHigh); len(v) == 8 {
 			high = binary.BigEndian.Uint64(v)
 		}
-		q := tx.Bucket(bucketQueues)
-		err := q.ForEachBucket(func(name []byte) error {
-			qb := q.Bucket(name)
-			c := qb.Cursor()
-			k, v := c.First()
-			if k == nil {
-				return nil
-			}
-			r := string(name)
-			st := &rstate{name: r, node: nodeOf(r), headSeq: binary.BigEndian.Uint64(k), oldestMs: enqueuedMs(v), sendAt: now.UnixNano()}
-			for ; k != nil; k, _ = c.Next() {
-				st.count++
-				if sq := binary.BigEndian.Uint64(k); sq > high {
-					high = sq
-				}
-			}
-			s.insertRS(st)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("load queues: %w", err)
+		if err := s.loadQueues(tx, &high); err != nil {
+			return err
 		}
+		// Sequences handed out before a crash may have been used up to the
+		// reserved high-water: start above it.
+		s.nextSeq, s.reservedSeq = high+1, high
 		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN
-		cutoff := now.Add(-s.cfg.DedupeWindow).UnixMilli()
-		return tx.Bucket(bucketDedupe).ForEach(func(k, v []byte) error {
-			if len(v) == 8 {
-				if ms := int64(binary.BigEndian.Uint64(v)); ms >= cutoff {
-					s.dedupe[string(k)] = ms
-				}
-			}
+		return meta.Put(keyClock, s.clock.checkpoint())
+	})
+}
+
+// loadQueues rebuilds the queue index from the file; high is raised to the
+// highest stored sequence.
+func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
+	now := s.clock.nowMs()
+	q, out := tx.Bucket(bucketQueues), tx.Bucket(bucketOut)
+	err := q.ForEachBucket(func(name []byte) error {
+		c := q.Bucket(name).Cursor()
+		k, v := c.First()
+		if k == nil {
 			return nil
-		})
+		}
+		r := string(name)
+		st := &queue{name: r, node: nodeOf(r), headSeq: seqOf(k), oldestMs: createdMs(v), sendAt: now}
+		if os, err := decodeOutStream(out.Get(name)); err == nil && os.GetSendAtElapsedMs() > now {
+			st.sendAt = os.GetSendAtElapsedMs()
+		}
+		for ; k != nil; k, _ = c.Next() {
+			st.count++
+			*high = max(*high, seqOf(k))
+		}
+		s.insertQueue(st)
+		return nil
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("load queues: %w", err)
 	}
-	start := max(high+1, uint64(time.Now().UnixNano()))
-	s.seq.Store(start - 1)
-	s.lastPrune = now
 	return nil
 }
 
-// insertRS adds a new non-empty recipient to every index. Caller holds mu.
-func (s *Store) insertRS(st *rstate) {
-	s.rs[st.name] = st
+// OutboxID returns the random id made with this outbox file: the sender
+// part of every stream it feeds. A wiped data directory gets a new one, so
+// receivers see new streams rather than a sender whose numbers went back.
+func (s *Store) OutboxID() [16]byte { return s.outboxID }
+
+// ElapsedMs returns the store's elapsed clock in milliseconds: time the
+// store was open at the monotonic rate, plus closed time as the wall clock
+// tells it within MaxDowntime. Ages, TTLs and deferrals are measured on it.
+func (s *Store) ElapsedMs() int64 { return s.clock.nowMs() }
+
+// Config returns the configuration the store was opened with.
+func (s *Store) Config() Config { return s.cfg }
+
+// insertQueue adds a new non-empty recipient to every index. Caller holds mu.
+func (s *Store) insertQueue(st *queue) {
+	s.queues[st.name] = st
 	m := s.byNode[st.node]
 	if m == nil {
-		m = make(map[string]*rstate)
+		m = make(map[string]*queue)
 		s.byNode[st.node] = m
 	}
 	m[st.name] = st
@@ -208,9 +265,9 @@ func (s *Store) insertRS(st *rstate) {
 	s.depth += st.count
 }
 
-// removeRS drops an emptied recipient from every index. Caller holds mu.
-func (s *Store) removeRS(st *rstate) {
-	delete(s.rs, st.name)
+// removeQueue drops an emptied recipient from every index. Caller holds mu.
+func (s *Store) removeQueue(st *queue) {
+	delete(s.queues, st.name)
 	if m := s.byNode[st.node]; m != nil {
 		delete(m, st.name)
 		if len(m) == 0 {
@@ -221,7 +278,7 @@ func (s *Store) removeRS(st *rstate) {
 }
 
 // setSendAt moves st in the due index. Caller holds mu.
-func (s *Store) setSendAt(st *rstate, at int64) {
+func (s *Store) setSendAt(st *queue, at int64) {
 	if st.sendAt == at {
 		return
 	}
@@ -251,19 +308,26 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// NextSequence returns a new sequence number, monotonic across restarts:
-// it is seeded at Open with max(persisted high-water + 1, wall clock ns).
-func (s *Store) NextSequence() uint64 { return s.seq.Add(1) }
-
-// observeSeq raises the counter to at least v so explicit sequences never
-// collide with later assigned ones.
-func (s *Store) observeSeq(v uint64) {
-	for {
-		cur := s.seq.Load()
-		if cur >= v || s.seq.CompareAndSwap(cur, v) {
-			return
+// ReserveSequence returns a new sequence: greater than every sequence this
+// outbox handed out before, across restarts, whatever the clocks do. The
+// high-water covering it is durable before it is returned (reserved in
+// blocks of Config.SequenceBlock, so one fsync serves many calls).
+func (s *Store) ReserveSequence() (uint64, error) {
+	s.seqMu.Lock()
+	defer s.seqMu.Unlock()
+	if s.nextSeq > s.reservedSeq {
+		o := &op{kind: opReserve, seq: s.nextSeq + s.cfg.SequenceBlock - 1}
+		if err := s.submit(context.Background(), o); err != nil {
+			return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
 		}
+		if o.err != nil {
+			return 0, fmt.Errorf("outbox: reserve sequences: %w", o.err)
+		}
+		s.reservedSeq = o.seq
 	}
+	seq := s.nextSeq
+	s.nextSeq++
+	return seq, nil
 }
 
 // SetOnEnqueue installs the relay's wake-up hook. It is called from the
@@ -281,23 +345,10 @@ func (s *Store) SetOnEnqueue(f func(recipient string)) {
 func (s *Store) Pending(recipient string) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if st := s.rs[recipient]; st != nil {
+	if st := s.queues[recipient]; st != nil {
 		return st.count
 	}
 	return 0
-}
-
-// Limiter returns the AIMD limiter of a destination node, creating it on
-// first use.
-func (s *Store) Limiter(node string) *Limiter {
-	s.lmu.Lock()
-	defer s.lmu.Unlock()
-	l := s.limiters[node]
-	if l == nil {
-		l = NewLimiter(s.cfg.Limiter)
-		s.limiters[node] = l
-	}
-	return l
 }
 
 // closedErr reports whether Close has begun.
@@ -330,14 +381,37 @@ func checkRecipient(r string) error {
 	return nil
 }
 
-// Record values in q/<recipient> are an 8-byte big-endian first_enqueued
-// (unix ms) followed by the marshalled StoredMessage, so the committer can
-// track the oldest message's age without decoding it.
-func enqueuedMs(v []byte) int64 {
+// Queue records (values in q/<recipient>) start with a fixed header so the
+// committer can maintain the indexes without decoding the message:
+//
+//	[0:8]   created_elapsed_ms, big-endian
+//	[8:16]  give-up time (elapsed ms) when the message has a TTL, else 0
+//	[16]    flags: flagCoalesce = the coalesce index points at this record
+//	[17:]   the marshalled StoredMessage
+const (
+	recHeader    = 17
+	flagCoalesce = 1
+)
+
+func createdMs(v []byte) int64 {
 	if len(v) < 8 {
 		return 0
 	}
 	return int64(binary.BigEndian.Uint64(v))
+}
+
+func giveUpMs(v []byte) int64 {
+	if len(v) < 16 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(v[8:16]))
+}
+
+func recFlags(v []byte) byte {
+	if len(v) < recHeader {
+		return 0
+	}
+	return v[16]
 }
 
 func seqKey(seq uint64) []byte {
@@ -346,15 +420,14 @@ func seqKey(seq uint64) []byte {
 	return k[:]
 }
 
-func u64(v uint64) []byte { return seqKey(v) }
-
-// expiredAt reports whether env has expired at nowMs.
-func expiredAt(env *pb.Envelope, nowMs int64) bool {
-	return env.GetExpiresAtUnixMs() != 0 && env.GetExpiresAtUnixMs() <= nowMs
+func seqOf(k []byte) uint64 {
+	if len(k) < 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(k[:8])
 }
 
-// farFuture is used for sendAt values that mean "never on its own".
-const farFuture = math.MaxInt64
+func u64(v uint64) []byte { return seqKey(v) }
 
 // submit hands o to the committer and waits for its commit.
 func (s *Store) submit(ctx context.Context, o *op) error {
@@ -380,8 +453,23 @@ func (s *Store) submit(ctx context.Context, o *op) error {
 			return ErrClosed
 		}
 	case <-ctx.Done():
-		// The operation may still commit; callers of reliable sends retry
-		// with the same idempotency key, which the receiver deduplicates.
+		// The operation may still commit; a reliable send that gives up
+		// here may still be delivered.
 		return fmt.Errorf("outbox: %s: %w (may still commit)", o.kind, ctx.Err())
 	}
+}
+
+// submitAsync hands o to the committer without waiting; o.async is called
+// after the commit (or with ErrClosed at once when the store is closed).
+func (s *Store) submitAsync(o *op) {
+	// asyncMu (read) keeps Close from closing s.closing between the check
+	// and the send, so an op that made it into s.ops is always committed
+	// by the committer's final drain and its callback always runs.
+	s.asyncMu.RLock()
+	defer s.asyncMu.RUnlock()
+	if s.closedErr() != nil {
+		o.async(fmt.Errorf("outbox: %s: %w", o.kind, ErrClosed))
+		return
+	}
+	s.ops <- o // the committer runs until s.closing, which needs asyncMu
 }

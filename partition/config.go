@@ -9,51 +9,67 @@ import (
 // Config configures a Relay. Start from DefaultConfig.
 type Config struct {
 	Partitions  int           // relay loops; recipients are spread by FNV-1a
-	BatchSize   int           // max messages per Deliver call
+	BatchSize   int           // max messages per emission (one Deliver call)
 	DownRecheck time.Duration // a down peer's queues are looked at again after this even without NodeAlive
 	MaxDue      int           // recipients taken from the store per loop iteration
-	// MaxAckPending bounds, per recipient, the fully positive batches whose
-	// Ack is still committing while the next batch is sent (pipelining).
-	// 1 = at most one batch waits for its ack fsync while the next is on
-	// the wire; the unreceipted batch in flight is always at most one.
+	// MaxAckPending bounds, per stream, the fully positive emissions whose
+	// Ack is still committing while the next one is sent (pipelining).
+	// The unreceipted emission in flight is always at most one.
 	MaxAckPending int
-	// DeliverTimeout bounds one batch's wait for its receipts. A receipt
-	// lost while the connection stays up would otherwise hold the batch,
+	// DeliverTimeout bounds one emission's wait for its receipts. A receipt
+	// lost while the connection stays up would otherwise hold the stream,
 	// and its peer's AIMD slots, until the relay closes.
 	DeliverTimeout time.Duration
-	Logger         *slog.Logger
+	// DirectTimeout bounds the direct attempt of Send; past it the message
+	// is stored and the caller told Queued (a slow handler does not hold
+	// the caller).
+	DirectTimeout time.Duration
+	Backoff       BackoffConfig // delay after a handler failure or a deferral
+	Limiter       LimiterConfig // AIMD limits of every per-node Limiter
+	Logger        *slog.Logger
 }
 
 // DefaultConfig returns a Config with every field set.
 func DefaultConfig() Config {
 	return Config{
-		Partitions:     4,                // DESIGN default P
-		BatchSize:      128,              // amortises a round trip over many messages
-		DownRecheck:    10 * time.Second, // safety net if a NodeAlive event is missed
-		MaxDue:         256,              // bounds one iteration's work
-		MaxAckPending:  4,                // acks of up to 4 batches commit while the next batch is out
-		DeliverTimeout: 30 * time.Second, // far above a batch's round trip plus the receiver's fsync
-		Logger:         slog.Default(),   // structured logs
+		Partitions:     4,                      // a loop per core and then some; recipients never wait for each other anyway
+		BatchSize:      128,                    // amortises a round trip over many messages
+		DownRecheck:    10 * time.Second,       // safety net if a NodeAlive event is missed
+		MaxDue:         256,                    // bounds one iteration's work
+		MaxAckPending:  4,                      // acks of up to 4 emissions commit while the next is out
+		DeliverTimeout: 30 * time.Second,       // far above a batch's round trip plus the receiver's fsync
+		DirectTimeout:  2 * time.Second,        // a caller waits at most this before Queued
+		Backoff:        DefaultBackoffConfig(), // 100 ms base, 30 s cap, full jitter
+		Limiter:        DefaultLimiterConfig(), // 10 initial, 1 min, 100 max
+		Logger:         slog.Default(),         // structured logs
 	}
 }
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
+	bad := func(s string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, s) }
 	switch {
 	case c.Partitions < 1 || c.Partitions > 1024:
-		return fmt.Errorf("%w: Partitions must be in [1, 1024]", ErrInvalidConfig)
+		return bad("Partitions must be in [1, 1024]")
 	case c.BatchSize < 1:
-		return fmt.Errorf("%w: BatchSize must be >= 1", ErrInvalidConfig)
+		return bad("BatchSize must be >= 1")
 	case c.DownRecheck <= 0:
-		return fmt.Errorf("%w: DownRecheck must be > 0", ErrInvalidConfig)
+		return bad("DownRecheck must be > 0")
 	case c.MaxDue < 1:
-		return fmt.Errorf("%w: MaxDue must be >= 1", ErrInvalidConfig)
+		return bad("MaxDue must be >= 1")
 	case c.MaxAckPending < 1:
-		return fmt.Errorf("%w: MaxAckPending must be >= 1", ErrInvalidConfig)
+		return bad("MaxAckPending must be >= 1")
 	case c.DeliverTimeout <= 0:
-		return fmt.Errorf("%w: DeliverTimeout must be > 0", ErrInvalidConfig)
+		return bad("DeliverTimeout must be > 0")
+	case c.DirectTimeout <= 0:
+		return bad("DirectTimeout must be > 0")
+	case c.Backoff.Base <= 0 || c.Backoff.Cap < c.Backoff.Base:
+		return bad("Backoff needs 0 < Base <= Cap")
+	case c.Limiter.Min < 1 || c.Limiter.Max < c.Limiter.Min ||
+		c.Limiter.Initial < c.Limiter.Min || c.Limiter.Initial > c.Limiter.Max:
+		return bad("Limiter needs 1 <= Min <= Initial <= Max")
 	case c.Logger == nil:
-		return fmt.Errorf("%w: Logger is nil", ErrInvalidConfig)
+		return bad("Logger is nil")
 	}
 	return nil
 }

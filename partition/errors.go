@@ -1,6 +1,11 @@
 package partition
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
 
 // Sentinel errors.
 var (
@@ -8,4 +13,32 @@ var (
 	ErrInvalidConfig = errors.New("partition: invalid config")
 	// ErrNilDependency means New got a nil store or deliverer.
 	ErrNilDependency = errors.New("partition: nil store or deliverer")
+	// ErrCongested is wrapped by a Deliverer error when the local send
+	// queue to the peer was full: the emission was not sent. It is the
+	// sender's own congestion, so it is never counted against a message;
+	// the peer's AIMD limit halves.
+	ErrCongested = errors.New("partition: local send queue full")
+	// ErrClosed is returned by Send after Close.
+	ErrClosed = errors.New("partition: relay closed")
 )
+
+// UnsendableError reports envelopes of an emission that could not be put
+// on the wire at all (larger than a frame may be, or not encodable); the
+// others were sent. Such a message can never be delivered: it is poison
+// and goes to the dead-letter queue, and nothing else is charged for it.
+type UnsendableError struct {
+	Errs map[int]error // by index in the emission
+}
+
+func (e *UnsendableError) Error() string {
+	idx := make([]int, 0, len(e.Errs))
+	for i := range e.Errs {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	parts := make([]string, len(idx))
+	for k, i := range idx {
+		parts[k] = fmt.Sprintf("envelope %d: %v", i, e.Errs[i])
+	}
+	return "partition: unsendable: " + strings.Join(parts, "; ")
+}

@@ -20,6 +20,10 @@ type Config struct {
 	NodeName string // this node's name; must equal Identity.Name
 	Cluster  string // peers of another cluster are refused
 	BootID   string // changes on every start; lets peers tell a restart from a reconnect
+	// OutboxID names this node's outbox (made with its file): the sender
+	// part of the reliable streams it feeds, sent in the Hello. Zero is
+	// refused by peers.
+	OutboxID [16]byte
 
 	ListenAddr string   // UDP address for listening and dialing; "127.0.0.1:0" picks a free port
 	Identity   Identity // CA roots and this node's certificate
@@ -48,10 +52,11 @@ func DefaultConfig(nodeName string) Config {
 		NodeName:         nodeName,
 		Cluster:          "meshnode",      // the cluster name peers must share
 		BootID:           newBootID(),     // random per process start
+		OutboxID:         [16]byte{},      // required: the node sets its outbox's id
 		ListenAddr:       "0.0.0.0:7947",  // next to memberlist's 7946
 		Identity:         Identity{},      // required: set by the caller
 		DataDir:          "",              // no persisted reset key: resets only work within one run
-		MaxFrameSize:     4 << 20,         // 4 MiB, as DESIGN.md says
+		MaxFrameSize:     4 << 20,         // 4 MiB: big enough for documents, small enough to bound memory per read
 		SendQueueSize:    8192,            // ~1 MiB of 128-byte messages per peer
 		SendQueueBytes:   64 << 20,        // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
 		Lanes:            16,              // 16 recipients can progress independently per peer
@@ -78,6 +83,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("transport: config: Cluster is empty")
 	case c.BootID == "":
 		return fmt.Errorf("transport: config: BootID is empty")
+	case c.OutboxID == [16]byte{}:
+		return fmt.Errorf("transport: config: OutboxID is not set")
 	case len(c.Identity.Cert.Certificate) == 0 || c.Identity.Roots == nil:
 		return fmt.Errorf("transport: config: Identity is not set (use CA.NewIdentity or LoadIdentityFiles)")
 	case c.Identity.Name != c.NodeName:

@@ -61,6 +61,12 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		return nil, fmt.Errorf("%w: peer sent no certificate", ErrIncompatible)
 	}
 	certNames := leaf[0].DNSNames
+	if p := qc.ConnectionState().TLS.NegotiatedProtocol; p != ALPN {
+		err := fmt.Errorf("%w: peer speaks %q, this node %q: run the same meshnode release on both", ErrIncompatible, p, ALPN)
+		t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
+		_ = qc.CloseWithError(CodeIncompatible, err.Error())
+		return nil, err
+	}
 	var ctrl *quic.SendStream
 	var ph *pb.Hello
 	var br *bufio.Reader
@@ -88,7 +94,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	c := &conn{
 		t:       t,
 		qc:      qc,
-		peer:    PeerInfo{Name: ph.GetNodeName(), BootID: ph.GetBootId()},
+		peer:    PeerInfo{Name: ph.GetNodeName(), BootID: ph.GetBootId(), OutboxID: [16]byte(ph.GetOutboxId())},
 		dialed:  dialed,
 		remote:  remoteAddrPort(qc),
 		done:    make(chan struct{}),
@@ -131,6 +137,7 @@ func (t *Transport) hello() *pb.Hello {
 		BootId:           t.cfg.BootID,
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          t.cfg.Cluster,
+		OutboxId:         t.cfg.OutboxID[:],
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)
@@ -202,10 +209,14 @@ func (t *Transport) checkHello(h *pb.Hello, certNames []string, expect string) (
 		return CodeIncompatible, fmt.Errorf("%w: peer %s is in cluster %q, we are in %q", ErrIncompatible, name, h.GetCluster(), t.cfg.Cluster)
 	}
 	if !pb.Compatible(h.GetProtocolVersions()) {
-		return CodeIncompatible, fmt.Errorf("%w: peer %s speaks protocol versions %v, we speak %v", ErrIncompatible, name, h.GetProtocolVersions(), pb.SupportedVersions())
+		return CodeIncompatible, fmt.Errorf("%w: peer %s speaks protocol versions %v, we speak %v: run the same meshnode release on both",
+			ErrIncompatible, name, h.GetProtocolVersions(), pb.SupportedVersions())
 	}
 	if h.GetBootId() == "" {
 		return CodeProtocol, fmt.Errorf("%w: peer %s sent no boot id", ErrIncompatible, name)
+	}
+	if len(h.GetOutboxId()) != 16 || [16]byte(h.GetOutboxId()) == ([16]byte{}) {
+		return CodeProtocol, fmt.Errorf("%w: peer %s sent no valid outbox id", ErrIncompatible, name)
 	}
 	return 0, nil
 }

@@ -29,7 +29,6 @@ const (
 	envSender          = 4
 	envRecipient       = 5
 	envCreatedAt       = 6
-	envExpiresAt       = 7
 	envType            = 8
 	envHeaders         = 9
 	envBody            = 10
@@ -40,6 +39,9 @@ const (
 	envAttempt         = 15
 	envReceipt         = 16
 	envPrevSequence    = 17
+	envStreamEpoch     = 18
+	envCoalesceKey     = 19
+	envTTL             = 20
 
 	rpcKind          = 1
 	rpcService       = 2
@@ -95,7 +97,7 @@ type envSizes struct {
 // sizeEnvelope returns the encoded sizes of env, or ok=false when env needs
 // the generic path (unknown fields, invalid UTF-8).
 func sizeEnvelope(env *pb.Envelope) (sz envSizes, ok bool) {
-	if len(env.ProtoReflect().GetUnknown()) > 0 {
+	if len(env.ProtoReflect().GetUnknown()) > 0 || env.Origin != nil {
 		return sz, false
 	}
 	n := sizeVarint(uint64(env.ProtocolVersion))
@@ -106,7 +108,6 @@ func sizeEnvelope(env *pb.Envelope) (sz envSizes, ok bool) {
 		n += sizeStr(s)
 	}
 	n += sizeVarint(uint64(env.CreatedAtUnixMs))
-	n += sizeVarint(uint64(env.ExpiresAtUnixMs))
 	for k, v := range env.Headers {
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return sz, false
@@ -141,12 +142,24 @@ func sizeEnvelope(env *pb.Envelope) (sz envSizes, ok bool) {
 	n += sizeVarint(env.Sequence)
 	n += sizeVarint(uint64(int64(env.Conflict)))
 	n += sizeVarint(uint64(env.Attempt))
-	// Fields 16 and 17 take two-byte tags.
+	// Fields 16 and above take two-byte tags.
 	if env.Receipt != 0 {
 		n += 2 + protowire.SizeVarint(uint64(int64(env.Receipt)))
 	}
 	if env.PrevSequence != 0 {
 		n += 2 + protowire.SizeVarint(env.PrevSequence)
+	}
+	if env.StreamEpoch != 0 {
+		n += 2 + protowire.SizeVarint(env.StreamEpoch)
+	}
+	if env.CoalesceKey != "" {
+		if !utf8.ValidString(env.CoalesceKey) {
+			return sz, false
+		}
+		n += 2 + protowire.SizeBytes(len(env.CoalesceKey))
+	}
+	if env.TtlMs != 0 {
+		n += 2 + protowire.SizeVarint(uint64(env.TtlMs))
 	}
 	sz.total = n
 	return sz, true
@@ -168,7 +181,6 @@ func appendEnvelope(b []byte, env *pb.Envelope, sz envSizes) []byte {
 	b = appendStr(b, envSender, env.Sender)
 	b = appendStr(b, envRecipient, env.Recipient)
 	b = appendVarintField(b, envCreatedAt, uint64(env.CreatedAtUnixMs))
-	b = appendVarintField(b, envExpiresAt, uint64(env.ExpiresAtUnixMs))
 	b = appendStr(b, envType, env.Type)
 	switch len(env.Headers) {
 	case 0:
@@ -210,6 +222,9 @@ func appendEnvelope(b []byte, env *pb.Envelope, sz envSizes) []byte {
 	b = appendVarintField(b, envAttempt, uint64(env.Attempt))
 	b = appendVarintField(b, envReceipt, uint64(int64(env.Receipt)))
 	b = appendVarintField(b, envPrevSequence, env.PrevSequence)
+	b = appendVarintField(b, envStreamEpoch, env.StreamEpoch)
+	b = appendStr(b, envCoalesceKey, env.CoalesceKey)
+	b = appendVarintField(b, envTTL, uint64(env.TtlMs))
 	return b
 }
 
@@ -293,8 +308,8 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 	p := buf
 	for len(p) > 0 {
 		num, typ, n := protowire.ConsumeTag(p)
-		if n < 0 || num > envPrevSequence {
-			return nil, false
+		if n < 0 || num > envTTL || num == 7 {
+			return nil, false // field 7 is reserved; 21 (origin) and unknown ones take the generic path
 		}
 		p = p[n:]
 		if num != envHeaders {
@@ -304,7 +319,7 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 			seen |= 1 << num
 		}
 		switch num {
-		case envMsgID, envIdempotencyKey, envSender, envRecipient, envType, envHeaders, envBody, envRPC:
+		case envMsgID, envIdempotencyKey, envSender, envRecipient, envType, envHeaders, envBody, envRPC, envCoalesceKey:
 			if typ != protowire.BytesType {
 				return nil, false
 			}
@@ -326,6 +341,8 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 				env.Recipient, ok = str(v)
 			case envType:
 				env.Type, ok = str(v)
+			case envCoalesceKey:
+				env.CoalesceKey, ok = str(v)
 			case envHeaders:
 				ok = decodeHeader(env, v, str)
 			case envBody:
@@ -352,8 +369,6 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 				env.ProtocolVersion = uint32(v)
 			case envCreatedAt:
 				env.CreatedAtUnixMs = int64(v)
-			case envExpiresAt:
-				env.ExpiresAtUnixMs = int64(v)
 			case envEventSeq:
 				env.EventSeq = v
 			case envSequence:
@@ -366,6 +381,10 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 				env.Receipt = pb.Envelope_ReceiptMode(int32(v))
 			case envPrevSequence:
 				env.PrevSequence = v
+			case envStreamEpoch:
+				env.StreamEpoch = v
+			case envTTL:
+				env.TtlMs = int64(v)
 			default:
 				return nil, false // field 0 cannot occur: ConsumeTag refuses it
 			}

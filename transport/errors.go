@@ -30,6 +30,28 @@ var (
 	ErrBadEnvelope = errors.New("transport: invalid envelope")
 )
 
+// EncodeError reports envelopes of a RequestBatch that could not be put on
+// the wire (their frame would exceed MaxFrameSize, or they could not be
+// encoded). The other envelopes of the batch were sent; their receipts are
+// returned beside this error.
+type EncodeError struct {
+	Errs map[int]error // by index in the batch
+}
+
+func (e *EncodeError) Error() string {
+	return fmt.Sprintf("transport: %d envelopes of the batch cannot be sent (first: %v)", len(e.Errs), e.first())
+}
+
+func (e *EncodeError) first() error {
+	best := -1
+	for i := range e.Errs {
+		if best < 0 || i < best {
+			best = i
+		}
+	}
+	return e.Errs[best]
+}
+
 // errDuplicate: our dial lost the simultaneous-dial tie-break; the peer's
 // connection is the one to use.
 var errDuplicate = fmt.Errorf("%w: duplicate connection closed by peer", ErrConnLost)

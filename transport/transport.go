@@ -14,10 +14,18 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // ALPN is the TLS application protocol; it carries the protocol major version.
-const ALPN = "meshnode/1"
+const ALPN = "meshnode/2"
+
+// oldALPNs are application protocols of earlier major versions. They are
+// offered and accepted only so that such a peer is refused after the
+// handshake with a close reason that says what to do, rather than with a
+// bare TLS alert.
+var oldALPNs = []string{"meshnode/1"}
 
 // Resolver maps node names to QUIC addresses. The transport asks it on every
 // send, so membership decides reachability.
@@ -27,9 +35,12 @@ type Resolver interface {
 	Resolve(node string) (string, error)
 }
 
-// PeerInfo identifies the sender of an envelope: its verified name and the
-// boot id of its current run.
-type PeerInfo struct{ Name, BootID string }
+// PeerInfo identifies the sender of an envelope: its name (verified by its
+// certificate), the boot id of its current run and its outbox id.
+type PeerInfo struct {
+	Name, BootID string
+	OutboxID     [16]byte
+}
 
 // Handler receives envelopes.
 type Handler interface {
@@ -142,13 +153,13 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 		Certificates: []tls.Certificate{cfg.Identity.Cert},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    cfg.Identity.Roots,
-		NextProtos:   []string{ALPN},
+		NextProtos:   append([]string{ALPN}, oldALPNs...),
 	}
 	t.clientTLS = &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{cfg.Identity.Cert},
 		RootCAs:      cfg.Identity.Roots,
-		NextProtos:   []string{ALPN},
+		NextProtos:   append([]string{ALPN}, oldALPNs...),
 	}
 	ln, err := t.qt.Listen(t.serverTLS, t.qconf)
 	if err != nil {
@@ -229,6 +240,31 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		}
 		seen[e.GetMsgId()] = struct{}{}
 	}
+	// An envelope that cannot be encoded into a frame is left out and
+	// reported; the others are sent.
+	var unsendable *EncodeError
+	all := envs
+	idx := make([]int, 0, len(envs))
+	for i, e := range envs {
+		if err := t.CheckSize(e); err != nil {
+			if unsendable == nil {
+				unsendable = &EncodeError{Errs: map[int]error{}}
+			}
+			unsendable.Errs[i] = err
+			continue
+		}
+		idx = append(idx, i)
+	}
+	out := make([]*pb.Receipt, len(all))
+	if unsendable != nil {
+		if len(idx) == 0 {
+			return out, unsendable
+		}
+		envs = make([]*pb.Envelope, len(idx))
+		for j, i := range idx {
+			envs[j] = all[i]
+		}
+	}
 	ws := make([]*waiter, len(envs))
 	var c *conn
 	if err := t.enqueue(ctx, node, envs, func(cc *conn) error {
@@ -240,23 +276,53 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		c = cc
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
-		return nil, err
+		return out, errors.Join(err, unsendableErr(unsendable))
 	}
-	out := make([]*pb.Receipt, len(envs))
-	for i, w := range ws {
+	for j, w := range ws {
 		select {
 		case <-w.done:
 			if w.err != nil {
 				c.removeWaiters(envs, ws)
-				return out, fmt.Errorf("transport: request %q to %s: %w", envs[i].GetMsgId(), node, w.err)
+				return out, errors.Join(fmt.Errorf("transport: request %q to %s: %w", envs[j].GetMsgId(), node, w.err), unsendableErr(unsendable))
 			}
-			out[i] = w.rc
+			out[idx[j]] = w.rc
 		case <-ctx.Done():
 			c.removeWaiters(envs, ws)
-			return out, fmt.Errorf("transport: request %q to %s: %w", envs[i].GetMsgId(), node, ctx.Err())
+			return out, errors.Join(fmt.Errorf("transport: request %q to %s: %w", envs[j].GetMsgId(), node, ctx.Err()), unsendableErr(unsendable))
 		}
 	}
-	return out, nil
+	return out, unsendableErr(unsendable)
+}
+
+// unsendableErr returns e as an error, nil when e is nil.
+func unsendableErr(e *EncodeError) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// emissionSlack is room for the fields a reliable envelope gets each time
+// it is sent (msg id, attempt, predecessor, epoch, remaining TTL): CheckSize
+// keeps it free, so a message accepted once is never too large later.
+const emissionSlack = 128
+
+// CheckSize reports, wrapping ErrFrameTooLarge, an envelope whose frame
+// would be larger than MaxFrameSize, with room left for what a reliable
+// envelope gets added each time it is sent. A message that passes fits on
+// the wire whenever it is sent.
+func (t *Transport) CheckSize(env *pb.Envelope) error {
+	n := 0
+	if sz, ok := sizeEnvelope(env); ok {
+		n = sz.total
+	} else {
+		n = proto.Size(env)
+	}
+	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + emissionSlack
+	if frame > t.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, t.cfg.MaxFrameSize)
+	}
+	return nil
 }
 
 // enqueue resolves and connects to node, then queues envs on one lane. reg,

@@ -130,7 +130,9 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer) error {
 	if err != nil {
 		return startError(cfg, "admin address "+cfg.AdminAddr, err)
 	}
-	n, err := node.New(nc)
+	// Open, spawn the inbox actors, then join: peers never see this node
+	// without its inboxes.
+	n, err := node.Open(nc)
 	if err != nil {
 		_ = l.Close()
 		return startError(cfg, "start node", err)
@@ -147,6 +149,10 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer) error {
 			_ = l.Close()
 			return fmt.Errorf("declare inbox %q: %w", name, err)
 		}
+	}
+	if err := n.Start(ctx); err != nil {
+		_ = l.Close()
+		return startError(cfg, "start node", err)
 	}
 	acfg := admin.DefaultConfig()
 	acfg.Addr, acfg.Token, acfg.Backend, acfg.Inbox, acfg.Logger = cfg.AdminAddr, cfg.AdminToken, admin.NodeBackend{Node: n}, boxes, logger

@@ -90,7 +90,6 @@ func (c nodeCollector) Collect() []Family {
 		counter("meshnode_outbox_delivered_total", "Messages delivered from the outbox and acknowledged.", os.Delivered),
 		counter("meshnode_outbox_enqueued_total", "Messages stored in the outbox.", os.Enqueued),
 		counter("meshnode_outbox_coalesced_total", "Waiting messages replaced by a newer OVERWRITE.", os.Coalesced),
-		counter("meshnode_outbox_dedupe_hits_total", "Idempotency keys found in the receiver's dedupe window.", os.DedupeHits),
 		counter("meshnode_outbox_fsyncs_total", "Outbox commits (one fsync each; compare with enqueued for group commit).", os.Fsyncs),
 	)
 

@@ -24,7 +24,7 @@ type Backend interface {
 	Ask(ctx context.Context, to node.Address, req, resp proto.Message) error
 	TellReliable(ctx context.Context, to node.Address, msg proto.Message, opts ...node.SendOption) (node.Outcome, error)
 	Stats() node.Stats
-	OutboxStats() outbox.Stats
+	OutboxStats() node.OutboxStats
 	DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error)
 	Replay(f outbox.DLQFilter) (int, error)
 	Purge(f outbox.DLQFilter) (int, error)
@@ -55,7 +55,7 @@ type Inbox interface {
 type NodeBackend struct{ *node.Node }
 
 // OutboxStats returns the node's outbox statistics.
-func (b NodeBackend) OutboxStats() outbox.Stats { return b.Outbox().Stats() }
+func (b NodeBackend) OutboxStats() node.OutboxStats { return b.Outbox().Stats() }
 
 // DeadLetters lists the node's dead letters.
 func (b NodeBackend) DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error) {

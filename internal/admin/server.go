@@ -285,7 +285,6 @@ type OutboxStatsJSON struct {
 	Delivered        uint64         `json:"delivered"`
 	Enqueued         uint64         `json:"enqueued"`
 	Coalesced        uint64         `json:"coalesced"`
-	DedupeHits       uint64         `json:"dedupe_hits"`
 	DLQDepth         int            `json:"dlq_depth"`
 	Fsyncs           uint64         `json:"fsyncs"`
 }
@@ -295,7 +294,7 @@ func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, OutboxStatsJSON{
 		Depth: st.Depth, DepthByPeer: st.DepthByPeer, OldestAgeSeconds: st.OldestAge.Seconds(), InFlight: st.InFlight,
 		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
-		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced, DedupeHits: st.DedupeHits,
+		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced,
 		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs,
 	})
 }

@@ -1,4 +1,4 @@
-package outbox
+package partition
 
 import "sync/atomic"
 
@@ -9,12 +9,15 @@ type LimiterConfig struct {
 	Max     int // ceiling of additive increase; default 100
 }
 
-// DefaultLimiterConfig returns the DESIGN defaults.
+// DefaultLimiterConfig returns the defaults. Max bounds the messages in
+// flight to one peer; a relay emission is a batch over one round trip
+// (which includes the receiver's group commit), so Max also bounds what one
+// peer can receive per round trip.
 func DefaultLimiterConfig() LimiterConfig {
 	return LimiterConfig{
-		Initial: 10,  // DESIGN: initial 10
-		Min:     1,   // DESIGN: min 1
-		Max:     100, // DESIGN: max 100
+		Initial: 10,  // a new peer starts gently
+		Min:     1,   // a full peer still gets one message at a time
+		Max:     100, // see above; tuned by measurement
 	}
 }
 
@@ -90,7 +93,8 @@ func (l *Limiter) OnSuccess() {
 	}
 }
 
-// OnCapacity halves the limit, down to Min (multiplicative decrease).
+// OnCapacity halves the limit, down to Min (multiplicative decrease): the
+// peer said it is full, or the local send queue to it was.
 func (l *Limiter) OnCapacity() {
 	for {
 		cur := l.limit.Load()

@@ -1,4 +1,4 @@
-package outbox
+package partition
 
 import (
 	"math/rand/v2"
@@ -12,11 +12,12 @@ type BackoffConfig struct {
 	Cap  time.Duration // largest ceiling; default 30s
 }
 
-// DefaultBackoffConfig returns the DESIGN defaults.
+// DefaultBackoffConfig returns the defaults: the first retry within 100 ms,
+// never more than 30 s between tries.
 func DefaultBackoffConfig() BackoffConfig {
 	return BackoffConfig{
-		Base: 100 * time.Millisecond, // DESIGN: base 100 ms
-		Cap:  30 * time.Second,       // DESIGN: cap 30 s
+		Base: 100 * time.Millisecond, // a quick first retry
+		Cap:  30 * time.Second,       // a peer back from an outage is tried within 30 s
 	}
 }
 

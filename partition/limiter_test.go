@@ -1,32 +1,32 @@
-package outbox_test
+package partition_test
 
 import (
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
 )
 
 func TestLimiterAIMD(t *testing.T) {
 	tests := []struct {
 		name  string
-		cfg   outbox.LimiterConfig
+		cfg   partition.LimiterConfig
 		steps string // s = success, c = capacity, t = transient
 		want  int
 	}{
-		{"initial", outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "", 10},
-		{"additive increase", outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "sss", 13},
-		{"capped at max", outbox.LimiterConfig{Initial: 99, Min: 1, Max: 100}, "ssss", 100},
-		{"halved", outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "c", 5},
-		{"floor at min", outbox.LimiterConfig{Initial: 10, Min: 2, Max: 100}, "cccccc", 2},
-		{"transient unchanged", outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "ttt", 10},
-		{"recovers", outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "cccc" + "sssss", 6},
-		{"bad config clamped", outbox.LimiterConfig{Initial: 0, Min: 0, Max: 0}, "c", 1},
+		{"initial", partition.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "", 10},
+		{"additive increase", partition.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "sss", 13},
+		{"capped at max", partition.LimiterConfig{Initial: 99, Min: 1, Max: 100}, "ssss", 100},
+		{"halved", partition.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "c", 5},
+		{"floor at min", partition.LimiterConfig{Initial: 10, Min: 2, Max: 100}, "cccccc", 2},
+		{"transient unchanged", partition.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "ttt", 10},
+		{"recovers", partition.LimiterConfig{Initial: 10, Min: 1, Max: 100}, "cccc" + "sssss", 6},
+		{"bad config clamped", partition.LimiterConfig{Initial: 0, Min: 0, Max: 0}, "c", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			l := outbox.NewLimiter(tt.cfg)
+			l := partition.NewLimiter(tt.cfg)
 			for _, c := range tt.steps {
 				switch c {
 				case 's':
@@ -45,7 +45,7 @@ func TestLimiterAIMD(t *testing.T) {
 }
 
 func TestLimiterAcquire(t *testing.T) {
-	l := outbox.NewLimiter(outbox.LimiterConfig{Initial: 10, Min: 1, Max: 100})
+	l := partition.NewLimiter(partition.LimiterConfig{Initial: 10, Min: 1, Max: 100})
 	if g := l.TryAcquire(4); g != 4 {
 		t.Fatalf("acquire 4 = %d", g)
 	}
@@ -73,7 +73,7 @@ func TestLimiterAcquire(t *testing.T) {
 }
 
 func TestLimiterConcurrentNeverExceeds(t *testing.T) {
-	l := outbox.NewLimiter(outbox.LimiterConfig{Initial: 8, Min: 1, Max: 8})
+	l := partition.NewLimiter(partition.LimiterConfig{Initial: 8, Min: 1, Max: 8})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	peak := 0
@@ -98,7 +98,7 @@ func TestLimiterConcurrentNeverExceeds(t *testing.T) {
 }
 
 func TestBackoffDelay(t *testing.T) {
-	b := outbox.BackoffConfig{Base: 100 * time.Millisecond, Cap: 30 * time.Second}
+	b := partition.BackoffConfig{Base: 100 * time.Millisecond, Cap: 30 * time.Second}
 	tests := []struct {
 		attempt int
 		ceiling time.Duration
@@ -124,7 +124,7 @@ func TestBackoffDelay(t *testing.T) {
 			t.Fatalf("attempt %d: max of 300 draws %v; jitter not spread up to %v", tt.attempt, maxSeen, tt.ceiling)
 		}
 	}
-	if d := (outbox.BackoffConfig{}).Delay(3); d != 0 {
+	if d := (partition.BackoffConfig{}).Delay(3); d != 0 {
 		t.Fatalf("zero config delay = %v", d)
 	}
 }

@@ -1,0 +1,187 @@
+package node
+
+import (
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// StreamID names a reliable stream as its receiver sees it: the ordered
+// flow of reliable messages from one sender outbox to one actor. A handler
+// that stores Message.Stream() and Message.Sequence() with its own effects
+// (in the same transaction) can skip a message it has already applied, and
+// so gets an exactly-once effect even across a crash of this node.
+type StreamID struct {
+	Node   string   // the sender node, as verified by its certificate
+	Outbox [16]byte // the sender's outbox id: a wiped sender starts new streams
+	Epoch  uint64   // changes when the sender's state went back (a restored backup)
+	Actor  string   // the recipient actor on this node
+}
+
+// String returns "node/outbox-hex/epoch>actor".
+func (s StreamID) String() string {
+	return fmt.Sprintf("%s/%s/%d>%s", s.Node, hex.EncodeToString(s.Outbox[:]), s.Epoch, s.Actor)
+}
+
+// key returns the stream's key in the outbox file.
+func (s StreamID) key() []byte { return outbox.StreamKey(s.Node, s.Outbox, s.Epoch, s.Actor) }
+
+// inbound is the receiving side of reliable streams: a cache of the
+// watermarks of the streams in use, backed by the outbox file.
+type inbound struct {
+	store *outbox.Store
+	wg    sync.WaitGroup // commits started off the committer's goroutine
+
+	// mu guards the field below.
+	mu      sync.Mutex
+	streams map[string]*inStream // by string(StreamID.key())
+}
+
+// inStream is one stream's receiving state.
+//
+// The one owner of the stream's decisions (duplicate? in order? run?) is
+// the recipient actor's goroutine, which takes its messages one at a time:
+// only it moves w. Other goroutines read durable (post-time duplicates)
+// and the commit bookkeeping below.
+type inStream struct {
+	id  StreamID
+	key []byte
+
+	// w is the watermark: the highest sequence whose handler succeeded, or
+	// that an idempotency key answered. Written by the owner only.
+	w atomic.Uint64
+	// durable is the highest watermark known to be committed.
+	durable atomic.Uint64
+	// lastUse is the store's elapsed clock at the last lookup (eviction).
+	lastUse atomic.Int64
+
+	// cmu guards the fields below: at most one commit of the stream is with
+	// the store; what waits for durability meanwhile is gathered in next.
+	cmu      sync.Mutex
+	inFlight bool
+	next     []durableWaiter
+	nextKeys [][]byte
+}
+
+// durableWaiter is a receipt to send once the watermark covers seq durably.
+type durableWaiter struct {
+	seq uint64
+	fn  func(err error, watermark uint64)
+}
+
+func newInbound(store *outbox.Store) *inbound {
+	return &inbound{store: store, streams: make(map[string]*inStream)}
+}
+
+// get returns the stream id names, loading its watermark from the store on
+// first use.
+func (in *inbound) get(id StreamID) (*inStream, error) {
+	key := id.key()
+	now := in.store.ElapsedMs()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if st := in.streams[string(key)]; st != nil {
+		st.lastUse.Store(now)
+		return st, nil
+	}
+	w, err := in.store.Watermark(key)
+	if err != nil {
+		return nil, err
+	}
+	st := &inStream{id: id, key: key}
+	st.w.Store(w)
+	st.durable.Store(w)
+	st.lastUse.Store(now)
+	in.streams[string(key)] = st
+	return st, nil
+}
+
+// evictIdle forgets cached streams unused for idleMs whose watermark is
+// durable and that wait for nothing: their state is on disk.
+func (in *inbound) evictIdle(idleMs int64) int {
+	cutoff := in.store.ElapsedMs() - idleMs
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n := 0
+	for k, st := range in.streams {
+		if st.lastUse.Load() > cutoff || st.durable.Load() != st.w.Load() {
+			continue
+		}
+		st.cmu.Lock()
+		busy := st.inFlight || len(st.next) > 0
+		st.cmu.Unlock()
+		if !busy {
+			delete(in.streams, k)
+			n++
+		}
+	}
+	return n
+}
+
+// len returns how many streams are cached.
+func (in *inbound) len() int {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return len(in.streams)
+}
+
+// afterDurable calls fn once the watermark covers seq durably (at once if
+// it does already), with the commit's error or nil and the watermark. keys
+// are idempotency keys to record with the next commit. fn runs on the
+// store's committer or the caller's goroutine and must not block.
+func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func(err error, watermark uint64)) {
+	if len(keys) == 0 && st.durable.Load() >= seq {
+		fn(nil, st.durable.Load())
+		return
+	}
+	st.cmu.Lock()
+	st.next = append(st.next, durableWaiter{seq: seq, fn: fn})
+	st.nextKeys = append(st.nextKeys, keys...)
+	start := !st.inFlight
+	st.inFlight = true
+	st.cmu.Unlock()
+	if start {
+		in.commit(st)
+	}
+}
+
+// commit hands the stream's current watermark and gathered keys to the
+// store; when it is durable the waiters it covers are answered and, if more
+// gathered meanwhile, the next commit starts.
+func (in *inbound) commit(st *inStream) {
+	st.cmu.Lock()
+	waiters, keys := st.next, st.nextKeys
+	st.next, st.nextKeys = nil, nil
+	st.cmu.Unlock()
+	w := st.w.Load()
+	in.store.CommitStream(&outbox.StreamCommit{Stream: st.key, Watermark: w, Keys: keys}, func(err error) {
+		if err == nil && w > st.durable.Load() {
+			st.durable.Store(w)
+		}
+		for _, wt := range waiters {
+			if err == nil && wt.seq > w {
+				// Not covered (cannot happen: w was read after the waiter
+				// was added). Keep it for the next commit.
+				st.cmu.Lock()
+				st.next = append(st.next, wt)
+				st.cmu.Unlock()
+				continue
+			}
+			wt.fn(err, w)
+		}
+		st.cmu.Lock()
+		more := len(st.next) > 0
+		if !more {
+			st.inFlight = false
+		}
+		st.cmu.Unlock()
+		if more {
+			// Not on the committer's goroutine: handing an op to the store
+			// may wait for room in its queue, which the committer empties.
+			in.wg.Go(func() { in.commit(st) })
+		}
+	})
+}

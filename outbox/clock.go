@@ -1,0 +1,105 @@
+package outbox
+
+import (
+	"encoding/binary"
+	"sync"
+	"time"
+)
+
+// Clock is where the store gets time. Ages, TTLs, deferrals and retention
+// are counted on an elapsed clock built from Monotonic while the process
+// runs; the wall clock only tells how long the store was closed, and that
+// only within Config.MaxDowntime, since the wall clock may step.
+type Clock interface {
+	// Now returns the wall clock. It may step in either direction.
+	Now() time.Time
+	// Monotonic returns a reading that moves forward at the real rate and
+	// never steps, with an arbitrary origin fixed for the process.
+	Monotonic() time.Duration
+}
+
+// SystemClock returns the system's wall and monotonic clocks.
+func SystemClock() Clock { return systemClock{} }
+
+type systemClock struct{}
+
+var processStart = time.Now()
+
+func (systemClock) Now() time.Time           { return time.Now().Round(0) }
+func (systemClock) Monotonic() time.Duration { return time.Since(processStart) }
+
+// ManualClock is a Clock that moves only when told: tests step its wall
+// clock by years or advance both clocks by days. Safe for concurrent use.
+type ManualClock struct {
+	mu   sync.Mutex
+	wall time.Time
+	mono time.Duration
+}
+
+// NewManualClock returns a ManualClock whose wall clock reads wall.
+func NewManualClock(wall time.Time) *ManualClock { return &ManualClock{wall: wall} }
+
+// Now returns the manual wall clock.
+func (c *ManualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.wall
+}
+
+// Monotonic returns the manual monotonic reading.
+func (c *ManualClock) Monotonic() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mono
+}
+
+// Advance moves both clocks forward by d, as time passing does.
+func (c *ManualClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.wall = c.wall.Add(d)
+	c.mono += d
+	c.mu.Unlock()
+}
+
+// Step moves only the wall clock, by d (negative: backwards), as NTP or an
+// operator does.
+func (c *ManualClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.wall = c.wall.Add(d)
+	c.mu.Unlock()
+}
+
+// elapsed is the store's elapsed clock: milliseconds that count time the
+// store was open at the monotonic rate, and time it was closed as the wall
+// clock says, within [0, MaxDowntime]. It never goes back.
+type elapsed struct {
+	clock    Clock
+	base     int64         // elapsed ms at open
+	monoOpen time.Duration // clock.Monotonic() at open
+}
+
+// resume starts the elapsed clock from a checkpoint (elapsed ms and wall ms
+// persisted together); a missing checkpoint starts it at zero.
+func resume(clock Clock, checkpoint []byte, maxDowntime time.Duration) elapsed {
+	e := elapsed{clock: clock, monoOpen: clock.Monotonic()}
+	if len(checkpoint) == 16 {
+		last := int64(binary.BigEndian.Uint64(checkpoint[:8]))
+		lastWall := int64(binary.BigEndian.Uint64(checkpoint[8:]))
+		down := clock.Now().UnixMilli() - lastWall
+		e.base = last + min(max(down, 0), maxDowntime.Milliseconds())
+	}
+	return e
+}
+
+// nowMs returns the elapsed clock in milliseconds.
+func (e elapsed) nowMs() int64 {
+	return e.base + (e.clock.Monotonic() - e.monoOpen).Milliseconds()
+}
+
+// checkpoint encodes the elapsed clock with the wall clock, for resume.
+func (e elapsed) checkpoint() []byte {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(e.nowMs()))
+	binary.BigEndian.PutUint64(b[8:], uint64(e.clock.Now().UnixMilli()))
+	return b[:]
+}

@@ -1,0 +1,442 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+)
+
+// The queue API: what the relay (package partition) uses to drain the
+// outbox. The store executes; the relay decides (what is due, what counts,
+// what has expired).
+
+// DueRecipients returns up to limit recipients whose queue is non-empty,
+// whose send_at <= nowMs (elapsed) and for which keep returns true (keep is
+// called with the store's lock held and must not call back into the
+// Store). next is the earliest send_at among the kept recipients that are
+// not yet due (0 if none). The in-memory index makes this O(due + skipped),
+// never a scan of the file.
+func (s *Store) DueRecipients(nowMs int64, keep func(recipient string) bool, limit int) (due []string, next int64) {
+	if limit <= 0 {
+		limit = 1
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	s.due.Ascend(func(st *queue) bool {
+		if st.sendAt > nowMs {
+			if keep == nil || keep(st.name) {
+				next = st.sendAt
+				return false
+			}
+			return true
+		}
+		if keep != nil && !keep(st.name) {
+			return true
+		}
+		if len(due) < limit {
+			due = append(due, st.name)
+			return true
+		}
+		next = nowMs // full: more are due now
+		return false
+	})
+	return due, next
+}
+
+// HeadRequest says which messages of a queue Head returns.
+type HeadRequest struct {
+	Recipient string
+	Max       int      // at most this many messages
+	Skip      []uint64 // ascending: sequences to pass over (acks still committing)
+	// Below: only sequences < Below (0 = no bound), because a message with
+	// a lower sequence may still be committing.
+	Below uint64
+	// EmittedHW: sequences above it have never been on the wire, so one
+	// whose TTL ran out is given up at once rather than after MaxClockSkew.
+	EmittedHW uint64
+}
+
+// Head returns up to req.Max oldest messages of a queue in sequence order.
+// Messages whose TTL or age ran out are moved to the dead-letter queue on
+// the way ("expired", counted) and never returned. A message that has run
+// out of TTL but may still have a copy at the receiver (it was on the wire)
+// cannot be sent and cannot be given up before its TTL plus MaxClockSkew:
+// Head stops before it and returns its give-up time as waitUntil (elapsed
+// ms), so the stream stays in order.
+func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64, err error) {
+	if err := s.closedErr(); err != nil {
+		return nil, 0, err
+	}
+	if req.Max <= 0 {
+		return nil, 0, nil
+	}
+	maxAge := s.cfg.MaxAge().Milliseconds()
+	skew := s.cfg.MaxClockSkew.Milliseconds()
+	for {
+		nowMs := s.clock.nowMs()
+		msgs, waitUntil = nil, 0
+		var expire []uint64
+		var reasons []string
+		more := false
+		err := s.db.View(func(tx *bolt.Tx) error {
+			qb := tx.Bucket(bucketQueues).Bucket([]byte(req.Recipient))
+			if qb == nil {
+				return nil
+			}
+			c := qb.Cursor()
+			k, v := c.First()
+			sk := req.Skip
+			for ; k != nil && len(msgs) < req.Max; k, v = c.Next() {
+				sq := seqOf(k)
+				if req.Below != 0 && sq >= req.Below {
+					break
+				}
+				for len(sk) > 0 && sk[0] < sq {
+					sk = sk[1:]
+				}
+				if len(sk) > 0 && sk[0] == sq {
+					sk = sk[1:]
+					continue
+				}
+				created := createdMs(v)
+				if created+maxAge <= nowMs {
+					expire, reasons = append(expire, sq), append(reasons, ReasonTooOld)
+					continue
+				}
+				if g := giveUpMs(v); g != 0 && g-skew <= nowMs {
+					switch {
+					case sq > req.EmittedHW:
+						expire, reasons = append(expire, sq), append(reasons, ReasonExpired)
+						continue
+					case g <= nowMs:
+						expire, reasons = append(expire, sq), append(reasons, ReasonExpiredUnknown)
+						continue
+					}
+					waitUntil = g
+					return nil
+				}
+				sm, err := decodeRecord(v)
+				if err != nil {
+					expire, reasons = append(expire, sq), append(reasons, "undecodable: "+err.Error())
+					continue
+				}
+				msgs = append(msgs, sm)
+			}
+			more = k != nil
+			return nil
+		})
+		if err != nil {
+			return nil, 0, fmt.Errorf("outbox: head %s: %w", req.Recipient, err)
+		}
+		if len(expire) == 0 {
+			return msgs, waitUntil, nil
+		}
+		byReason := make(map[string][]uint64)
+		for i, sq := range expire {
+			byReason[reasons[i]] = append(byReason[reasons[i]], sq)
+		}
+		for reason, sqs := range byReason {
+			if _, err := s.Expire(req.Recipient, sqs, reason); err != nil {
+				return nil, 0, fmt.Errorf("outbox: head %s: %w", req.Recipient, err)
+			}
+		}
+		if len(msgs) > 0 || !more || waitUntil != 0 {
+			return msgs, waitUntil, nil
+		}
+	}
+}
+
+// Reasons for messages given up for age.
+const (
+	// ReasonExpired: the TTL ran out before the message was ever sent.
+	ReasonExpired = "expired"
+	// ReasonExpiredUnknown: the TTL ran out after the message was sent
+	// without a receipt coming back: it may or may not have run.
+	ReasonExpiredUnknown = "expired (outcome unknown: it was sent and no receipt came back)"
+	// ReasonTooOld: the message waited longer than a receiver keeps a
+	// stream (StreamRetention - RetentionMargin).
+	ReasonTooOld = "expired: older than the retention limit"
+)
+
+func isExpiredReason(r string) bool { return strings.HasPrefix(r, ReasonExpired) }
+
+// Ack removes delivered messages (a positive receipt came back). Acks are
+// group-committed: many concurrent acks share one fsync. Unknown sequences
+// are ignored (already acked, replaced or given up).
+func (s *Store) Ack(recipient string, seqs []uint64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	o := &op{kind: opAck, recipient: recipient, seqs: seqs}
+	if err := s.submit(context.Background(), o); err != nil {
+		return fmt.Errorf("outbox: ack %s: %w", recipient, err)
+	}
+	return o.err
+}
+
+// Failure is the receiver's verdict on one message, as far as it counts.
+type Failure struct {
+	Reason    string // stored as last_error, and in the dead-letter reason
+	Counts    bool   // a handler failure: counts toward MaxAttempts
+	Permanent bool   // poison: straight to the dead-letter queue
+}
+
+// Fail records a verdict on message seq of recipient. It returns the
+// message's counted attempts and whether it went to the dead-letter queue
+// (Permanent, or MaxAttempts reached: reason "max attempts: <Reason>"). A
+// message that is no longer queued is ignored.
+func (s *Store) Fail(recipient string, seq uint64, f Failure) (attempts int, deadLettered bool, err error) {
+	o := &op{kind: opFail, recipient: recipient, seqs: []uint64{seq}, failure: f}
+	if err := s.submit(context.Background(), o); err != nil {
+		return 0, false, fmt.Errorf("outbox: fail %s/%d: %w", recipient, seq, err)
+	}
+	return o.n, o.dead, o.err
+}
+
+func (s *Store) applyFail(tx *bolt.Tx, b *batch, o *op) error {
+	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
+	if qb == nil {
+		return nil
+	}
+	seq := o.seqs[0]
+	v := qb.Get(seqKey(seq))
+	if v == nil {
+		return nil
+	}
+	f := o.failure
+	sm, err := decodeRecord(v)
+	if err != nil {
+		o.dead = true
+		return s.deadLetter(tx, b, o.recipient, qb, seq, v, "undecodable", nil)
+	}
+	if f.Permanent {
+		o.dead = true
+		reason := f.Reason
+		if reason == "" {
+			reason = "rejected"
+		}
+		return s.deadLetter(tx, b, o.recipient, qb, seq, v, reason, func(sm *pb.StoredMessage) { sm.LastError = f.Reason })
+	}
+	sm.LastError = f.Reason
+	if f.Counts {
+		sm.Attempts++
+		if int(sm.Attempts) >= s.cfg.MaxAttempts {
+			o.dead, o.n = true, int(sm.Attempts)
+			return s.deadLetter(tx, b, o.recipient, qb, seq, v, "max attempts: "+f.Reason, func(x *pb.StoredMessage) {
+				x.Attempts, x.LastError = sm.Attempts, f.Reason
+			})
+		}
+	}
+	o.n = int(sm.Attempts)
+	val, err := encodeRecord(sm, giveUpMs(v), recFlags(v))
+	if err != nil {
+		return err
+	}
+	if err := qb.Put(seqKey(seq), val); err != nil {
+		return err
+	}
+	b.counters.retries++
+	b.delta(o.recipient) // the head's record changed; nothing else did
+	return nil
+}
+
+// Expire moves the given queued messages of recipient to the dead-letter
+// queue with reason (which starts with "expired") and returns how many it
+// moved. Messages no longer queued are ignored.
+func (s *Store) Expire(recipient string, seqs []uint64, reason string) (int, error) {
+	o := &op{kind: opExpire, recipient: recipient, seqs: seqs, reason: reason}
+	if err := s.submit(context.Background(), o); err != nil {
+		return 0, fmt.Errorf("outbox: expire %s: %w", recipient, err)
+	}
+	return o.n, o.err
+}
+
+func (s *Store) applyExpire(tx *bolt.Tx, b *batch, o *op) error {
+	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
+	if qb == nil {
+		return nil
+	}
+	for _, sq := range o.seqs {
+		v := qb.Get(seqKey(sq))
+		if v == nil {
+			continue
+		}
+		if err := s.deadLetter(tx, b, o.recipient, qb, sq, v, o.reason, nil); err != nil {
+			return err
+		}
+		o.n++
+	}
+	return nil
+}
+
+// Expiring is a queued message whose give-up time has come.
+type Expiring struct {
+	Recipient string
+	Seq       uint64
+	TTLOnly   bool // its TTL ran out (else its age passed the retention limit)
+}
+
+// ExpiryCandidates returns up to limit queued messages whose TTL (plus
+// MaxClockSkew) or age has run out at nowMs, and the earliest time (elapsed
+// ms) another will (0 = none known). The relay, which knows which streams
+// are being sent, decides and calls Expire.
+func (s *Store) ExpiryCandidates(nowMs int64, limit int) (out []Expiring, next int64, err error) {
+	maxAge := s.cfg.MaxAge().Milliseconds()
+	err = s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketExpiry).Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			g := int64(seqOf(k))
+			if g > nowMs {
+				next = g
+				break
+			}
+			if len(out) >= limit {
+				next = nowMs
+				break
+			}
+			out = append(out, Expiring{Recipient: string(bytes.Clone(k[16:])), Seq: seqOf(k[8:]), TTLOnly: true})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("outbox: expiry candidates: %w", err)
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, st := range s.queues {
+		at := st.oldestMs + maxAge
+		if at <= nowMs {
+			if len(out) < limit {
+				out = append(out, Expiring{Recipient: st.name, Seq: st.headSeq})
+			}
+			at = nowMs
+		}
+		if next == 0 || at < next {
+			next = at
+		}
+	}
+	return out, next, nil
+}
+
+// Defer pushes recipient's send_at to atMs (elapsed) without counting
+// anything. It is persisted (asynchronously: it is only a delay), so a
+// restart does not make every deferred queue due at once.
+func (s *Store) Defer(recipient string, atMs int64) {
+	s.mu.Lock()
+	st := s.queues[recipient]
+	if st != nil {
+		s.setSendAt(st, atMs)
+	}
+	s.mu.Unlock()
+	if st != nil {
+		s.submitAsync(&op{kind: opDefer, recipient: recipient, at: atMs, async: func(error) {}})
+	}
+}
+
+// WakeNode makes every recipient "…@node" due now (the peer came back),
+// cancelling backoff and deferrals in memory.
+func (s *Store) WakeNode(node string) {
+	now := s.clock.nowMs()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range s.byNode[node] {
+		if st.sendAt > now {
+			s.setSendAt(st, now)
+		}
+	}
+}
+
+// StreamState returns the persisted epoch and high-water (the highest
+// sequence ever stored) of recipient's stream.
+func (s *Store) StreamState(recipient string) (epoch, highWater uint64, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		os, err := decodeOutStream(tx.Bucket(bucketOut).Get([]byte(recipient)))
+		epoch, highWater = os.GetEpoch(), os.GetHighWater()
+		return err
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: stream state %s: %w", recipient, err)
+	}
+	return epoch, highWater, nil
+}
+
+// SetEpoch durably starts a new epoch of recipient's stream.
+func (s *Store) SetEpoch(recipient string, epoch uint64) error {
+	o := &op{kind: opEpoch, recipient: recipient, seq: epoch}
+	if err := s.submit(context.Background(), o); err != nil {
+		return fmt.Errorf("outbox: set epoch %s: %w", recipient, err)
+	}
+	return o.err
+}
+
+// DropQueue moves every message queued for recipient (an "actor@node"
+// address) or, given a bare node name, for every actor of that node, to the
+// dead-letter queue with reason "dropped: <why>", in bounded transactions.
+// It returns how many it moved; Replay brings them back.
+func (s *Store) DropQueue(target, why string) (int, error) {
+	var rcpts []string
+	if strings.Contains(target, "@") {
+		rcpts = []string{target}
+	} else {
+		rcpts = s.Recipients(target)
+	}
+	total := 0
+	for _, r := range rcpts {
+		for {
+			o := &op{kind: opDrop, recipient: r, reason: "dropped: " + why}
+			if err := s.submit(context.Background(), o); err != nil {
+				return total, fmt.Errorf("outbox: drop %s: %w", r, err)
+			}
+			if o.err != nil {
+				return total, o.err
+			}
+			total += o.n
+			if !o.more {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+func (s *Store) applyDrop(tx *bolt.Tx, b *batch, o *op) error {
+	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
+	if qb == nil {
+		return nil
+	}
+	var seqs []uint64
+	c := qb.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if len(seqs) == s.cfg.MaxBatch {
+			o.more = true
+			break
+		}
+		seqs = append(seqs, seqOf(k))
+	}
+	for _, sq := range seqs {
+		if err := s.deadLetter(tx, b, o.recipient, qb, sq, qb.Get(seqKey(sq)), o.reason, nil); err != nil {
+			return err
+		}
+		o.n++
+	}
+	return nil
+}
+
+// Recipients returns every recipient with waiting messages of node ("" =
+// all nodes). It is meant for tools and tests, not hot paths.
+func (s *Store) Recipients(node string) []string {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []string
+	for r, st := range s.queues {
+		if node == "" || st.node == node {
+			out = append(out, r)
+		}
+	}
+	return out
+}

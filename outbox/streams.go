@@ -1,0 +1,246 @@
+package outbox
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// The receiver's side of streams: one watermark per stream and the window
+// of application idempotency keys. Both live in this file so that a
+// watermark and the keys that took effect with it commit in one
+// transaction. Memory holds neither: watermarks are read on demand (the
+// node caches the streams in use) and keys are looked up on disk.
+
+// StreamKey names a receiver's stream: (sender node, sender outbox id,
+// epoch, recipient actor), length-prefixed so no two tuples share a key.
+func StreamKey(senderNode string, outboxID [16]byte, epoch uint64, actor string) []byte {
+	k := make([]byte, 0, 2+len(senderNode)+16+8+2+len(actor))
+	k = binary.AppendUvarint(k, uint64(len(senderNode)))
+	k = append(k, senderNode...)
+	k = append(k, outboxID[:]...)
+	k = binary.BigEndian.AppendUint64(k, epoch)
+	k = binary.AppendUvarint(k, uint64(len(actor)))
+	return append(k, actor...)
+}
+
+// ScopedKey names an application idempotency key in the receiver's window:
+// keys are deduped per (sender node, recipient actor), length-prefixed so
+// that no two pairs share a scope whatever characters names contain.
+func ScopedKey(senderNode, actor, key string) []byte {
+	k := make([]byte, 0, 4+len(senderNode)+len(actor)+len(key))
+	k = binary.AppendUvarint(k, uint64(len(senderNode)))
+	k = append(k, senderNode...)
+	k = binary.AppendUvarint(k, uint64(len(actor)))
+	k = append(k, actor...)
+	return append(k, key...)
+}
+
+// Watermark returns the persisted watermark of a stream (0 when unknown:
+// a new stream, or one forgotten after StreamRetention).
+func (s *Store) Watermark(streamKey []byte) (uint64, error) {
+	if err := s.closedErr(); err != nil {
+		return 0, err
+	}
+	var w uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketIn).Get(streamKey); len(v) == 16 {
+			w = binary.BigEndian.Uint64(v[:8])
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: watermark: %w", err)
+	}
+	return w, nil
+}
+
+// StreamCommit is one durable update of a receiver's stream: its new
+// watermark and the application keys that took effect with it.
+type StreamCommit struct {
+	Stream    []byte   // StreamKey
+	Watermark uint64   // the new watermark (never lower than the stored one)
+	Keys      [][]byte // ScopedKeys recorded with it
+}
+
+// CommitStream hands c to the next group commit and returns at once. The
+// keys count as seen (KeySeen) from now on; done is called exactly once
+// from the committer after the commit (nil: durable; else nothing of c was
+// stored and its keys are forgotten), or at once with ErrClosed. done must
+// not block: it holds up every later commit. CommitStream blocks only while
+// the committer's queue is full.
+func (s *Store) CommitStream(c *StreamCommit, done func(error)) {
+	for _, k := range c.Keys {
+		if len(k) > MaxKeyLen+600 {
+			done(fmt.Errorf("outbox: commit stream: %w: key of %d bytes", ErrBadMessage, len(k)))
+			return
+		}
+	}
+	if len(c.Keys) > 0 {
+		s.kmu.Lock()
+		for _, k := range c.Keys {
+			s.pendingKeys[string(k)]++
+		}
+		s.kmu.Unlock()
+	}
+	s.submitAsync(&op{kind: opStream, stream: c, async: done})
+}
+
+// KeySeen reports whether an application key was recorded within
+// KeyWindow, or is being recorded (handed to CommitStream, not committed).
+func (s *Store) KeySeen(scoped []byte) (bool, error) {
+	s.kmu.Lock()
+	_, pending := s.pendingKeys[string(scoped)]
+	s.kmu.Unlock()
+	if pending {
+		return true, nil
+	}
+	if err := s.closedErr(); err != nil {
+		return false, err
+	}
+	seen := false
+	cutoff := s.clock.nowMs() - s.cfg.KeyWindow.Milliseconds()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketKeys).Get(scoped); len(v) == 8 {
+			seen = int64(binary.BigEndian.Uint64(v)) > cutoff
+		}
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("outbox: key seen: %w", err)
+	}
+	return seen, nil
+}
+
+// forgetPendingKeys drops the keys of committed (or failed) stream commits
+// from the pending set: after a commit they are on disk, after a failure
+// they are not recorded.
+func (s *Store) forgetPendingKeys(ops []*op) {
+	locked := false
+	for _, o := range ops {
+		if o.kind != opStream || len(o.stream.Keys) == 0 {
+			continue
+		}
+		if !locked {
+			s.kmu.Lock()
+			locked = true
+		}
+		for _, k := range o.stream.Keys {
+			if s.pendingKeys[string(k)]--; s.pendingKeys[string(k)] <= 0 {
+				delete(s.pendingKeys, string(k))
+			}
+		}
+	}
+	if locked {
+		s.kmu.Unlock()
+	}
+}
+
+func (s *Store) applyStream(tx *bolt.Tx, b *batch, c *StreamCommit) error {
+	in := tx.Bucket(bucketIn)
+	w := c.Watermark
+	if v := in.Get(c.Stream); len(v) == 16 {
+		w = max(w, binary.BigEndian.Uint64(v[:8])) // a watermark never goes back
+	}
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], w)
+	binary.BigEndian.PutUint64(v[8:], uint64(b.nowMs))
+	if err := in.Put(c.Stream, v[:]); err != nil {
+		return err
+	}
+	keys, age := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyAge)
+	for _, k := range c.Keys {
+		if old := keys.Get(k); len(old) == 8 {
+			if err := age.Delete(append(bytes.Clone(old), k...)); err != nil {
+				return err
+			}
+		}
+		t := u64(uint64(b.nowMs))
+		if err := keys.Put(k, t); err != nil {
+			return err
+		}
+		if err := age.Put(append(t, k...), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Housekeeping bounds: how many records one commit may prune or look at.
+const (
+	maxPrunePerCommit = 1024
+	maxScanPerCommit  = 256
+)
+
+// housekeep prunes, a little in every commit, what has aged out: keys past
+// KeyWindow, streams idle past StreamRetention, and coalesce entries that
+// point at no queued message and are older than MaxAge. The scan positions
+// (hkIn, hkCoalesce) are owned by the committer.
+func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
+	keys, age := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyAge)
+	cutoff := b.nowMs - s.cfg.KeyWindow.Milliseconds()
+	c := age.Cursor()
+	var old [][]byte
+	for k, _ := c.First(); k != nil && len(old) < maxPrunePerCommit; k, _ = c.Next() {
+		if len(k) < 8 || int64(seqOf(k)) > cutoff {
+			break
+		}
+		old = append(old, bytes.Clone(k))
+	}
+	for _, k := range old {
+		if err := age.Delete(k); err != nil {
+			return err
+		}
+		if v := keys.Get(k[8:]); bytes.Equal(v, k[:8]) {
+			if err := keys.Delete(k[8:]); err != nil {
+				return err
+			}
+		}
+	}
+	var err error
+	retain := b.nowMs - s.cfg.StreamRetention.Milliseconds()
+	s.hkIn, err = pruneScan(tx.Bucket(bucketIn), s.hkIn, func(_, v []byte) bool {
+		return len(v) == 16 && int64(binary.BigEndian.Uint64(v[8:])) < retain
+	})
+	if err != nil {
+		return err
+	}
+	maxAge := b.nowMs - s.cfg.MaxAge().Milliseconds()
+	q := tx.Bucket(bucketQueues)
+	s.hkCoalesce, err = pruneScan(tx.Bucket(bucketCoalesce), s.hkCoalesce, func(k, v []byte) bool {
+		if len(v) < 16 || int64(binary.BigEndian.Uint64(v[8:16])) >= maxAge {
+			return false
+		}
+		r, _, _ := bytes.Cut(k, []byte{0})
+		qb := q.Bucket(r)
+		return qb == nil || qb.Get(v[:8]) == nil
+	})
+	return err
+}
+
+// pruneScan looks at up to maxScanPerCommit records of bk after pos,
+// deletes those old reports true for, and returns where the next call
+// resumes (nil: from the start).
+func pruneScan(bk *bolt.Bucket, pos []byte, old func(k, v []byte) bool) ([]byte, error) {
+	c := bk.Cursor()
+	k, v := c.First()
+	if pos != nil {
+		k, v = c.Seek(pos)
+	}
+	var del [][]byte
+	for i := 0; k != nil && i < maxScanPerCommit; i++ {
+		if old(k, v) {
+			del = append(del, bytes.Clone(k))
+		}
+		k, v = c.Next()
+	}
+	next := bytes.Clone(k)
+	for _, d := range del {
+		if err := bk.Delete(d); err != nil {
+			return pos, err
+		}
+	}
+	return next, nil
+}

@@ -1,0 +1,713 @@
+package partition
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// stream is the sending side of one reliable stream: this node's outbox to
+// one recipient. Its lock serializes the stream: under it a sequence is
+// assigned, the path (direct or outbox) chosen and an emission started; it
+// is never held while waiting for receipts or a commit of messages.
+type stream struct {
+	rcpt, node string
+
+	// blocked mirrors "cannot start an emission now" for the loop's
+	// filter, which must not take mu (it runs under the store's lock).
+	blocked atomic.Bool
+
+	// mu guards the fields below.
+	mu sync.Mutex
+	// epoch is the stream's current epoch (persisted by the store).
+	epoch uint64
+	// emittedHW is the highest sequence that may have been on the wire:
+	// what was stored before this run, and what this run sent. A receiver
+	// watermark above it means this sender's state went back.
+	emittedHW uint64
+	// direct: a direct attempt is unresolved (until its message is settled
+	// or stored). sending: a relay emission awaits its receipts.
+	direct, sending bool
+	// storing lists, ascending, sequences handed to the store and not yet
+	// committed: nothing at or above the lowest may be sent, since it may
+	// still appear below messages that were.
+	storing []uint64
+	// acking lists, ascending, sequences positively receipted whose Ack is
+	// still committing; ackBatches counts those Acks.
+	acking     []uint64
+	ackBatches int
+	// deferrals counts deferrals since the last positive receipt: the
+	// backoff exponent for delays nobody is charged for.
+	deferrals int
+}
+
+// settled reports that nothing of the stream is unresolved: a direct
+// attempt may go. Caller holds st.mu.
+func (st *stream) settled() bool {
+	return !st.direct && !st.sending && len(st.storing) == 0 && st.ackBatches == 0
+}
+
+// updateBlocked recomputes blocked. Caller holds st.mu.
+func (st *stream) updateBlocked(maxAck int) {
+	st.blocked.Store(st.direct || st.sending || st.ackBatches >= maxAck)
+}
+
+// idle reports that the relay holds nothing of the stream in memory that
+// it cannot reload from the store. Caller holds st.mu.
+func (st *stream) idle() bool { return st.settled() && st.deferrals == 0 }
+
+func (p *part) lookup(rcpt string) *stream {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.streams[rcpt]
+}
+
+func (r *Relay) part(rcpt string) *part { return r.parts[PartitionOf(rcpt, len(r.parts))] }
+
+// stream returns rcpt's stream, loading its epoch and high-water from the
+// store the first time.
+func (r *Relay) stream(rcpt string) (*stream, error) {
+	p := r.part(rcpt)
+	if st := p.lookup(rcpt); st != nil {
+		return st, nil
+	}
+	epoch, hw, err := r.store.StreamState(rcpt)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st := p.streams[rcpt]; st != nil {
+		return st, nil
+	}
+	st := &stream{rcpt: rcpt, node: nodeOf(rcpt), epoch: epoch, emittedHW: hw}
+	p.streams[rcpt] = st
+	return st, nil
+}
+
+// forget drops st from memory when it is idle and nothing waits for it.
+func (r *Relay) forget(st *stream) {
+	if r.store.Pending(st.rcpt) > 0 {
+		return
+	}
+	p := r.part(st.rcpt)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.idle() && p.streams[st.rcpt] == st {
+		delete(p.streams, st.rcpt)
+	}
+}
+
+// Outcome says what Send achieved.
+type Outcome int
+
+const (
+	// Delivered: the recipient's handler returned without error.
+	Delivered Outcome = iota + 1
+	// Queued: stored in the outbox (fsynced); the relay delivers it.
+	Queued
+	// DeadLettered: the direct attempt's verdict was final (poison, or
+	// the TTL ran out on the way); the message is in the dead-letter queue.
+	DeadLettered
+)
+
+// Sent is Send's result.
+type Sent struct {
+	Outcome Outcome
+	Reason  string // DeadLettered: why
+}
+
+// Send sends one reliable message (its envelope fully set but for the
+// sequence and the per-emission fields). When tryDirect is set, the peer
+// alive, the relay started, the stream settled and a slot free in the
+// peer's AIMD limit, it makes one direct attempt bounded by DirectTimeout
+// and returns Delivered when the handler succeeded. Otherwise, or when that
+// attempt gives no final verdict, it stores the message and returns Queued
+// once fsynced. It returns an error only when the message could not be
+// stored either (then nothing was stored), or ctx ended before anything
+// was done.
+func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) (Sent, error) {
+	if r.ctx.Err() != nil {
+		return Sent{}, ErrClosed
+	}
+	rcpt := sm.GetEnvelope().GetRecipient()
+	st, err := r.stream(rcpt)
+	if err != nil {
+		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+	}
+	lim := r.Limiter(st.node)
+	st.mu.Lock()
+	seq, err := r.store.ReserveSequence()
+	if err != nil {
+		st.mu.Unlock()
+		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+	}
+	env := sm.GetEnvelope()
+	env.Sequence = seq
+	direct := tryDirect && r.started.Load() && st.settled() && r.store.Pending(rcpt) == 0 &&
+		r.d.Alive(st.node) && lim.TryAcquire(1) == 1
+	var wire *pb.Envelope
+	var seen uint64
+	if direct {
+		st.direct = true
+		st.updateBlocked(r.cfg.MaxAckPending)
+		seen, st.emittedHW = st.emittedHW, max(st.emittedHW, seq)
+		wire = r.wire(sm, 0, st.epoch, r.store.ElapsedMs())
+	} else {
+		st.storing = append(st.storing, seq)
+	}
+	st.mu.Unlock()
+	sctx := context.WithoutCancel(ctx) // once begun, storing finishes whatever the caller does
+	if !direct {
+		_, err := r.store.Enqueue(sctx, sm)
+		r.doneStoring(st, seq)
+		if err != nil {
+			return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+		}
+		return Sent{Outcome: Queued}, nil
+	}
+	r.direct.Add(1)
+	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
+	rcs, derr := r.d.Deliver(dctx, st.node, []*pb.Envelope{wire})
+	cancel()
+	lim.Release(1)
+	var rc *pb.Receipt
+	if len(rcs) > 0 {
+		rc = rcs[0]
+	}
+	v := r.judge(st, wire, rc, derr, 0, seen)
+	defer func() {
+		st.mu.Lock()
+		st.direct = false
+		st.updateBlocked(r.cfg.MaxAckPending)
+		st.mu.Unlock()
+		r.Notify(rcpt)
+	}()
+	switch v.kind {
+	case vPositive:
+		return Sent{Outcome: Delivered}, nil
+	case vPoison, vExpired:
+		sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
+		if err := r.store.DeadLetter(sctx, sm, v.reason); err != nil {
+			return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+		}
+		return Sent{Outcome: DeadLettered, Reason: v.reason}, nil
+	case vCounted:
+		sm.Attempts, sm.LastError = 1, v.reason
+	case vRestored:
+		r.newEpoch(st)
+	}
+	// No final verdict: the message is stored under the sequence it was
+	// sent with, and the stream stays unsettled until it is.
+	if v.kind == vCounted && r.store.Config().MaxAttempts <= 1 {
+		sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
+		if err := r.store.DeadLetter(sctx, sm, "max attempts: "+v.reason); err != nil {
+			return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+		}
+		return Sent{Outcome: DeadLettered, Reason: "max attempts: " + v.reason}, nil
+	}
+	if _, err := r.store.Enqueue(sctx, sm); err != nil {
+		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+	}
+	r.apply(st, v, seq, false, int(sm.GetAttempts()))
+	return Sent{Outcome: Queued}, nil
+}
+
+// Store stores messages for many recipients (a fan-out) without a direct
+// attempt, and returns one error per message (nil = stored, or dropped as a
+// superseded OVERWRITE version).
+func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
+	errs := make([]error, len(sms))
+	if r.ctx.Err() != nil {
+		for i := range errs {
+			errs[i] = ErrClosed
+		}
+		return errs
+	}
+	streams := make([]*stream, len(sms))
+	var batch []*pb.StoredMessage
+	var idx []int
+	for i, sm := range sms {
+		rcpt := sm.GetEnvelope().GetRecipient()
+		st, err := r.stream(rcpt)
+		if err != nil {
+			errs[i] = fmt.Errorf("partition: store for %s: %w", rcpt, err)
+			continue
+		}
+		st.mu.Lock()
+		seq, err := r.store.ReserveSequence()
+		if err == nil {
+			sm.GetEnvelope().Sequence = seq
+			st.storing = append(st.storing, seq)
+		}
+		st.mu.Unlock()
+		if err != nil {
+			errs[i] = fmt.Errorf("partition: store for %s: %w", rcpt, err)
+			continue
+		}
+		streams[i] = st
+		batch, idx = append(batch, sm), append(idx, i)
+	}
+	_, berrs := r.store.EnqueueBatch(context.WithoutCancel(ctx), batch)
+	for j, i := range idx {
+		errs[i] = berrs[j]
+		r.doneStoring(streams[i], sms[i].GetEnvelope().GetSequence())
+	}
+	return errs
+}
+
+// Reserve is outbox.Sequencer: the store's Replay takes its sequences
+// here, so they are registered as storing like Send's.
+func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
+	st, err := r.stream(rcpt)
+	if err != nil {
+		return 0, nil, err
+	}
+	st.mu.Lock()
+	seq, err := r.store.ReserveSequence()
+	if err == nil {
+		st.storing = append(st.storing, seq)
+	}
+	st.mu.Unlock()
+	if err != nil {
+		return 0, nil, err
+	}
+	return seq, func() { r.doneStoring(st, seq) }, nil
+}
+
+// doneStoring removes seq from st's storing list and wakes the relay.
+func (r *Relay) doneStoring(st *stream, seq uint64) {
+	st.mu.Lock()
+	if i := slices.Index(st.storing, seq); i >= 0 {
+		st.storing = slices.Delete(st.storing, i, i+1)
+	}
+	st.mu.Unlock()
+	r.Notify(st.rcpt)
+}
+
+// wire returns the envelope of sm as it goes on the wire in one emission:
+// a fresh msg id, its attempt number, its predecessor in the emission, the
+// stream's epoch and the TTL it has left.
+func (r *Relay) wire(sm *pb.StoredMessage, prev, epoch uint64, nowMs int64) *pb.Envelope {
+	e := sm.GetEnvelope()
+	w := &pb.Envelope{}
+	*w = pb.Envelope{
+		ProtocolVersion: pb.ProtocolVersion,
+		MsgId:           mailbox.NewID(),
+		IdempotencyKey:  e.GetIdempotencyKey(),
+		Sender:          e.GetSender(),
+		Recipient:       e.GetRecipient(),
+		CreatedAtUnixMs: e.GetCreatedAtUnixMs(),
+		Type:            e.GetType(),
+		Headers:         e.GetHeaders(),
+		Body:            e.GetBody(),
+		Rpc:             e.GetRpc(),
+		EventSeq:        e.GetEventSeq(),
+		Sequence:        e.GetSequence(),
+		Conflict:        e.GetConflict(),
+		Attempt:         sm.GetAttempts() + 1,
+		Receipt:         pb.Envelope_RECEIPT_PROCESSED,
+		PrevSequence:    prev,
+		StreamEpoch:     epoch,
+		CoalesceKey:     e.GetCoalesceKey(),
+	}
+	if ttl := e.GetTtlMs(); ttl > 0 {
+		w.TtlMs = max(sm.GetCreatedElapsedMs()+ttl-nowMs, 1)
+	}
+	return w
+}
+
+// newEpoch starts a new epoch of st: its sender state went back (a restored
+// backup), so the receiver's watermark for the old epoch says nothing about
+// what this sender has. A random epoch, not the next one: the lost history
+// may have used the next one too.
+func (r *Relay) newEpoch(st *stream) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	epoch := binary.BigEndian.Uint64(b[:]) | 1
+	if err := r.store.SetEpoch(st.rcpt, epoch); err != nil {
+		r.cfg.Logger.Warn("relay: new epoch not stored; resending in the old one", "recipient", st.rcpt, "err", err)
+		return
+	}
+	st.mu.Lock()
+	st.epoch = epoch
+	st.mu.Unlock()
+	r.restores.Add(1)
+	r.cfg.Logger.Warn("relay: the receiver has seen sequences this outbox never sent: its state went back (restored from a backup?); starting a new epoch of the stream",
+		"recipient", st.rcpt, "epoch", epoch)
+}
+
+// dispatch starts an emission of rcpt if its peer is alive, the stream can
+// send and its limiter has room. It reports whether one started.
+func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
+	node := nodeOf(rcpt)
+	if !r.d.Alive(node) {
+		// The peer is down: deferred, never counted. NodeAlive wakes it,
+		// DownRecheck is the safety net.
+		r.deferDown(rcpt, node)
+		return false
+	}
+	st, err := r.stream(rcpt)
+	if err != nil {
+		r.cfg.Logger.Warn("relay: stream state", "recipient", rcpt, "err", err)
+		return false
+	}
+	lim := r.Limiter(node)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending {
+		return false
+	}
+	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-len(st.acking))
+	if n <= 0 {
+		return false
+	}
+	g := lim.TryAcquire(n)
+	if g == 0 {
+		return false
+	}
+	st.sending = true
+	st.updateBlocked(r.cfg.MaxAckPending)
+	req := outbox.HeadRequest{Recipient: rcpt, Max: g, Skip: slices.Clone(st.acking), EmittedHW: st.emittedHW}
+	if len(st.storing) > 0 {
+		req.Below = st.storing[0]
+	}
+	r.wg.Add(1)
+	go r.deliver(st, lim, g, req)
+	return true
+}
+
+// deliver makes one emission of st and applies its receipts in order.
+//
+// Pipelining: when every receipt is positive, the stream may start its
+// next emission before this one's Ack has committed; the acked sequences
+// stay in st.acking (skipped by Head) until the commit, and become
+// deliverable again if it fails (the receiver answers DUPLICATE). After any
+// other outcome the stream stays busy until the verdict and the acks are
+// recorded, so the next emission starts at the frontier.
+func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest) {
+	defer r.wg.Done()
+	released, sending := false, true
+	release := func() {
+		if !released {
+			released = true
+			lim.Release(slots)
+		}
+	}
+	defer func() {
+		release()
+		if sending {
+			st.mu.Lock()
+			st.sending = false
+			st.updateBlocked(r.cfg.MaxAckPending)
+			st.mu.Unlock()
+		}
+		r.forget(st)
+		// Slots of the node were released: any partition may have
+		// recipients of it waiting.
+		r.wakeAll()
+	}()
+	msgs, waitUntil, err := r.store.Head(req)
+	if err != nil {
+		if r.ctx.Err() == nil {
+			r.cfg.Logger.Warn("relay: head failed", "recipient", st.rcpt, "err", err)
+		}
+		return
+	}
+	if len(msgs) == 0 {
+		if waitUntil > 0 {
+			// The head ran out of TTL after it was sent: it can be neither
+			// sent nor given up before waitUntil; the stream waits with it.
+			r.store.Defer(st.rcpt, waitUntil)
+		}
+		return
+	}
+	nowMs := r.store.ElapsedMs()
+	st.mu.Lock()
+	epoch, seen := st.epoch, st.emittedHW
+	envs := make([]*pb.Envelope, len(msgs))
+	var prev uint64
+	for i, m := range msgs {
+		envs[i] = r.wire(m, prev, epoch, nowMs)
+		prev = envs[i].GetSequence()
+	}
+	st.emittedHW = max(st.emittedHW, prev)
+	st.mu.Unlock()
+	r.batches.Add(1)
+	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
+	receipts, derr := r.d.Deliver(dctx, st.node, envs)
+	cancel()
+	// The peer's share of the work is over when the receipts are back:
+	// free its AIMD slots now so other recipients of the node need not wait
+	// for this emission's ack fsync.
+	release()
+	r.wakeAll()
+	if r.ctx.Err() != nil {
+		// Closing: the messages stay queued and are sent again later;
+		// acks of positive receipts are still recorded.
+		derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
+	}
+	acks, clean := r.process(st, msgs, envs, receipts, derr, seen)
+	if len(acks) == 0 {
+		return
+	}
+	if clean {
+		// Every receipt positive: let the next emission go while this Ack
+		// waits for its fsync.
+		sending = false
+		st.mu.Lock()
+		st.sending = false
+		st.ackBatches++
+		st.acking = mergeSorted(st.acking, acks)
+		st.updateBlocked(r.cfg.MaxAckPending)
+		st.mu.Unlock()
+		r.Notify(st.rcpt)
+	}
+	err = r.store.Ack(st.rcpt, acks)
+	if clean {
+		st.mu.Lock()
+		st.ackBatches--
+		st.acking = removeSorted(st.acking, acks)
+		st.updateBlocked(r.cfg.MaxAckPending)
+		st.mu.Unlock()
+	}
+	if err != nil {
+		r.cfg.Logger.Warn("relay: ack failed; messages will be sent again (the receiver answers DUPLICATE)", "recipient", st.rcpt, "err", err)
+		return
+	}
+	r.delivered.Add(uint64(len(acks)))
+}
+
+// process applies the receipts of one emission in order and returns the
+// sequences to ack; clean reports that every message came back positive.
+// The first non-positive outcome decides what happens next; messages after
+// it that did not come back positive stay queued, uncounted.
+func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
+	decided := false
+	for i, e := range envs {
+		var rc *pb.Receipt
+		if i < len(receipts) {
+			rc = receipts[i]
+		}
+		v := r.judge(st, e, rc, derr, i, seen)
+		if v.kind == vPositive {
+			acks = append(acks, e.GetSequence())
+			continue
+		}
+		if v.kind == vRestored {
+			// Nothing more of this emission is acked: its DUPLICATEs speak
+			// of a history this sender no longer has.
+			r.failed.Add(1)
+			r.newEpoch(st)
+			return acks, false
+		}
+		if decided {
+			continue
+		}
+		decided = true
+		r.failed.Add(1)
+		r.apply(st, v, e.GetSequence(), true, 0)
+	}
+	return acks, !decided && derr == nil
+}
+
+type verdictKind int
+
+const (
+	vPositive verdictKind = iota + 1 // PROCESSED or DUPLICATE: ack
+	vRestored                        // the receiver has seen more than this sender sent: new epoch
+	vPoison                          // REJECTED or unsendable: dead-letter
+	vExpired                         // EXPIRED: dead-letter as expired
+	vCounted                         // a handler failure: counts toward MaxAttempts
+	vDefer                           // nobody's fault: wait (retry after at least retryAfter)
+	vResend                          // OUT_OF_ORDER: send again from the frontier at once
+	vDown                            // the peer went down: wait for it
+	vClosing                         // the relay is closing: nothing to record
+)
+
+type verdict struct {
+	kind       verdictKind
+	reason     string
+	retryAfter time.Duration
+	capacity   bool // the peer (or the local send queue) is full: AIMD halves
+}
+
+// judge turns the outcome of one message of an emission (index i) into a
+// verdict, and feeds the peer's limiter. seen is the stream's emitted
+// high-water before the emission.
+//
+// Only the receiver's verdict on the message itself counts toward
+// MaxAttempts: a handler failure, or NO_SUCH_ACTOR from a node past its
+// spawn grace. Everything that is the network's or the sender's doing (a
+// lost receipt, a reset connection, a full send queue, the peer full or
+// down, an OUT_OF_ORDER refusal, another message of the emission failing)
+// is deferred, never counted; so a healthy message never reaches the
+// dead-letter queue.
+func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i int, seen uint64) verdict {
+	lim := r.Limiter(st.node)
+	var un *UnsendableError
+	if errors.As(derr, &un) {
+		if uerr, ok := un.Errs[i]; ok {
+			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error()}
+		}
+	}
+	if rc == nil {
+		switch {
+		case r.ctx.Err() != nil:
+			return verdict{kind: vClosing}
+		case errors.Is(derr, ErrCongested):
+			lim.OnCapacity()
+			return verdict{kind: vDefer, reason: "local send queue full", capacity: true}
+		case !r.d.Alive(st.node):
+			return verdict{kind: vDown}
+		}
+		reason := "no receipt"
+		if derr != nil {
+			reason = "no receipt: " + derr.Error()
+		}
+		return verdict{kind: vDefer, reason: reason}
+	}
+	restored := func() bool {
+		w := rc.GetWatermark()
+		return w > seen && w > e.GetSequence()
+	}
+	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
+	switch rc.GetCode() {
+	case pb.Receipt_PROCESSED:
+		lim.OnSuccess()
+		st.resetDeferrals()
+		return verdict{kind: vPositive}
+	case pb.Receipt_DUPLICATE:
+		if restored() {
+			return verdict{kind: vRestored}
+		}
+		lim.OnSuccess()
+		st.resetDeferrals()
+		return verdict{kind: vPositive}
+	case pb.Receipt_OUT_OF_ORDER:
+		r.outOfOrder.Add(1)
+		if restored() {
+			return verdict{kind: vRestored}
+		}
+		return verdict{kind: vResend, reason: "out of order"}
+	case pb.Receipt_CAPACITY:
+		lim.OnCapacity()
+		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
+	case pb.Receipt_EXPIRED:
+		return verdict{kind: vExpired, reason: outbox.ReasonExpired}
+	case pb.Receipt_REJECTED:
+		return verdict{kind: vPoison, reason: "rejected: " + rc.GetMessage()}
+	case pb.Receipt_NO_SUCH_ACTOR:
+		if ra > 0 {
+			// The node is within its spawn grace: the actor may come.
+			return verdict{kind: vDefer, reason: "no such actor yet: " + rc.GetMessage(), retryAfter: ra}
+		}
+		return verdict{kind: vCounted, reason: "no such actor: " + rc.GetMessage()}
+	case pb.Receipt_TRANSIENT:
+		return verdict{kind: vCounted, reason: rc.GetMessage()}
+	}
+	// ACCEPTED or a code this build does not know proves nothing about the
+	// handler: wait and send again, uncounted.
+	return verdict{kind: vDefer, reason: "unexpected receipt " + rc.GetCode().String()}
+}
+
+func (st *stream) resetDeferrals() {
+	st.mu.Lock()
+	st.deferrals = 0
+	st.mu.Unlock()
+}
+
+// apply records a non-positive verdict on message seq and schedules the
+// stream's next emission. record says the verdict still has to be written
+// to the store (a relay emission); a direct attempt's message was stored
+// with it already (attempts is then its stored count).
+func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts int) {
+	switch v.kind {
+	case vClosing:
+	case vDown:
+		r.deferDown(st.rcpt, st.node)
+	case vResend:
+		r.Notify(st.rcpt) // from the frontier, at once
+	case vDefer:
+		st.mu.Lock()
+		st.deferrals++
+		n := st.deferrals
+		st.mu.Unlock()
+		r.deferFor(st.rcpt, max(v.retryAfter, r.cfg.Backoff.Delay(n)))
+	case vPoison:
+		if record {
+			r.fail(st.rcpt, seq, outbox.Failure{Reason: v.reason, Permanent: true})
+		}
+	case vExpired:
+		if record {
+			if _, err := r.store.Expire(st.rcpt, []uint64{seq}, v.reason); err != nil && r.ctx.Err() == nil {
+				r.cfg.Logger.Warn("relay: recording an expiry", "recipient", st.rcpt, "seq", seq, "err", err)
+			}
+		}
+	case vCounted:
+		if record {
+			n, dead, ok := r.fail(st.rcpt, seq, outbox.Failure{Reason: v.reason, Counts: true})
+			if !ok || dead {
+				return
+			}
+			attempts = n
+		}
+		r.deferFor(st.rcpt, r.cfg.Backoff.Delay(attempts))
+	}
+}
+
+// fail records a verdict in the store; ok is false when it could not.
+func (r *Relay) fail(rcpt string, seq uint64, f outbox.Failure) (attempts int, dead, ok bool) {
+	attempts, dead, err := r.store.Fail(rcpt, seq, f)
+	if err != nil {
+		if r.ctx.Err() == nil {
+			r.cfg.Logger.Warn("relay: recording a failure", "recipient", rcpt, "seq", seq, "err", err)
+		}
+		return 0, false, false
+	}
+	return attempts, dead, true
+}
+
+// mergeSorted returns the union of the ascending slices a and b.
+func mergeSorted(a, b []uint64) []uint64 {
+	out := make([]uint64, 0, len(a)+len(b))
+	for len(a) > 0 && len(b) > 0 {
+		if a[0] <= b[0] {
+			out, a = append(out, a[0]), a[1:]
+		} else {
+			out, b = append(out, b[0]), b[1:]
+		}
+	}
+	return append(append(out, a...), b...)
+}
+
+// removeSorted returns a without the elements of the ascending slice b.
+func removeSorted(a, b []uint64) []uint64 {
+	out := a[:0]
+	for _, v := range a {
+		for len(b) > 0 && b[0] < v {
+			b = b[1:]
+		}
+		if len(b) > 0 && b[0] == v {
+			b = b[1:]
+			continue
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
