@@ -63,6 +63,20 @@ func startNode(tb testing.TB, name string, dir string, join ...string) *node.Nod
 	return n
 }
 
+// startNodeWith is startNode with a config edit.
+func startNodeWith(tb testing.TB, name, dir string, edit func(*node.Config), join ...string) *node.Node {
+	tb.Helper()
+	cfg := testConfig(tb, name, dir)
+	cfg.Join = join
+	edit(&cfg)
+	n, err := node.New(cfg)
+	if err != nil {
+		tb.Fatalf("node.New(%s): %v", name, err)
+	}
+	tb.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
 // cluster starts k nodes n1..nk joined to n1 and waits until all see all.
 func cluster(tb testing.TB, k int) []*node.Node {
 	tb.Helper()

@@ -141,7 +141,7 @@ func TestTellReliableHandlerErrors(t *testing.T) {
 		return calls == 3 && nodes[0].Outbox().Stats().Depth == 0
 	})
 	out, err = nodes[0].TellReliable(ctx, node.Addr("poison", nodes[1].Name()), wrapperspb.String("x"))
-	if err != nil || out != node.Queued {
+	if err != nil || out != node.DeadLettered {
 		t.Fatalf("poison: %v, %v", out, err)
 	}
 	// The direct attempt was refused as poison: it is dead-lettered by the

@@ -568,7 +568,6 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		case r.ctx.Err() != nil:
 			return verdict{kind: vClosing}
 		case errors.Is(derr, ErrCongested):
-			lim.OnCapacity()
 			return verdict{kind: vDefer, reason: "local send queue full", capacity: true}
 		case !r.d.Alive(st.node):
 			return verdict{kind: vDown}
@@ -603,7 +602,6 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vResend, reason: "out of order"}
 	case pb.Receipt_CAPACITY:
-		lim.OnCapacity()
 		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
 	case pb.Receipt_EXPIRED:
 		return verdict{kind: vExpired, reason: outbox.ReasonExpired}
@@ -641,10 +639,24 @@ func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts i
 	case vResend:
 		r.Notify(st.rcpt) // from the frontier, at once
 	case vDefer:
+		if v.capacity {
+			// One halving per emission, however many of its messages were
+			// refused: it is one congestion event.
+			r.Limiter(st.node).OnCapacity()
+		}
 		st.mu.Lock()
+		first := st.deferrals == 0
 		st.deferrals++
 		n := st.deferrals
 		st.mu.Unlock()
+		if first && v.retryAfter > 0 {
+			// The first deferral since the stream last made progress
+			// trusts the receiver's own hint (a full mailbox estimates when
+			// it has room); the AIMD limit has already halved. Only
+			// deferrals without progress in between back off further.
+			r.deferFor(st.rcpt, v.retryAfter)
+			return
+		}
 		r.deferFor(st.rcpt, max(v.retryAfter, r.cfg.Backoff.Delay(n)))
 	case vPoison:
 		if record {

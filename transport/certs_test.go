@@ -118,7 +118,7 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("good config: %v", err)
 	}
 	def := transport.DefaultConfig("n1")
-	def.Identity = good.Identity
+	def.Identity, def.OutboxID = good.Identity, good.OutboxID
 	if err := def.Validate(); err != nil {
 		t.Fatalf("default config with identity: %v", err)
 	}
@@ -130,6 +130,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no name", func(c *transport.Config) { c.NodeName = "" }, "NodeName"},
 		{"no cluster", func(c *transport.Config) { c.Cluster = "" }, "Cluster"},
 		{"no boot id", func(c *transport.Config) { c.BootID = "" }, "BootID"},
+		{"no outbox id", func(c *transport.Config) { c.OutboxID = [16]byte{} }, "OutboxID"},
 		{"no identity", func(c *transport.Config) { c.Identity = transport.Identity{} }, "Identity"},
 		{"name not in cert", func(c *transport.Config) { c.NodeName = "n2" }, "certificate is for"},
 		{"tiny frames", func(c *transport.Config) { c.MaxFrameSize = 10 }, "MaxFrameSize"},

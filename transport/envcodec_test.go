@@ -29,7 +29,7 @@ func genEnvelope(t *rapid.T) *pb.Envelope {
 		Sender:          str("sender"),
 		Recipient:       str("recipient"),
 		CreatedAtUnixMs: rapid.Int64().Draw(t, "created"),
-		ExpiresAtUnixMs: rapid.Int64().Draw(t, "expires"),
+		TtlMs:           rapid.Int64().Draw(t, "ttl"),
 		Type:            str("type"),
 		EventSeq:        rapid.Uint64().Draw(t, "event_seq"),
 		Sequence:        rapid.Uint64().Draw(t, "seq"),
@@ -37,6 +37,8 @@ func genEnvelope(t *rapid.T) *pb.Envelope {
 		Attempt:         rapid.Uint32().Draw(t, "attempt"),
 		Receipt:         pb.Envelope_ReceiptMode(rapid.Int32().Draw(t, "receipt")),
 		PrevSequence:    rapid.Uint64().Draw(t, "prev"),
+		StreamEpoch:     rapid.Uint64().Draw(t, "epoch"),
+		CoalesceKey:     str("coalesce"),
 	}
 	if rapid.Bool().Draw(t, "headers?") {
 		env.Headers = rapid.MapOfN(rapid.String(), rapid.String(), 0, 4).Draw(t, "headers")

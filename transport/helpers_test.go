@@ -121,6 +121,7 @@ func testConfig(tb testing.TB, ca *transport.CA, name string) transport.Config {
 	cfg := transport.DefaultConfig(name)
 	cfg.ListenAddr = "127.0.0.1:0"
 	cfg.Identity = id
+	copy(cfg.OutboxID[:], "outbox-of-"+name+"----------")
 	cfg.DataDir = tb.TempDir()
 	cfg.KeepAlivePeriod = 200 * time.Millisecond
 	cfg.MaxIdleTimeout = 2 * time.Second

@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -159,7 +160,7 @@ func rawPeer(tb testing.TB, ca *transport.CA, target *node) *quic.Conn {
 		tb.Fatal(err)
 	}
 	hello, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Hello{Hello: &pb.Hello{
-		NodeName: "evil", BootId: "1", ProtocolVersions: pb.SupportedVersions, Cluster: target.cfg.Cluster,
+		NodeName: "evil", BootId: "1", ProtocolVersions: pb.SupportedVersions(), Cluster: target.cfg.Cluster, OutboxId: bytes.Repeat([]byte{7}, 16),
 	}}})
 	if err != nil {
 		tb.Fatal(err)

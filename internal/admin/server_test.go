@@ -77,8 +77,8 @@ func (f *fakeBackend) Stats() node.Stats {
 	return node.Stats{TellSent: 3, AskOK: 2, ReliableQueued: 5, DedupeHits: 7}
 }
 
-func (f *fakeBackend) OutboxStats() outbox.Stats {
-	return outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, LimitByPeer: map[string]int{"n2": 10}, OldestAge: time.Second}
+func (f *fakeBackend) OutboxStats() node.OutboxStats {
+	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second}, LimitByPeer: map[string]int{"n2": 10}}
 }
 
 func (f *fakeBackend) ActorStats() []node.ActorStats {

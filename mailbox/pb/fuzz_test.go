@@ -22,15 +22,16 @@ func seedFrames(tb testing.TB) [][]byte {
 	}
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion, MsgId: "m1", IdempotencyKey: "k1",
-		Sender: "a@n1", Recipient: "b@n2", CreatedAtUnixMs: 1700000000000, ExpiresAtUnixMs: 1700000060000,
+		Sender: "a@n1", Recipient: "b@n2", CreatedAtUnixMs: 1700000000000, TtlMs: 60000,
 		Type: "greeting", Headers: map[string]string{"meshnode-status-code": "2", "x": "y"}, Body: body,
 		Rpc:      &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, Service: "s", Method: "m", CorrelationId: "c1", ReplyTo: "a@n1"},
 		EventSeq: 7, Sequence: 42, Conflict: pb.Envelope_OVERWRITE, Attempt: 3, Receipt: pb.Envelope_RECEIPT_PROCESSED, PrevSequence: 41,
+		StreamEpoch: 5, CoalesceKey: "hb",
 	}
 	frames := []*pb.Frame{
-		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: pb.SupportedVersions, Cluster: "c"}}},
+		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: pb.SupportedVersions(), Cluster: "c", OutboxId: make([]byte, 16)}}},
 		{Kind: &pb.Frame_Envelope{Envelope: env}},
-		{Kind: &pb.Frame_Receipt{Receipt: &pb.Receipt{MsgId: "m1", Code: pb.Receipt_CAPACITY, RetryAfterMs: 50, Message: "full"}}},
+		{Kind: &pb.Frame_Receipt{Receipt: &pb.Receipt{MsgId: "m1", Code: pb.Receipt_CAPACITY, RetryAfterMs: 50, Message: "full", Watermark: 9}}},
 		{Kind: &pb.Frame_Goaway{Goaway: &pb.GoAway{Code: 1, Reason: "shutdown"}}},
 		{},
 	}

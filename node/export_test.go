@@ -1,0 +1,17 @@
+package node
+
+import (
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/transport"
+)
+
+// Test hooks for the external test package.
+
+// DeliverIncoming hands an envelope to the node as if it came from the
+// verified peer from, and returns at once (reply is called later).
+func (n *Node) DeliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	n.deliverIncoming(from, env, reply)
+}
+
+// OutboxID returns the node's outbox id.
+func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }

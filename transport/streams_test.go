@@ -1,0 +1,115 @@
+package transport_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/transport"
+	"github.com/quic-go/quic-go"
+)
+
+// The receiver learns the sender's outbox id from the Hello: it is the
+// sender part of every reliable stream.
+func TestPeerInfoCarriesOutboxID(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	rec := &recorder{}
+	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
+	startNode(t, testConfig(t, ca, "b"), r, rec)
+	if _, err := a.Request(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED)); err != nil {
+		t.Fatal(err)
+	}
+	_, from := rec.snapshot()
+	if len(from) != 1 || from[0].OutboxID != a.cfg.OutboxID || from[0].Name != "a" {
+		t.Fatalf("from = %+v, want a with outbox id %x", from, a.cfg.OutboxID)
+	}
+}
+
+// One envelope too large for a frame must not sink its batch: the
+// transport reports which one and sends the others.
+func TestRequestBatchReportsUnsendableAndSendsTheRest(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	cfg := testConfig(t, ca, "a")
+	cfg.MaxFrameSize = 4096
+	a := startNode(t, cfg, r, &recorder{})
+	bcfg := testConfig(t, ca, "b")
+	bcfg.MaxFrameSize = 4096
+	rec := &recorder{}
+	startNode(t, bcfg, r, rec)
+	envs := []*pb.Envelope{
+		envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED),
+		envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED),
+		envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED),
+		envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED),
+	}
+	envs[2].Type = strings.Repeat("X", 8192)
+	if err := a.CheckSize(envs[2]); !errors.Is(err, transport.ErrFrameTooLarge) {
+		t.Fatalf("CheckSize(big) = %v, want ErrFrameTooLarge", err)
+	}
+	if err := a.CheckSize(envs[0]); err != nil {
+		t.Fatalf("CheckSize(small) = %v", err)
+	}
+	rcs, err := a.RequestBatch(ctxT(t, 5*time.Second), "b", envs)
+	var ee *transport.EncodeError
+	if !errors.As(err, &ee) || len(ee.Errs) != 1 || ee.Errs[2] == nil || !errors.Is(ee.Errs[2], transport.ErrFrameTooLarge) {
+		t.Fatalf("err = %v, want an EncodeError for envelope 2 only", err)
+	}
+	for i, rc := range rcs {
+		if (rc == nil) != (i == 2) {
+			t.Fatalf("receipt %d = %v; want receipts for every envelope but 2", i, rc)
+		}
+	}
+	if got, _ := rec.snapshot(); len(got) != 3 {
+		t.Fatalf("receiver got %d envelopes, want 3", len(got))
+	}
+}
+
+// A peer of the previous protocol is refused with a reason that says what
+// to do, whether it offers the old application protocol or an old Hello.
+func TestOldProtocolRefusedClearly(t *testing.T) {
+	t.Run("hello", func(t *testing.T) {
+		ca := newCA(t)
+		r := newResolver()
+		old := testConfig(t, ca, "old")
+		transport.SetHelloHook(&old, func(h *pb.Hello) { h.ProtocolVersions = []uint32{1} })
+		o := startNode(t, old, r, &recorder{})
+		k := startNode(t, testConfig(t, ca, "new"), r, &recorder{})
+		err := o.Send(ctxT(t, 5*time.Second), "new", envTo(t, "x@new", pb.Envelope_RECEIPT_NONE))
+		if !errors.Is(err, transport.ErrIncompatible) || !strings.Contains(err.Error(), "same meshnode release") {
+			t.Fatalf("err = %v, want ErrIncompatible saying what to do", err)
+		}
+		testutil.WaitFor(t, 2*time.Second, "refusal logged", func() bool {
+			return strings.Contains(k.logs.String(), "protocol versions [1]")
+		})
+	})
+	t.Run("alpn", func(t *testing.T) {
+		ca := newCA(t)
+		r := newResolver()
+		k := startNode(t, testConfig(t, ca, "new"), r, &recorder{})
+		id, err := ca.NewIdentity("old")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := &tls.Config{Certificates: []tls.Certificate{id.Cert}, RootCAs: id.Roots, ServerName: "new",
+			NextProtos: []string{"meshnode/1"}, MinVersion: tls.VersionTLS13}
+		ctx := ctxT(t, 5*time.Second)
+		qc, err := quic.DialAddr(ctx, k.LocalAddr().String(), tc, &quic.Config{MaxIdleTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = qc.CloseWithError(0, "") }()
+		<-qc.Context().Done()
+		var ae *quic.ApplicationError
+		if cause := context.Cause(qc.Context()); !errors.As(cause, &ae) || ae.ErrorCode != transport.CodeIncompatible ||
+			!strings.Contains(ae.ErrorMessage, "same meshnode release") {
+			t.Fatalf("close = %v, want CodeIncompatible with what to do", cause)
+		}
+	})
+}
