@@ -82,11 +82,12 @@ type qdelta struct {
 // batch accumulates the in-memory effects of one transaction; they are
 // applied only after it committed.
 type batch struct {
-	nowMs    int64
-	wallMs   int64
-	q        map[string]*qdelta
-	dlq      int
-	counters struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
+	minGiveUp int64 // earliest give-up time of a message stored by the batch (0 = none)
+	nowMs     int64
+	wallMs    int64
+	q         map[string]*qdelta
+	dlq       int
+	counters  struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -220,6 +221,9 @@ func (s *Store) commit(ops []*op) {
 	s.applyEffects(b)
 	s.forgetPendingKeys(ops)
 	s.finish(ops)
+	if f := s.onExpiry.Load(); f != nil && b.minGiveUp != 0 {
+		(*f)(b.minGiveUp)
+	}
 	if f := s.onEnqueue.Load(); f != nil {
 		for r, d := range b.q {
 			if d.enqueued && !d.empty {
@@ -463,6 +467,9 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 	var giveUp int64
 	if t := env.GetTtlMs(); t > 0 {
 		giveUp = sm.GetCreatedElapsedMs() + t + s.cfg.MaxClockSkew.Milliseconds()
+		if b.minGiveUp == 0 || giveUp < b.minGiveUp {
+			b.minGiveUp = giveUp
+		}
 		if err := tx.Bucket(bucketExpiry).Put(expiryKey(giveUp, seq, r), nil); err != nil {
 			return 0, err
 		}

@@ -74,6 +74,7 @@ type Store struct {
 	isClosed bool
 
 	onEnqueue atomic.Pointer[func(string)]
+	onExpiry  atomic.Pointer[func(int64)]
 	seqr      atomic.Pointer[Sequencer]
 
 	// seqMu guards the fields below. It is held across the commit of a new
@@ -339,6 +340,17 @@ func (s *Store) SetOnEnqueue(f func(recipient string)) {
 		return
 	}
 	s.onEnqueue.Store(&f)
+}
+
+// SetOnExpiry installs the relay's sweeper hook: after a commit that stored
+// messages with a TTL, it is called with the earliest give-up time among
+// them (elapsed ms). It must not block.
+func (s *Store) SetOnExpiry(f func(giveUpMs int64)) {
+	if f == nil {
+		s.onExpiry.Store(nil)
+		return
+	}
+	s.onExpiry.Store(&f)
 }
 
 // Pending returns how many messages wait for recipient (O(1), in memory).

@@ -72,6 +72,12 @@ type Relay struct {
 	startOnce, closeOnce sync.Once
 	started              atomic.Bool
 
+	// sweepAt is when the sweeper will next look (elapsed ms); sweepWake
+	// (cap 1) brings it forward when a message with an earlier give-up
+	// time is stored.
+	sweepAt   atomic.Int64
+	sweepWake chan struct{}
+
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
@@ -102,11 +108,12 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, store: store, d: d, ctx: ctx, cancel: cancel, limiters: map[string]*Limiter{},
-		skew: store.Config().MaxClockSkew.Milliseconds()}
+		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1)}
 	for i := range cfg.Partitions {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
 	store.SetOnEnqueue(r.Notify)
+	store.SetOnExpiry(r.expiresAt)
 	store.SetSequencer(r)
 	return r, nil
 }
@@ -159,6 +166,7 @@ func (p *part) signal() {
 func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		r.store.SetOnEnqueue(nil)
+		r.store.SetOnExpiry(nil)
 		r.store.SetSequencer(nil)
 		r.cancel()
 		r.wg.Wait()
@@ -292,7 +300,8 @@ func (r *Relay) deferDown(rcpt, node string) {
 
 // sweep gives up messages whose TTL or age ran out, also while their peer
 // is down (when no emission reads the queue). It sleeps until the next
-// give-up time the store knows, at most a minute.
+// give-up time the store knows, at most a minute, or until a message with
+// an earlier one is stored.
 func (r *Relay) sweep() {
 	defer r.wg.Done()
 	timer := time.NewTimer(0)
@@ -302,9 +311,28 @@ func (r *Relay) sweep() {
 		case <-r.ctx.Done():
 			return
 		case <-timer.C:
+		case <-r.sweepWake:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
 		}
-		wait := r.sweepOnce()
-		timer.Reset(min(max(wait, 10*time.Millisecond), time.Minute))
+		wait := min(max(r.sweepOnce(), 10*time.Millisecond), time.Minute)
+		r.sweepAt.Store(r.store.ElapsedMs() + wait.Milliseconds())
+		timer.Reset(wait)
+	}
+}
+
+// expiresAt is the store's hook: a message that gives up at giveUpMs was
+// stored. It wakes the sweeper if that is before its next look.
+func (r *Relay) expiresAt(giveUpMs int64) {
+	if giveUpMs < r.sweepAt.Load() {
+		select {
+		case r.sweepWake <- struct{}{}:
+		default:
+		}
 	}
 }
 
