@@ -31,9 +31,10 @@ func (systemClock) Monotonic() time.Duration { return time.Since(processStart) }
 // ManualClock is a Clock that moves only when told: tests step its wall
 // clock by years or advance both clocks by days. Safe for concurrent use.
 type ManualClock struct {
-	mu   sync.Mutex
-	wall time.Time
-	mono time.Duration
+	mu        sync.Mutex
+	wall      time.Time
+	mono      time.Duration
+	listeners []func()
 }
 
 // NewManualClock returns a ManualClock whose wall clock reads wall.
@@ -53,11 +54,23 @@ func (c *ManualClock) Monotonic() time.Duration {
 	return c.mono
 }
 
-// Advance moves both clocks forward by d, as time passing does.
+// Advance moves both clocks forward by d, as time passing does, and tells
+// the listeners.
 func (c *ManualClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.wall = c.wall.Add(d)
 	c.mono += d
+	ls := c.listeners
+	c.mu.Unlock()
+	for _, f := range ls {
+		f()
+	}
+}
+
+// OnAdvance registers f to run after every Advance. f must not block.
+func (c *ManualClock) OnAdvance(f func()) {
+	c.mu.Lock()
+	c.listeners = append(c.listeners, f)
 	c.mu.Unlock()
 }
 
@@ -102,4 +115,60 @@ func (e elapsed) checkpoint() []byte {
 	binary.BigEndian.PutUint64(b[:8], uint64(e.nowMs()))
 	binary.BigEndian.PutUint64(b[8:], uint64(e.clock.Now().UnixMilli()))
 	return b[:]
+}
+
+// AdjustableClock is the system clock with offsets a test harness moves:
+// Advance makes time pass at once (both clocks jump forward, as a long
+// partition or a long stop would), Step moves only the wall clock (NTP, an
+// operator, a device without a real-time clock). Between calls both
+// clocks run at the real rate, so timers and deferrals keep working.
+type AdjustableClock struct {
+	mu        sync.Mutex
+	wall      time.Duration // offset of the wall clock
+	mono      time.Duration // offset of the monotonic clock
+	listeners []func()
+}
+
+// NewAdjustableClock returns an AdjustableClock with no offsets.
+func NewAdjustableClock() *AdjustableClock { return &AdjustableClock{} }
+
+// Now returns the system wall clock plus the wall offset.
+func (c *AdjustableClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Round(0).Add(c.wall)
+}
+
+// Monotonic returns the system monotonic reading plus the monotonic offset.
+func (c *AdjustableClock) Monotonic() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Since(processStart) + c.mono
+}
+
+// Advance moves both clocks forward by d and tells the listeners.
+func (c *AdjustableClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.wall += d
+	c.mono += d
+	ls := c.listeners
+	c.mu.Unlock()
+	for _, f := range ls {
+		f()
+	}
+}
+
+// Step moves only the wall clock by d (negative: backwards).
+func (c *AdjustableClock) Step(d time.Duration) {
+	c.mu.Lock()
+	c.wall += d
+	c.mu.Unlock()
+}
+
+// OnAdvance registers f to run after every Advance (the relay wakes its
+// loops: what was deferred may be due now). f must not block.
+func (c *AdjustableClock) OnAdvance(f func()) {
+	c.mu.Lock()
+	c.listeners = append(c.listeners, f)
+	c.mu.Unlock()
 }

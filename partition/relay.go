@@ -114,6 +114,10 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	}
 	store.SetOnEnqueue(r.Notify)
 	store.SetOnExpiry(r.expiresAt)
+	if c, ok := store.Config().Clock.(interface{ OnAdvance(func()) }); ok {
+		// A test clock jumped: deferrals and give-up times may be due.
+		c.OnAdvance(r.wake)
+	}
 	store.SetSequencer(r)
 	return r, nil
 }
@@ -145,6 +149,15 @@ func (r *Relay) Notify(recipient string) {
 func (r *Relay) NodeAlive(node string) {
 	r.store.WakeNode(node)
 	r.wakeAll()
+}
+
+// wake wakes every loop and the sweeper.
+func (r *Relay) wake() {
+	r.wakeAll()
+	select {
+	case r.sweepWake <- struct{}{}:
+	default:
+	}
 }
 
 func (r *Relay) wakeAll() {
