@@ -16,6 +16,12 @@ import (
 // logs it and closes the stream; it never reaches a caller of the mesh API.
 var errStreamTooLarge = errors.New("mesh: inbound gossip stream over the byte limit")
 
+// streamCost is what accepting one stream is charged against the byte
+// rate: memberlist's first read buffer. It caps accepted streams per second
+// at InboundStreamRate/4 KiB, so a stranger who connects and closes in a
+// loop spends the kernel's time, not this process's.
+const streamCost = 4 << 10
+
 // streamLimits is what one inbound gossip stream may cost before memberlist
 // has authenticated a byte of it (see Config.InboundStreams and below).
 type streamLimits struct {
@@ -96,6 +102,15 @@ func (g *streamGuard) forward() {
 		case g.slots <- struct{}{}:
 		case <-g.done:
 			return
+		}
+		if wait := g.rate.reserve(streamCost, time.Now()); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-g.done:
+				t.Stop()
+				return
+			}
 		}
 		var c net.Conn
 		select {

@@ -81,7 +81,10 @@ func TestStreamGuardConcurrency(t *testing.T) {
 
 func TestStreamGuardByteLimit(t *testing.T) {
 	g, inner := newGuardForTest(t, streamLimits{streams: 1, bytes: 100, timeout: 10 * time.Second, rate: 1 << 30})
-	client, _ := inner.connect(t, time.Second)
+	client, ok := inner.connect(t, time.Second)
+	if !ok {
+		t.Fatal("stream not taken")
+	}
 	defer client.Close()
 	s := <-g.StreamCh()
 	defer s.Close()
@@ -98,7 +101,10 @@ func TestStreamGuardByteLimit(t *testing.T) {
 func TestStreamGuardDeadlineCannotBeExtended(t *testing.T) {
 	const limit = 150 * time.Millisecond
 	g, inner := newGuardForTest(t, streamLimits{streams: 1, bytes: 1 << 20, timeout: limit, rate: 1 << 30})
-	client, _ := inner.connect(t, time.Second)
+	client, ok := inner.connect(t, time.Second)
+	if !ok {
+		t.Fatal("stream not taken")
+	}
 	defer client.Close()
 	s := <-g.StreamCh()
 	defer s.Close()
@@ -128,7 +134,10 @@ func TestStreamGuardDeadlineCannotBeExtended(t *testing.T) {
 func TestStreamGuardShutdownClosesPending(t *testing.T) {
 	inner := &pipeTransport{streams: make(chan net.Conn)}
 	g := newStreamGuard(inner, streamLimits{streams: 1, bytes: 10, timeout: time.Second, rate: 1 << 30})
-	client, _ := inner.connect(t, time.Second)
+	client, ok := inner.connect(t, time.Second)
+	if !ok {
+		t.Fatal("stream not taken")
+	}
 	defer client.Close()
 	// Nobody reads StreamCh: Shutdown must not hang on the hand-over, and
 	// the stream it could not hand over is closed.
@@ -301,7 +310,10 @@ func FuzzPreamble(f *testing.F) {
 
 func TestStreamGuardRefusesAnnouncedOversize(t *testing.T) {
 	g, inner := newGuardForTest(t, streamLimits{streams: 1, bytes: 1000, timeout: 10 * time.Second, rate: 1 << 30})
-	client, _ := inner.connect(t, time.Second)
+	client, ok := inner.connect(t, time.Second)
+	if !ok {
+		t.Fatal("stream not taken")
+	}
 	defer client.Close()
 	s := <-g.StreamCh()
 	defer s.Close()
@@ -336,11 +348,14 @@ func TestStreamGuardRateCutsAtDeadline(t *testing.T) {
 	// 1 KiB/s, and others have used the burst: 64 KiB cannot arrive
 	// within 200 ms, so the first read ends the stream.
 	g, inner := newGuardForTest(t, streamLimits{streams: 1, bytes: 1 << 20, timeout: 200 * time.Millisecond, rate: 1 << 10})
-	g.rate.reserve(1<<20, time.Now())
-	client, _ := inner.connect(t, time.Second)
+	client, ok := inner.connect(t, time.Second)
+	if !ok {
+		t.Fatal("stream not taken")
+	}
 	defer client.Close()
 	s := <-g.StreamCh()
 	defer s.Close()
+	g.rate.reserve(1<<20, time.Now())
 	go func() { _, _ = client.Write(make([]byte, 64<<10)) }()
 	start := time.Now()
 	n, err := io.Copy(io.Discard, s)
