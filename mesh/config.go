@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"slices"
 	"strconv"
@@ -287,6 +288,13 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	// lzw writer was the largest CPU cost of gossip in profiles.
 	mc.EnableCompression = false
 	return mc
+}
+
+// maxSuspicion is memberlist's longest suspicion timeout in a cluster of n:
+// SuspicionMaxTimeoutMult x SuspicionMult x max(1, log10 n) x ProbeInterval.
+func (c Config) maxSuspicion(n int) time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	return time.Duration(float64(c.SuspicionMaxTimeoutMult*c.SuspicionMult) * scale * float64(c.ProbeInterval))
 }
 
 func (c Config) streamLimits() streamLimits {
