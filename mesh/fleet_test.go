@@ -65,7 +65,7 @@ func startFleet(tb testing.TB, n, workers int) []*testNode {
 // alive again everywhere <= 2 s). Run it without -race (the race detector
 // caps goroutines and slows memberlist tenfold):
 //
-//	make fleet                 # MESH_FLEET=200 go test -run TestFleet -v -timeout 30m ./mesh/
+//	make fleet   # MESH_FLEET=200 MESH_FLEET_STEADY=2m go test -run TestFleet -v ./mesh/
 //
 // The normal suite runs TestConverge20 instead.
 func TestFleet(t *testing.T) {
