@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go
+.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go fleet sim flood
 
 all: build
 
@@ -46,6 +46,19 @@ bench-go:
 # Short fuzzing of every network decoder (seed corpora also run in `make test`).
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime 30s ./transport
+	$(GO) test -run '^$$' -fuzz FuzzPreamble -fuzztime 30s ./mesh
+
+# Membership at fleet size (figures in docs/fleet-scale.md). Not in `test`:
+# 200 real members for a 2-minute steady run; 1,000 and 5,000 simulated
+# members in virtual time; a stranger flooding the gossip port for 30 s.
+fleet:
+	MESH_FLEET=200 MESH_FLEET_STEADY=2m $(GO) test -count 1 -run TestFleet -v -timeout 30m ./mesh/
+
+sim:
+	MESH_SIM=1000,5000 $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 90m ./mesh/
+
+flood:
+	MESH_FLOOD=30s $(GO) test -count 1 -run TestGossipFloodCannotMoveMembership -v -timeout 5m ./mesh/
 
 demo:
 	$(GO) run ./cmd/meshnode demo

@@ -5,7 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -16,6 +18,14 @@ import (
 // MaxMetaSize is the exclusive upper bound on the encoded NodeMeta
 // (memberlist's MetaMaxSize).
 const MaxMetaSize = memberlist.MetaMaxSize
+
+// minStreamBytes is the smallest InboundStreamBytes: a push/pull of a few
+// dozen members with full metadata.
+const minStreamBytes = 64 << 10
+
+// minPacketBytes is the smallest InboundPacketBytes: memberlist's UDP buffer
+// (1,400 bytes) plus a 255-byte label and the encryption overhead.
+const minPacketBytes = 2048
 
 // maxClusterLen keeps "meshnode/"+cluster within memberlist's 255-byte label.
 const maxClusterLen = 200
@@ -86,8 +96,40 @@ type Config struct {
 	ReconnectTimeout time.Duration
 	// LeaveTimeout bounds how long Close waits for the leave broadcast.
 	LeaveTimeout time.Duration
-	// WrapTransport lets tests inject faults: it gets memberlist's
-	// NetTransport and returns the one memberlist uses. nil = unchanged.
+
+	// Inbound limits. The cluster label is not secret and memberlist reads
+	// a whole stream before it checks the gossip key, so these bound what a
+	// stranger who can reach the gossip port makes this node hold. Worst
+	// case for the heap: about 3 x InboundStreams x InboundStreamBytes
+	// (memberlist's read buffer grows by doubling, then decrypts a copy).
+
+	// InboundStreams caps the inbound gossip streams (push/pull, joins,
+	// leave intents, TCP probes) open at once. Further connections wait in
+	// the kernel's accept queue, not in memory. Raise it with the cluster
+	// size: every member opens one push/pull per PushPullInterval (scaled).
+	InboundStreams int
+	// InboundStreamBytes caps the bytes read from one inbound stream. It
+	// must hold a push/pull of the whole member list: about 250 bytes per
+	// member with meshnode's metadata (up to ~600 with MaxMetaSize).
+	InboundStreamBytes int
+	// InboundStreamTimeout caps the life of an inbound stream, from accept.
+	// memberlist's own deadline (TCPTimeout) may end it sooner, never later.
+	InboundStreamTimeout time.Duration
+	// InboundStreamRate caps the bytes per second read from all inbound
+	// streams together (bursts of InboundStreamBytes pass at once). memberlist
+	// must read and decrypt a whole stream to authenticate it, so this bounds
+	// the CPU a stranger can make this node spend on garbage. Honest gossip
+	// needs about 2 x (member list size) per PushPullInterval (scaled), plus
+	// one member list per joining node.
+	InboundStreamRate int
+	// InboundPacketBytes: gossip datagrams larger than this are dropped
+	// unread. memberlist never sends more than about 1,400 bytes (its UDP
+	// buffer) plus the label and encryption overhead.
+	InboundPacketBytes int
+
+	// WrapTransport lets tests inject faults: it gets mesh's transport (the
+	// gossip sockets under the inbound limits) and returns the one
+	// memberlist uses. nil = unchanged.
 	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
 	// Logger receives mesh logs and memberlist's own output (at debug level).
 	Logger *slog.Logger
@@ -120,6 +162,11 @@ func DefaultConfig(nodeName string) Config {
 		ReconnectInterval:       time.Second,            // partitions heal within ~1 s
 		ReconnectTimeout:        24 * time.Hour,         // edge devices may be away for hours
 		LeaveTimeout:            time.Second,            // graceful close never hangs longer
+		InboundStreams:          16,                     // push/pull of 10 nodes needs ~1; joins come in bursts
+		InboundStreamBytes:      1 << 20,                // push/pull of ~4,000 members; 16 x 1 MiB bounds a flood
+		InboundStreamTimeout:    2 * time.Second,        // 2 x TCPTimeout: honest peers end on memberlist's deadline
+		InboundStreamRate:       4 << 20,                // 4 MiB/s: ~1,000 joins of a 10-node list per second
+		InboundPacketBytes:      8 << 10,                // memberlist sends <= ~1.7 KiB; leaves ample room
 		WrapTransport:           nil,                    // real network
 		Logger:                  slog.Default(),         // process logger
 	}
@@ -195,7 +242,68 @@ func (c Config) Validate() error {
 	if c.IndirectChecks < 0 {
 		return bad("IndirectChecks must be >= 0, got %d", c.IndirectChecks)
 	}
+	if c.InboundStreams < 1 {
+		return bad("InboundStreams must be >= 1, got %d", c.InboundStreams)
+	}
+	if c.InboundStreamBytes < minStreamBytes {
+		return bad("InboundStreamBytes must be >= %d (a small push/pull), got %d", minStreamBytes, c.InboundStreamBytes)
+	}
+	if c.InboundStreamTimeout < c.TCPTimeout {
+		return bad("InboundStreamTimeout %v must be >= TCPTimeout %v", c.InboundStreamTimeout, c.TCPTimeout)
+	}
+	if c.InboundStreamRate < minStreamBytes {
+		return bad("InboundStreamRate must be >= %d bytes/s, got %d", minStreamBytes, c.InboundStreamRate)
+	}
+	if c.InboundPacketBytes < minPacketBytes || c.InboundPacketBytes > readBufSize {
+		return bad("InboundPacketBytes must be %d..%d, got %d", minPacketBytes, readBufSize, c.InboundPacketBytes)
+	}
 	return nil
+}
+
+// memberlistConfig is memberlist's configuration for c without the parts
+// New fills per node (transport, addresses, delegates, logger): the
+// protocol's timing, labelling and encryption. The simulation uses it too,
+// so the figures in docs/fleet-scale.md come from what New runs.
+func (c Config) memberlistConfig() *memberlist.Config {
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = c.NodeName
+	mc.Label = "meshnode/" + c.Cluster
+	mc.ProbeInterval = c.ProbeInterval
+	mc.ProbeTimeout = c.ProbeTimeout
+	mc.GossipInterval = c.GossipInterval
+	mc.PushPullInterval = c.PushPullInterval
+	mc.TCPTimeout = c.TCPTimeout
+	mc.SuspicionMult = c.SuspicionMult
+	mc.SuspicionMaxTimeoutMult = c.SuspicionMaxTimeoutMult
+	mc.RetransmitMult = c.RetransmitMult
+	mc.IndirectChecks = c.IndirectChecks
+	mc.DeadNodeReclaimTime = c.DeadNodeReclaimTime
+	if c.SecretKey != nil {
+		mc.SecretKey = slices.Clone(c.SecretKey)
+		mc.GossipVerifyIncoming = true
+		mc.GossipVerifyOutgoing = true
+	}
+	mc.LogOutput = nil
+	// Compression saves nothing on a LAN for packets this small, and its
+	// lzw writer was the largest CPU cost of gossip in profiles.
+	mc.EnableCompression = false
+	return mc
+}
+
+// maxSuspicion is memberlist's longest suspicion timeout in a cluster of n:
+// SuspicionMaxTimeoutMult x SuspicionMult x max(1, log10 n) x ProbeInterval.
+func (c Config) maxSuspicion(n int) time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	return time.Duration(float64(c.SuspicionMaxTimeoutMult*c.SuspicionMult) * scale * float64(c.ProbeInterval))
+}
+
+func (c Config) streamLimits() streamLimits {
+	return streamLimits{
+		streams: c.InboundStreams,
+		bytes:   int64(c.InboundStreamBytes),
+		timeout: c.InboundStreamTimeout,
+		rate:    c.InboundStreamRate,
+	}
 }
 
 func splitHostPort(addr string) (string, int, error) {

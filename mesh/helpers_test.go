@@ -203,8 +203,11 @@ func (f *faultNet) isCut(from, to string) bool {
 
 // Wrap is a Config.WrapTransport.
 func (f *faultNet) Wrap(t memberlist.NodeAwareTransport) memberlist.NodeAwareTransport {
-	nt := t.(*memberlist.NetTransport)
-	return &faultTransport{NodeAwareTransport: t, net: f, self: fmt.Sprintf("127.0.0.1:%d", nt.GetAutoBindPort())}
+	_, port, err := t.FinalAdvertiseAddr("", 0)
+	if err != nil {
+		panic(fmt.Sprintf("faultNet: transport has no address: %v", err)) // test helper: a broken transport is a test bug
+	}
+	return &faultTransport{NodeAwareTransport: t, net: f, self: fmt.Sprintf("127.0.0.1:%d", port)}
 }
 
 var errCut = errors.New("faultnet: link cut")

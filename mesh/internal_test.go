@@ -289,3 +289,27 @@ func BenchmarkNotifyJoinLeave(b *testing.B) {
 		d.NotifyLeave(n)
 	}
 }
+
+func TestSuspicionExpires(t *testing.T) {
+	m := newBare(t, io.Discard)
+	d := &delegate{m: m}
+	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{1}})
+	d.NotifyJoin(&memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 7946, Meta: meta})
+	m.markSuspect("p")
+	since := m.view["p"].Since
+	limit := m.cfg.maxSuspicion(len(m.view)) + m.cfg.ProbeInterval
+	m.expireSuspicions(since.Add(limit))
+	if got := m.view["p"].State; got != StateSuspect {
+		t.Fatalf("suspicion ended within memberlist's timeout: %v", got)
+	}
+	m.expireSuspicions(since.Add(limit + time.Millisecond))
+	if got := m.view["p"].State; got != StateAlive {
+		t.Fatalf("suspicion outlived memberlist's longest timeout: %v", got)
+	}
+	// Dead members are memberlist's to revive, not the timer's.
+	d.NotifyLeave(&memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 7946, Meta: meta})
+	m.expireSuspicions(time.Now().Add(time.Hour))
+	if got := m.view["p"].State; got != StateDead {
+		t.Fatalf("a dead member became %v", got)
+	}
+}

@@ -95,6 +95,7 @@ func (m *Mesh) reconnect() {
 			return
 		case <-t.C:
 		}
+		m.expireSuspicions(time.Now())
 		if m.peersDirty.Swap(false) {
 			if err := savePeers(m.cfg.DataDir, m.rememberedPeers()); err != nil {
 				m.log.Warn("mesh: cannot persist peers", "err", err)
@@ -173,4 +174,27 @@ func (m *Mesh) reconnectTargets(now time.Time) []string {
 	}
 	sort.Strings(out)
 	return slices.Clip(out)
+}
+
+// expireSuspicions ends a Suspect state that outlived memberlist's longest
+// suspicion timeout: memberlist would have declared the member dead by then,
+// so it must have accepted a refutation. Without this, a suspicion would
+// only end at our next probe of the member, one full probe round
+// (members x ProbeInterval: a minute at 200 members) later.
+func (m *Mesh) expireSuspicions(now time.Time) {
+	m.mu.Lock()
+	limit := m.cfg.maxSuspicion(len(m.view)) + m.cfg.ProbeInterval
+	changed := false
+	for name, mem := range m.view {
+		if mem.State == StateSuspect && now.Sub(mem.Since) > limit {
+			mem.State = StateAlive
+			mem.Since = now
+			m.view[name] = mem
+			changed = true
+		}
+	}
+	m.mu.Unlock()
+	if changed {
+		m.kick()
+	}
 }

@@ -25,6 +25,9 @@ type Mesh struct {
 	ml   *memberlist.Memberlist
 	addr string                 // our gossip host:port, set once in New
 	meta atomic.Pointer[[]byte] // encoded NodeMeta served to memberlist
+	// guard and packetDrops hold the inbound limits' counters; set once in New.
+	guard       *streamGuard
+	packetDrops *atomic.Uint64
 
 	notify    chan struct{} // 1 slot: "the view changed"
 	done      chan struct{} // closed by shutdown: goroutines return
@@ -99,42 +102,25 @@ func New(cfg Config) (*Mesh, error) {
 	if host == "" {
 		host = "0.0.0.0"
 	}
-	nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{
-		BindAddrs: []string{host}, BindPort: port, Logger: mlLog,
-	})
+	nt, err := newNetTransport(host, port, cfg.InboundPacketBytes, m.log)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: new: bind %s: %w", cfg.BindAddr, err)
 	}
-	var tr memberlist.NodeAwareTransport = nt
+	m.packetDrops = &nt.dropped
+	m.guard = newStreamGuard(nt, cfg.streamLimits())
+	var tr memberlist.NodeAwareTransport = m.guard
 	if cfg.WrapTransport != nil {
-		tr = cfg.WrapTransport(nt)
+		tr = cfg.WrapTransport(tr)
 	}
 
 	d := &delegate{m: m}
-	mc := memberlist.DefaultLANConfig()
-	mc.Name = cfg.NodeName
-	mc.Label = "meshnode/" + cfg.Cluster
+	mc := cfg.memberlistConfig()
 	mc.Transport = tr
 	mc.BindAddr = host
-	mc.BindPort = nt.GetAutoBindPort()
+	mc.BindPort = nt.port()
 	mc.AdvertisePort = mc.BindPort
 	if cfg.AdvertiseAddr != "" {
 		mc.AdvertiseAddr, mc.AdvertisePort, _ = splitHostPort(cfg.AdvertiseAddr)
-	}
-	mc.ProbeInterval = cfg.ProbeInterval
-	mc.ProbeTimeout = cfg.ProbeTimeout
-	mc.GossipInterval = cfg.GossipInterval
-	mc.PushPullInterval = cfg.PushPullInterval
-	mc.TCPTimeout = cfg.TCPTimeout
-	mc.SuspicionMult = cfg.SuspicionMult
-	mc.SuspicionMaxTimeoutMult = cfg.SuspicionMaxTimeoutMult
-	mc.RetransmitMult = cfg.RetransmitMult
-	mc.IndirectChecks = cfg.IndirectChecks
-	mc.DeadNodeReclaimTime = cfg.DeadNodeReclaimTime
-	if cfg.SecretKey != nil {
-		mc.SecretKey = slices.Clone(cfg.SecretKey)
-		mc.GossipVerifyIncoming = true
-		mc.GossipVerifyOutgoing = true
 	}
 	mc.Delegate = d
 	mc.Events = d
@@ -142,10 +128,6 @@ func New(cfg Config) (*Mesh, error) {
 	mc.Conflict = d
 	mc.Ping = d
 	mc.Logger = mlLog
-	mc.LogOutput = nil
-	// Compression saves nothing on a LAN for packets this small, and its
-	// lzw writer was the largest CPU cost of gossip in profiles.
-	mc.EnableCompression = false
 
 	ml, err := memberlist.Create(mc)
 	if err != nil {
@@ -189,6 +171,14 @@ func (m *Mesh) initialSeeds() []string {
 		}
 	}
 	return out
+}
+
+// InboundStats returns what the inbound limits (Config.InboundStreams and
+// the fields after it) refused or cut since New.
+func (m *Mesh) InboundStats() InboundStats {
+	st := m.guard.stats()
+	st.PacketsTooLarge = m.packetDrops.Load()
+	return st
 }
 
 // LocalName returns this node's name.

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -101,8 +103,9 @@ func New(tb testing.TB, n int, opts ...Option) *Cluster {
 }
 
 // Start starts an n-node cluster: a new CA, nodes "n0".."n<n-1>" on
-// loopback port 0, each joining n0, and waits until every node sees n
-// alive. Close it when done.
+// loopback port 0 (n0 first, the rest eight at a time, each joining n0 and
+// two random running nodes), and waits until every node sees n alive.
+// Close it when done.
 func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("testnet: start: %w: %d nodes", ErrBadIndex, n)
@@ -132,11 +135,15 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 		name := fmt.Sprintf("n%d", i)
 		c.members = append(c.members, &member{name: name, dataDir: filepath.Join(c.dir, name)})
 	}
-	for i := range n {
-		if err := c.startNode(i); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("testnet: start: %w", err)
-		}
+	// The first node alone, then the rest in parallel: each joins n0 and
+	// two random running nodes, so no seed takes every join in turn.
+	if err := c.startNode(0); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("testnet: start: %w", err)
+	}
+	if err := c.startParallel(1, n); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("testnet: start: %w", err)
 	}
 	if err := c.WaitConverged(o.converge); err != nil {
 		_ = c.Close()
@@ -144,6 +151,35 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 	}
 	_ = ctx
 	return c, nil
+}
+
+// startWorkers bounds the nodes starting at once: each start binds sockets,
+// opens a store and runs a memberlist join, and a burst of hundreds only
+// queues on the seeds' accept queues.
+const startWorkers = 8
+
+// startParallel starts nodes [from, to) with startWorkers workers and
+// returns the first error.
+func (c *Cluster) startParallel(from, to int) error {
+	next := make(chan int)
+	errs := make(chan error, to-from)
+	var wg sync.WaitGroup
+	for range min(startWorkers, to-from) {
+		wg.Go(func() {
+			for i := range next {
+				if err := c.startNode(i); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	for i := from; i < to; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	return <-errs // nil when closed and empty
 }
 
 // startNode creates node i (its member must not be running).
@@ -154,16 +190,24 @@ func (c *Cluster) startNode(i int) error {
 		return ErrClosed
 	}
 	m := c.members[i]
-	var join []string
+	// Seeds: the first running node, which every node knows, and two random
+	// running others, which spreads the joins of a parallel start.
+	var running []string
 	for j, o := range c.members {
 		if j != i && o.n != nil {
-			join = append(join, o.n.GossipAddr())
-			if len(join) == 3 {
-				break
-			}
+			running = append(running, o.n.GossipAddr())
 		}
 	}
 	c.mu.Unlock()
+	var join []string
+	if len(running) > 0 {
+		join = append(join, running[0])
+		for range 2 {
+			if a := running[mrand.IntN(len(running))]; !slices.Contains(join, a) {
+				join = append(join, a)
+			}
+		}
+	}
 
 	id, err := c.ca.NewIdentity(m.name)
 	if err != nil {

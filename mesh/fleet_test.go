@@ -1,0 +1,193 @@
+package mesh_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/mesh"
+)
+
+// startFleet starts n members with PresetFor(n) in parallel: the first
+// alone, then the rest by a few workers, each joining the first member and
+// two random members already up, so no seed serialises the joins.
+func startFleet(tb testing.TB, n, workers int) []*testNode {
+	tb.Helper()
+	cfgFor := func(i int) mesh.Config {
+		name := fmt.Sprintf("n%03d", i)
+		base := testConfig(tb, name)
+		cfg := mesh.PresetFor(name, n)
+		cfg.Cluster, cfg.DataDir, cfg.SecretKey, cfg.Meta = base.Cluster, base.DataDir, base.SecretKey, base.Meta
+		return cfg
+	}
+	nodes := make([]*testNode, n)
+	nodes[0] = start(tb, cfgFor(0))
+	var (
+		mu sync.Mutex
+		up = []string{nodes[0].GossipAddr()}
+	)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				cfg := cfgFor(i)
+				mu.Lock()
+				cfg.Join = []string{up[0], up[rand.IntN(len(up))], up[rand.IntN(len(up))]}
+				mu.Unlock()
+				nodes[i] = start(tb, cfg)
+				mu.Lock()
+				up = append(up, nodes[i].GossipAddr())
+				mu.Unlock()
+			}
+		})
+	}
+	for i := 1; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return nodes
+}
+
+// TestFleet is the large-cluster run: MESH_FLEET=200 starts 200 members in
+// one process, waits for convergence, holds a steady cluster for
+// MESH_FLEET_STEADY (default 2m) with no suspicion allowed, then kills and
+// restarts members to check the detection bounds (dead everywhere <= 3 s,
+// alive again everywhere <= 2 s). Run it without -race (the race detector
+// caps goroutines and slows memberlist tenfold):
+//
+//	make fleet   # MESH_FLEET=200 MESH_FLEET_STEADY=2m go test -run TestFleet -v ./mesh/
+//
+// The normal suite runs TestConverge20 instead.
+func TestFleet(t *testing.T) {
+	v := os.Getenv("MESH_FLEET")
+	if v == "" {
+		t.Skip("set MESH_FLEET=200 to run the large-cluster run")
+	}
+	size, err := strconv.Atoi(v)
+	if err != nil || size < 4 {
+		t.Fatalf("MESH_FLEET=%q: want a size >= 4", v)
+	}
+	hold := 2 * time.Minute
+	if v := os.Getenv("MESH_FLEET_STEADY"); v != "" {
+		if hold, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("MESH_FLEET_STEADY=%q: %v", v, err)
+		}
+	}
+	var ms0 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms0)
+	g0 := runtime.NumGoroutine()
+	begin := time.Now()
+	nodes := startFleet(t, size, 8)
+	started := time.Since(begin)
+	waitConverged(t, nodes, 5*time.Minute)
+	t.Logf("%d members: all started in %v, converged (everyone sees %d alive) %v after the first start",
+		size, started.Round(time.Millisecond), size, time.Since(begin).Round(time.Millisecond))
+	var ms1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms1)
+	t.Logf("per member: %.1f goroutines, %.0f KiB live heap (%d goroutines, %d MiB heap in all)",
+		float64(runtime.NumGoroutine()-g0)/float64(size), float64(ms1.HeapAlloc-ms0.HeapAlloc)/float64(size)/1024,
+		runtime.NumGoroutine(), ms1.HeapAlloc>>20)
+
+	// Steady: no member may suspect another.
+	bad := func() int {
+		c := 0
+		for _, n := range nodes {
+			c += n.events.count(mesh.EventSuspect, mesh.EventDead, mesh.EventLeft)
+		}
+		return c
+	}
+	before := bad()
+	if before > 0 {
+		t.Logf("%d suspect/dead events during start-up (a join wave on 2 cores; not steady state)", before)
+	}
+	deadline := time.Now().Add(hold)
+	testutil.WaitFor(t, hold+time.Minute, fmt.Sprintf("steady %v", hold), func() bool {
+		if c := bad() - before; c > 0 {
+			for _, n := range nodes {
+				for _, k := range []mesh.EventKind{mesh.EventSuspect, mesh.EventDead} {
+					if n.events.count(k) > 0 {
+						t.Logf("%s: %d %s events", n.LocalName(), n.events.count(k), k)
+					}
+				}
+			}
+			t.Fatalf("%d suspect/dead/left events in a steady %d-member cluster", c, size)
+		}
+		return time.Now().After(deadline)
+	})
+	t.Logf("steady %v: no suspicion among %d members", hold, size)
+
+	// Detection: kill a member, time Dead at every survivor; restart it on
+	// the same address with a new boot id, time Alive at every member.
+	const trials = 5
+	var deads, alives []time.Duration
+	for i := range trials {
+		k := 1 + (i*37)%(size-1)
+		victim := nodes[k]
+		others := slices.Delete(slices.Clone(nodes), k, k+1)
+		killed := time.Now()
+		if err := victim.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 30*time.Second, "dead at every survivor", func() bool {
+			for _, o := range others {
+				if stateAt(o, victim.LocalName()) != mesh.StateDead {
+					return false
+				}
+			}
+			return true
+		})
+		deads = append(deads, time.Since(killed))
+		cfg := victim.cfg
+		cfg.BindAddr = victim.GossipAddr()
+		cfg.Meta = &pb.NodeMeta{QuicAddr: victim.cfg.Meta.GetQuicAddr(), BootId: mesh.NewBootID()}
+		cfg.Join = []string{nodes[0].GossipAddr()}
+		up := time.Now()
+		n := start(t, cfg)
+		logged := false
+		testutil.WaitFor(t, 30*time.Second, "alive at every member", func() bool {
+			for _, o := range others {
+				m, ok := o.Member(cfg.NodeName)
+				if !ok || m.State != mesh.StateAlive || m.BootID != cfg.Meta.GetBootId() {
+					if !logged && time.Since(up) > 2*time.Second {
+						logged = true
+						t.Logf("after 2 s %s sees %s as %s boot %s (new boot %s)", o.LocalName(), cfg.NodeName, m.State, m.BootID, cfg.Meta.GetBootId())
+					}
+					return false
+				}
+			}
+			return true
+		})
+		alives = append(alives, time.Since(up))
+		nodes[k] = n
+	}
+	slices.Sort(deads)
+	slices.Sort(alives)
+	t.Logf("kill -> dead at all %d survivors: %v (median %v)", size-1, roundAll(deads), deads[trials/2].Round(time.Millisecond))
+	t.Logf("restart -> alive at all %d members: %v (median %v)", size-1, roundAll(alives), alives[trials/2].Round(time.Millisecond))
+	if deads[trials-1] > 3*time.Second {
+		t.Errorf("slowest death took %v to reach everyone, bound 3 s", deads[trials-1])
+	}
+	if alives[trials-1] > 2*time.Second {
+		t.Errorf("slowest restart took %v to be alive everywhere, bound 2 s", alives[trials-1])
+	}
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}
