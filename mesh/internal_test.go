@@ -48,7 +48,7 @@ func TestDiff(t *testing.T) {
 		{"dead new boot is dead", alive, true, with(func(m *Member) { m.BootID = "b2"; m.State = StateDead }), EventDead, true},
 		{"quic moved", alive, true, with(func(m *Member) { m.QUICAddr = "q2" }), EventUpdate, true},
 		{"gossip moved", alive, true, with(func(m *Member) { m.GossipAddr = "g2" }), EventUpdate, true},
-		{"versions", alive, true, with(func(m *Member) { m.ProtocolVersions = []uint32{1, 2} }), EventUpdate, true},
+		{"versions", alive, true, with(func(m *Member) { m.ProtocolVersions = []uint32{2, 3} }), EventUpdate, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, ok := diff(tc.prev, tc.known, tc.cur)
@@ -76,11 +76,12 @@ func TestCheckPeer(t *testing.T) {
 		raw    []byte
 		reason string
 	}{
-		{"ok", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{1}}), ""},
-		{"ok with newer too", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{1, 7}}), ""},
+		{"ok", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{2}}), ""},
+		{"ok with newer too", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{2, 7}}), ""},
 		{"missing", nil, "empty"},
 		{"garbage", []byte{0xff, 0xff, 0xff}, "bad message"},
-		{"other cluster", metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{1}}), `cluster "b" != "a"`},
+		{"other cluster", metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{2}}), `cluster "b" != "a"`},
+		{"previous protocol", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{1}}), "no compatible protocol version in [1]"},
 		{"no versions", metaBytes(t, &pb.NodeMeta{Cluster: "a"}), "no compatible protocol"},
 		{"future only", metaBytes(t, &pb.NodeMeta{Cluster: "a", ProtocolVersions: []uint32{9}}), "no compatible protocol"},
 	} {
@@ -115,7 +116,7 @@ func TestDelegateRefusalLoggedOnce(t *testing.T) {
 	var logs strings.Builder
 	m := newBare(t, &logs)
 	d := &delegate{m: m}
-	bad := &memberlist.Node{Name: "x", Meta: metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{1}})}
+	bad := &memberlist.Node{Name: "x", Meta: metaBytes(t, &pb.NodeMeta{Cluster: "b", ProtocolVersions: []uint32{2}})}
 	for range 3 {
 		if err := d.NotifyAlive(bad); !errors.Is(err, ErrRefused) {
 			t.Fatalf("NotifyAlive = %v", err)
@@ -132,7 +133,7 @@ func TestDelegateRefusalLoggedOnce(t *testing.T) {
 func TestDelegateStates(t *testing.T) {
 	m := newBare(t, io.Discard)
 	d := &delegate{m: m}
-	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{1}})
+	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{2}})
 	n := &memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 7946, Meta: meta}
 	step := func(f func(), want State) {
 		t.Helper()
@@ -172,7 +173,7 @@ func TestDelegateStates(t *testing.T) {
 	step(func() { d.NotifyJoin(n) }, StateAlive)
 	step(func() { d.NotifyLeave(n) }, StateLeft) // intent with the same boot id still stands
 	n2 := *n
-	n2.Meta = metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b2", ProtocolVersions: []uint32{1}})
+	n2.Meta = metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b2", ProtocolVersions: []uint32{2}})
 	step(func() { d.NotifyJoin(&n2) }, StateAlive)
 	step(func() { d.NotifyLeave(&n2) }, StateDead) // new boot: old intent forgotten
 }
@@ -199,7 +200,7 @@ func TestPeersFile(t *testing.T) {
 
 func FuzzDecodeMeta(f *testing.F) {
 	f.Add([]byte{})
-	f.Add(metaBytes(f, &pb.NodeMeta{Cluster: "a", BootId: "x", QuicAddr: "1.2.3.4:5", ProtocolVersions: []uint32{1}}))
+	f.Add(metaBytes(f, &pb.NodeMeta{Cluster: "a", BootId: "x", QuicAddr: "1.2.3.4:5", ProtocolVersions: []uint32{2}}))
 	f.Add([]byte{0x0a, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		err := checkPeer("a", b)
@@ -269,7 +270,7 @@ func BenchmarkResolve(b *testing.B) {
 func BenchmarkNotifyAlive(b *testing.B) {
 	m := newBare(b, io.Discard)
 	d := &delegate{m: m}
-	n := &memberlist.Node{Name: "p", Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{1}})}
+	n := &memberlist.Node{Name: "p", Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{2}})}
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := d.NotifyAlive(n); err != nil {
@@ -282,7 +283,7 @@ func BenchmarkNotifyAlive(b *testing.B) {
 func BenchmarkNotifyJoinLeave(b *testing.B) {
 	m := newBare(b, io.Discard)
 	d := &delegate{m: m}
-	n := &memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 1, Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{1}})}
+	n := &memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 1, Meta: metaBytes(b, &pb.NodeMeta{Cluster: "a", BootId: "b", QuicAddr: "q", ProtocolVersions: []uint32{2}})}
 	b.ReportAllocs()
 	for b.Loop() {
 		d.NotifyJoin(n)
@@ -293,7 +294,7 @@ func BenchmarkNotifyJoinLeave(b *testing.B) {
 func TestSuspicionExpires(t *testing.T) {
 	m := newBare(t, io.Discard)
 	d := &delegate{m: m}
-	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{1}})
+	meta := metaBytes(t, &pb.NodeMeta{Cluster: "a", BootId: "b1", QuicAddr: "q", ProtocolVersions: []uint32{2}})
 	d.NotifyJoin(&memberlist.Node{Name: "p", Addr: []byte{127, 0, 0, 1}, Port: 7946, Meta: meta})
 	m.markSuspect("p")
 	since := m.view["p"].Since
