@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go fleet sim flood
+.PHONY: chaos all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go fleet sim flood
 
 all: build
 
@@ -59,6 +59,12 @@ sim:
 
 flood:
 	MESH_FLOOD=30s $(GO) test -count 1 -run TestGossipFloodCannotMoveMembership -v -timeout 5m ./mesh/
+
+# The chaos run at size: 10 seeds of 100,000 reliable messages each, under
+# the full nemesis (see testnet/chaos_test.go). make test runs 10 seeds of 2,000.
+chaos:
+	TESTNET_CHAOS_SEEDS=10 TESTNET_CHAOS_MESSAGES=100000 TESTNET_CHAOS_DURATION=60s \
+		$(GO) test -run '^TestChaos$$' -count=1 -timeout 120m -v ./testnet | grep -E '^(---|    ---|ok|FAIL)|seed [0-9]+: sent|lost|duplicate runs|order violations|healthy|unexpected|seeds,'
 
 demo:
 	$(GO) run ./cmd/meshnode demo

@@ -2,6 +2,7 @@ package testnet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,20 +25,22 @@ type Dead = invariant.Dead
 // NewRecorder returns a Recorder whose reports print seed.
 func NewRecorder(seed int64) *Recorder { return invariant.NewRecorder(seed) }
 
-// DeadFrom converts outbox dead-letter lists for Recorder.Check.
-func DeadFrom(lists ...[]outbox.DeadLetter) []Dead {
-	var out []Dead
-	for _, l := range lists {
-		for _, d := range l {
-			out = append(out, Dead{Recipient: d.Recipient, Key: d.Message.GetEnvelope().GetIdempotencyKey(), Reason: d.Reason})
-		}
+// DeadFrom converts the dead-letter list of sender's outbox for
+// Recorder.Check. The message's sequence is read from its body (a
+// wrapperspb.UInt64Value, as SendReliable sends); other bodies get 0.
+func DeadFrom(sender string, l []outbox.DeadLetter) []Dead {
+	out := make([]Dead, 0, len(l))
+	for _, d := range l {
+		var seq wrapperspb.UInt64Value
+		_ = d.Message.GetEnvelope().GetBody().UnmarshalTo(&seq)
+		out = append(out, Dead{Sender: sender, Recipient: d.Recipient, Seq: seq.GetValue(), Reason: d.Reason})
 	}
 	return out
 }
 
 // DeadLetters returns the dead letters of every running node.
 func (c *Cluster) DeadLetters() ([]Dead, error) {
-	var lists [][]outbox.DeadLetter
+	var all []Dead
 	for _, i := range c.Running() {
 		nd := c.Node(i)
 		if nd == nil {
@@ -47,9 +50,9 @@ func (c *Cluster) DeadLetters() ([]Dead, error) {
 		if err != nil {
 			return nil, fmt.Errorf("testnet: dead letters of %s: %w", nd.Name(), err)
 		}
-		lists = append(lists, l)
+		all = append(all, DeadFrom(nd.Name(), l)...)
 	}
-	return DeadFrom(lists...), nil
+	return all, nil
 }
 
 // Check marks every ended incarnation of every node as crashed (a handler
@@ -107,9 +110,13 @@ const (
 	BugDoubleApply
 )
 
+// poisonHeader marks a message its RecordingHandler refuses as poison.
+const poisonHeader = "testnet-poison"
+
 // RecordingHandler returns a handler that records each message it
-// processes in rec (sender node, recipient, key, sequence from the body,
-// this incarnation's boot id). It pairs with SendReliable.
+// processes in rec (sender node as verified, recipient, sequence from the
+// body, this incarnation's boot id). It pairs with SendReliable: a message
+// sent as poison is refused with node.Permanent.
 func RecordingHandler(rec *Recorder, n *node.Node, bug Bug) node.Handler {
 	boot := n.BootID()
 	count := 0 // owned by the actor's goroutine: handlers run one at a time
@@ -117,6 +124,9 @@ func RecordingHandler(rec *Recorder, n *node.Node, bug Bug) node.Handler {
 		var body wrapperspb.UInt64Value
 		if err := m.Decode(&body); err != nil {
 			return nil, err // Permanent: undecodable
+		}
+		if m.Headers()[poisonHeader] != "" {
+			return nil, node.Permanent(errors.New("testnet: poison"))
 		}
 		p := invariant.Processed{
 			Sender:    m.Sender().Node,
@@ -137,21 +147,52 @@ func RecordingHandler(rec *Recorder, n *node.Node, bug Bug) node.Handler {
 	}
 }
 
+// Msg says how SendReliable sends one message.
+type Msg struct {
+	Key    bool          // give it an idempotency key (unique per message)
+	TTL    time.Duration // give it a TTL (0 = none)
+	Poison bool          // make its RecordingHandler refuse it as poison
+	Extra  []byte        // padding in a header, e.g. to make it too large
+}
+
 // SendReliable sends the next message of (n, to) with TellReliable and
 // records what n was told. Call it from one goroutine per (n, to) pair, so
-// the recorded sequence is the send order.
-func SendReliable(ctx context.Context, rec *Recorder, n *node.Node, to node.Address, opts ...node.SendOption) (node.Outcome, error) {
+// the recorded sequence is the send order. The body is the sequence.
+func SendReliable(ctx context.Context, rec *Recorder, n *node.Node, to node.Address, msgs ...Msg) (node.Outcome, error) {
+	var m Msg
+	if len(msgs) > 0 {
+		m = msgs[0]
+	}
 	sender := n.Name()
 	seq := rec.Next(sender, to.String())
-	key := fmt.Sprintf("%s>%s#%d", sender, to, seq)
-	opts = append(opts, node.WithIdempotencyKey(key))
+	s := invariant.Sent{Sender: sender, Recipient: to.String(), Seq: seq, Poison: m.Poison, TTL: m.TTL > 0}
+	var opts []node.SendOption
+	if m.Key {
+		s.Key = fmt.Sprintf("%s>%s#%d", sender, to, seq)
+		opts = append(opts, node.WithIdempotencyKey(s.Key))
+	}
+	if m.TTL > 0 {
+		opts = append(opts, node.WithTTL(m.TTL))
+	}
+	h := map[string]string{}
+	if m.Poison {
+		h[poisonHeader] = "1"
+	}
+	if len(m.Extra) > 0 {
+		h["testnet-padding"] = string(m.Extra)
+	}
+	if len(h) > 0 {
+		opts = append(opts, node.WithHeaders(h))
+	}
 	out, err := n.TellReliable(ctx, to, wrapperspb.UInt64(seq), opts...)
-	s := invariant.Sent{Sender: sender, Recipient: to.String(), Key: key, Seq: seq, Err: err}
+	s.Err = err
 	switch {
 	case err != nil:
 		s.Outcome = invariant.Failed
 	case out == node.Delivered:
 		s.Outcome = invariant.Delivered
+	case out == node.DeadLettered:
+		s.Outcome = invariant.DeadLettered
 	default:
 		s.Outcome = invariant.Queued
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/transport"
 )
 
@@ -81,6 +82,7 @@ type Cluster struct {
 type member struct {
 	name    string
 	dataDir string
+	clock   *outbox.AdjustableClock // the node's clock, kept across restarts (it is the device's)
 	n       *node.Node // nil when killed or stopped
 	boots   []string   // boot ids of every incarnation, in order
 }
@@ -133,7 +135,7 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 	_, _ = rand.Read(c.key)
 	for i := range n {
 		name := fmt.Sprintf("n%d", i)
-		c.members = append(c.members, &member{name: name, dataDir: filepath.Join(c.dir, name)})
+		c.members = append(c.members, &member{name: name, dataDir: filepath.Join(c.dir, name), clock: outbox.NewAdjustableClock()})
 	}
 	// The first node alone, then the rest in parallel: each joins n0 and
 	// two random running nodes, so no seed takes every join in turn.
@@ -225,6 +227,7 @@ func (c *Cluster) startNode(i int) error {
 	cfg.Relay.Logger = c.opts.logger.With("node", m.name, "part", "relay")
 	cfg.Mesh.WrapTransport = c.net.WrapTransport(m.name)
 	cfg.Transport.WrapPacketConn = c.net.WrapPacketConn(m.name)
+	cfg.Outbox.Clock = m.clock
 	for _, f := range c.opts.mutate {
 		f(i, &cfg)
 	}
@@ -247,6 +250,30 @@ func (c *Cluster) startNode(i int) error {
 	m.n = nd
 	m.boots = append(m.boots, nd.BootID())
 	return nil
+}
+
+// Clock returns node i's clock: the system clock unless a test moves it
+// (Advance, StepClock). It is kept across restarts, as a device's is.
+func (c *Cluster) Clock(i int) *outbox.AdjustableClock {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if i < 0 || i >= len(c.members) {
+		return nil
+	}
+	return c.members[i].clock
+}
+
+// Advance makes d pass at once on every node's clocks (running or not).
+func (c *Cluster) Advance(d time.Duration) {
+	c.mu.Lock()
+	clocks := make([]*outbox.AdjustableClock, len(c.members))
+	for i, m := range c.members {
+		clocks[i] = m.clock
+	}
+	c.mu.Unlock()
+	for _, k := range clocks {
+		k.Advance(d)
+	}
 }
 
 // Len returns the number of nodes, running or not.

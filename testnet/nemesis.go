@@ -25,6 +25,8 @@ const (
 	FaultKill      = nemesis.Kill
 	FaultRestart   = nemesis.Restart
 	FaultHeal      = nemesis.Heal
+	FaultAdvance   = nemesis.Advance
+	FaultStepClock = nemesis.StepClock
 )
 
 // PlanFaults returns the schedule for cfg: the same config (seed
@@ -75,6 +77,10 @@ func (c *Cluster) apply(s FaultStep) error {
 		return c.Restart(s.Node)
 	case FaultHeal:
 		c.Heal()
+	case FaultAdvance:
+		c.Advance(s.Duration)
+	case FaultStepClock:
+		c.Clock(s.Node).Step(s.Duration)
 	default:
 		return fmt.Errorf("unknown fault kind %v", s.Kind)
 	}

@@ -1,11 +1,13 @@
 // Package invariant checks what reliable senders were told against what
-// receivers processed: nothing acknowledged is lost, keyed messages take
-// effect once, per-(sender, recipient) order holds, and every message that
-// was not processed is in a dead-letter queue with a reason.
+// receivers processed: nothing acknowledged is lost, nothing runs twice in
+// one receiver incarnation, per-(sender, recipient) order holds, and every
+// message that was not processed is in a dead-letter queue for a reason it
+// deserves (poison, or expired), never because it was healthy.
 //
 // It knows nothing of nodes: senders and receivers describe messages with
-// strings (sender node, recipient address, idempotency key) and a sequence
-// number the Recorder hands out per (sender, recipient), in send order.
+// strings (sender node, recipient address) and a sequence number the
+// Recorder hands out per (sender, recipient), in send order. The three name
+// a message; idempotency keys are optional and informational.
 package invariant
 
 import (
@@ -24,6 +26,9 @@ const (
 	Delivered Outcome = iota + 1
 	// Queued: fsynced in the sender's outbox.
 	Queued
+	// DeadLettered: the direct attempt's verdict was final; it is in the
+	// sender's dead-letter queue.
+	DeadLettered
 	// Failed: the send returned an error; nothing was promised.
 	Failed
 )
@@ -34,6 +39,8 @@ func (o Outcome) String() string {
 		return "Delivered"
 	case Queued:
 		return "Queued"
+	case DeadLettered:
+		return "DeadLettered"
 	case Failed:
 		return "Failed"
 	}
@@ -44,27 +51,38 @@ func (o Outcome) String() string {
 type Sent struct {
 	Sender    string // sender node
 	Recipient string // actor@node
-	Key       string // idempotency key; unique per logical message
 	Seq       uint64 // from Recorder.Next: send order per (Sender, Recipient)
+	Key       string // idempotency key, if one was given
+	Poison    bool   // the handler refuses it as poison: it belongs in a DLQ
+	TTL       bool   // sent with a TTL: it may expire
 	Outcome   Outcome
 	Err       error // when Failed
 }
 
 // Processed is one run of a recipient's handler that returned nil.
 type Processed struct {
-	Sender    string // sender node, from the envelope
+	Sender    string // sender node, as the receiver verified it
 	Recipient string // actor@node
-	Key       string
 	Seq       uint64
+	Key       string
 	Boot      string // the receiving node's incarnation (boot id)
 }
 
 // Dead is one dead-letter queue entry.
 type Dead struct {
+	Sender    string // the node whose dead-letter queue holds it
 	Recipient string
-	Key       string
+	Seq       uint64
 	Reason    string
 }
+
+// msgID names a logical message.
+type msgID struct {
+	sender, recipient string
+	seq               uint64
+}
+
+func (m msgID) String() string { return fmt.Sprintf("%s -> %s #%d", m.sender, m.recipient, m.seq) }
 
 // Recorder collects Sent and Processed records from many goroutines.
 type Recorder struct {
@@ -125,36 +143,37 @@ func (r *Recorder) Counts() (sent, processed int) {
 	return len(r.sent), len(r.processed)
 }
 
-// ProcessedKeys returns the number of distinct (recipient, key) processed.
-func (r *Recorder) ProcessedKeys() int {
+// ProcessedMessages returns the number of distinct messages processed.
+func (r *Recorder) ProcessedMessages() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	seen := make(map[[2]string]bool)
+	seen := make(map[msgID]bool)
 	for _, p := range r.processed {
-		seen[[2]string{p.Recipient, p.Key}] = true
+		seen[msgID{p.Sender, p.Recipient, p.Seq}] = true
 	}
 	return len(seen)
 }
 
 // Report is the checker's verdict.
 type Report struct {
-	Seed                    int64
-	Sent, Delivered, Queued int // logical messages and their outcomes
-	Failed                  int
-	Processed               int // handler runs
-	DeadLettered            int // acknowledged messages found in a DLQ with a reason
-	Lost                    []string
-	Duplicates              []string
-	CrashWindowDuplicates   []string // allowed: first run on an incarnation that was killed
-	OrderViolations         []string
-	DeadWithoutReason       []string
-	Unexpected              []string // processed but never sent
+	Seed                                  int64
+	Sent, Delivered, Queued, DeadLettered int // logical messages and their outcomes
+	Failed                                int
+	Processed                             int // handler runs
+	InDLQ                                 int // acknowledged messages found in a DLQ for a reason they deserve
+	Lost                                  []string
+	Duplicates                            []string
+	CrashWindowDuplicates                 []string // allowed: first run on an incarnation that was killed
+	OrderViolations                       []string
+	DeadWithoutReason                     []string
+	HealthyDeadLettered                   []string // in a DLQ though neither poison nor expired
+	Unexpected                            []string // processed but never sent, or poison that ran
 }
 
 // OK reports whether every invariant holds.
 func (r Report) OK() bool {
 	return len(r.Lost) == 0 && len(r.Duplicates) == 0 && len(r.OrderViolations) == 0 &&
-		len(r.DeadWithoutReason) == 0 && len(r.Unexpected) == 0
+		len(r.DeadWithoutReason) == 0 && len(r.HealthyDeadLettered) == 0 && len(r.Unexpected) == 0
 }
 
 // Err returns nil when OK, else an error carrying the summary and the seed.
@@ -174,8 +193,8 @@ func (r Report) String() string {
 
 // Write prints the summary to w.
 func (r Report) Write(w io.Writer) {
-	fmt.Fprintf(w, "seed %d: sent %d (delivered %d, queued %d, failed %d), handler runs %d, dead-lettered %d\n",
-		r.Seed, r.Sent, r.Delivered, r.Queued, r.Failed, r.Processed, r.DeadLettered)
+	fmt.Fprintf(w, "seed %d: sent %d (delivered %d, queued %d, dead-lettered %d, failed %d), handler runs %d, in a DLQ for a reason %d\n",
+		r.Seed, r.Sent, r.Delivered, r.Queued, r.DeadLettered, r.Failed, r.Processed, r.InDLQ)
 	list := func(what string, xs []string) {
 		fmt.Fprintf(w, "  %-28s %d\n", what, len(xs))
 		for i, x := range xs {
@@ -187,11 +206,27 @@ func (r Report) Write(w io.Writer) {
 		}
 	}
 	list("acknowledged lost:", r.Lost)
-	list("duplicates (keyed):", r.Duplicates)
+	list("duplicate runs:", r.Duplicates)
 	list("order violations:", r.OrderViolations)
 	list("dead letters w/o reason:", r.DeadWithoutReason)
-	list("processed, never sent:", r.Unexpected)
+	list("healthy dead-lettered:", r.HealthyDeadLettered)
+	list("unexpected runs:", r.Unexpected)
 	list("crash-window re-runs (ok):", r.CrashWindowDuplicates)
+}
+
+// deserved reports whether a dead letter's reason is one the message
+// deserves: poison refused by its handler, or expired (its TTL, or the
+// retention limit every message has).
+func deserved(s Sent, reason string) bool {
+	switch {
+	case strings.HasPrefix(reason, "expired: older than"):
+		return true
+	case strings.HasPrefix(reason, "expired"):
+		return s.TTL
+	case strings.HasPrefix(reason, "rejected"):
+		return s.Poison
+	}
+	return false
 }
 
 // Check compares the records with the dead-letter queues of every sender.
@@ -206,48 +241,55 @@ func (r *Recorder) Check(dead []Dead) Report {
 	r.mu.Unlock()
 
 	rep := Report{Seed: r.seed, Sent: len(sent), Processed: len(processed)}
-	type rk struct{ recipient, key string }
-	runs := make(map[rk][]Processed)
+	runs := make(map[msgID][]Processed)
 	for _, p := range processed {
-		k := rk{p.Recipient, p.Key}
+		k := msgID{p.Sender, p.Recipient, p.Seq}
 		runs[k] = append(runs[k], p)
 	}
-	deadBy := make(map[rk]Dead)
+	deadBy := make(map[msgID]Dead)
 	for _, d := range dead {
-		deadBy[rk{d.Recipient, d.Key}] = d
+		deadBy[msgID{d.Sender, d.Recipient, d.Seq}] = d
 	}
-	sentBy := make(map[rk]Sent, len(sent))
+	sentBy := make(map[msgID]Sent, len(sent))
 	for _, s := range sent {
-		sentBy[rk{s.Recipient, s.Key}] = s
+		k := msgID{s.Sender, s.Recipient, s.Seq}
+		sentBy[k] = s
 		switch s.Outcome {
 		case Delivered:
 			rep.Delivered++
 		case Queued:
 			rep.Queued++
+		case DeadLettered:
+			rep.DeadLettered++
 		default:
 			rep.Failed++
+		}
+		d, isDead := deadBy[k]
+		if isDead {
+			switch {
+			case d.Reason == "":
+				rep.DeadWithoutReason = append(rep.DeadWithoutReason, k.String())
+			case !deserved(s, d.Reason):
+				rep.HealthyDeadLettered = append(rep.HealthyDeadLettered, fmt.Sprintf("%s: %q", k, d.Reason))
+			case s.Outcome != Failed:
+				rep.InDLQ++
+			}
+		}
+		if s.Outcome == Failed || len(runs[k]) > 0 || isDead {
 			continue
 		}
-		k := rk{s.Recipient, s.Key}
-		if len(runs[k]) > 0 {
-			continue
-		}
-		d, ok := deadBy[k]
-		switch {
-		case !ok:
-			rep.Lost = append(rep.Lost, fmt.Sprintf("%s -> %s key %q seq %d (%s)", s.Sender, s.Recipient, s.Key, s.Seq, s.Outcome))
-		case d.Reason == "":
-			rep.DeadWithoutReason = append(rep.DeadWithoutReason, fmt.Sprintf("%s key %q", d.Recipient, d.Key))
-		default:
-			rep.DeadLettered++
-		}
+		rep.Lost = append(rep.Lost, fmt.Sprintf("%s (%s)", k, s.Outcome))
 	}
 	for k, rs := range runs {
-		if _, ok := sentBy[k]; !ok {
-			rep.Unexpected = append(rep.Unexpected, fmt.Sprintf("%s key %q", k.recipient, k.key))
+		s, ok := sentBy[k]
+		switch {
+		case !ok:
+			rep.Unexpected = append(rep.Unexpected, k.String()+": never sent")
+		case s.Poison:
+			rep.Unexpected = append(rep.Unexpected, k.String()+": poison, yet its handler succeeded")
 		}
 		for i := 1; i < len(rs); i++ {
-			msg := fmt.Sprintf("%s key %q run %d of %d", k.recipient, k.key, i+1, len(rs))
+			msg := fmt.Sprintf("%s run %d of %d", k, i+1, len(rs))
 			if crashed[rs[i-1].Boot] && rs[i-1].Boot != rs[i].Boot {
 				rep.CrashWindowDuplicates = append(rep.CrashWindowDuplicates, msg)
 			} else {
@@ -256,12 +298,13 @@ func (r *Recorder) Check(dead []Dead) Report {
 		}
 	}
 	// Order: the first run of each message, per (sender, recipient), must
-	// come in increasing sequence. Re-runs are duplicates, not reorders.
+	// come in increasing sequence. Re-runs are duplicates, not reorders;
+	// gaps are messages given up (poison, expired) or never promised.
 	type pair struct{ sender, recipient string }
 	last := make(map[pair]uint64)
-	first := make(map[rk]bool)
+	first := make(map[msgID]bool)
 	for _, p := range processed {
-		k := rk{p.Recipient, p.Key}
+		k := msgID{p.Sender, p.Recipient, p.Seq}
 		if first[k] {
 			continue
 		}
@@ -274,8 +317,10 @@ func (r *Recorder) Check(dead []Dead) Report {
 		}
 		last[pk] = p.Seq
 	}
+	slices.Sort(rep.Lost)
 	slices.Sort(rep.Duplicates)
 	slices.Sort(rep.CrashWindowDuplicates)
 	slices.Sort(rep.Unexpected)
+	slices.Sort(rep.HealthyDeadLettered)
 	return rep
 }

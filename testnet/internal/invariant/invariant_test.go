@@ -60,16 +60,37 @@ func TestCheck(t *testing.T) {
 			return nil
 		}},
 		{"lost but dead-lettered", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
-			[]Dead{{Recipient: "w@b", Key: "k10", Reason: "expired"}}, func(r Report) error {
-				if !r.OK() || r.DeadLettered != 1 {
-					return fmt.Errorf("want OK with 1 dead-lettered: %s", r)
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit"}}, func(r Report) error {
+				if !r.OK() || r.InDLQ != 1 {
+					return fmt.Errorf("want OK with 1 in a DLQ: %s", r)
 				}
 				return nil
 			}},
 		{"dead letter without reason", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
-			[]Dead{{Recipient: "w@b", Key: "k10"}}, func(r Report) error {
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10}}, func(r Report) error {
 				if len(r.DeadWithoutReason) != 1 {
 					return fmt.Errorf("want 1 dead letter without reason: %s", r)
+				}
+				return nil
+			}},
+		{"healthy message dead-lettered", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "max attempts: lost"}}, func(r Report) error {
+				if len(r.HealthyDeadLettered) != 1 || r.OK() {
+					return fmt.Errorf("want 1 healthy dead letter: %s", r)
+				}
+				return nil
+			}},
+		{"expired without a TTL", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired"}}, func(r Report) error {
+				if len(r.HealthyDeadLettered) != 1 {
+					return fmt.Errorf("want 1 healthy dead letter (no TTL was given): %s", r)
+				}
+				return nil
+			}},
+		{"dead letter of another sender is not this one", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
+			[]Dead{{Sender: "other", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit"}}, func(r Report) error {
+				if len(r.Lost) != 1 {
+					return fmt.Errorf("want 1 lost: %s", r)
 				}
 				return nil
 			}},
@@ -131,7 +152,7 @@ func TestCheck(t *testing.T) {
 		}},
 		{"processed, never sent", queued, func(rec *Recorder, ps []Processed) {
 			all(rec, ps)
-			rec.Processed(Processed{Sender: "a", Recipient: "w@b", Key: "ghost", Seq: 99})
+			rec.Processed(Processed{Sender: "a", Recipient: "w@b", Seq: 99})
 		}, nil, func(r Report) error {
 			if len(r.Unexpected) != 1 {
 				return fmt.Errorf("want 1 unexpected: %s", r)
@@ -139,6 +160,25 @@ func TestCheck(t *testing.T) {
 			return nil
 		}},
 	}
+	tests = append(tests, []struct {
+		name    string
+		outcome func(int) Outcome
+		process func(*Recorder, []Processed)
+		dead    []Dead
+		check   func(Report) error
+	}{
+		{"same seq from two senders are two messages", queued, func(rec *Recorder, ps []Processed) {
+			all(rec, ps)
+			p := ps[0]
+			p.Sender = "z"
+			rec.Processed(p)
+		}, nil, func(r Report) error {
+			if len(r.Unexpected) != 1 || len(r.Duplicates) != 0 {
+				return fmt.Errorf("want 1 unexpected, no duplicate: %s", r)
+			}
+			return nil
+		}},
+	}...)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			rec, _ := script(10, tc.outcome, tc.process)
@@ -184,4 +224,21 @@ func BenchmarkCheck(b *testing.B) {
 		}
 	}
 	b.ReportMetric(100000*float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// Poison and TTL messages may end in a DLQ for their reason, and poison
+// must never run.
+func TestDeservedDeadLetters(t *testing.T) {
+	rec := NewRecorder(3)
+	rec.Sent(Sent{Sender: "a", Recipient: "w@b", Seq: rec.Next("a", "w@b"), Poison: true, Outcome: DeadLettered})
+	rec.Sent(Sent{Sender: "a", Recipient: "w@b", Seq: rec.Next("a", "w@b"), TTL: true, Outcome: Queued})
+	rec.Sent(Sent{Sender: "a", Recipient: "w@b", Seq: rec.Next("a", "w@b"), Poison: true, Outcome: Queued})
+	rec.Processed(Processed{Sender: "a", Recipient: "w@b", Seq: 3})
+	rep := rec.Check([]Dead{
+		{Sender: "a", Recipient: "w@b", Seq: 1, Reason: "rejected: cannot parse"},
+		{Sender: "a", Recipient: "w@b", Seq: 2, Reason: "expired"},
+	})
+	if rep.InDLQ != 2 || len(rep.HealthyDeadLettered) != 0 || len(rep.Unexpected) != 1 || rep.OK() {
+		t.Fatalf("want 2 deserved dead letters and poison #3 reported as run: %s", rep)
+	}
 }

@@ -21,6 +21,8 @@ const (
 	Kill                      // crash a running node (no leave)
 	Restart                   // bring a killed node back (same name and data)
 	Heal                      // remove every network fault
+	Advance                   // every node's clocks jump forward by Duration (time passes at once)
+	StepClock                 // one node's wall clock steps by Duration (either sign); it shows at its next restart
 )
 
 func (k Kind) String() string {
@@ -35,16 +37,21 @@ func (k Kind) String() string {
 		return "restart"
 	case Heal:
 		return "heal"
+	case Advance:
+		return "advance"
+	case StepClock:
+		return "step-clock"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
 
 // Step is one fault at an offset from the start.
 type Step struct {
-	At     time.Duration
-	Kind   Kind
-	Node   int     // Isolate, Kill, Restart
-	Groups [][]int // Partition
+	At       time.Duration
+	Kind     Kind
+	Node     int           // Isolate, Kill, Restart, StepClock
+	Groups   [][]int       // Partition
+	Duration time.Duration // Advance, StepClock
 }
 
 func (s Step) String() string {
@@ -53,20 +60,26 @@ func (s Step) String() string {
 		return fmt.Sprintf("%v %s %v", s.At, s.Kind, s.Groups)
 	case Heal:
 		return fmt.Sprintf("%v %s", s.At, s.Kind)
+	case Advance:
+		return fmt.Sprintf("%v %s %v", s.At, s.Kind, s.Duration)
+	case StepClock:
+		return fmt.Sprintf("%v %s %d %v", s.At, s.Kind, s.Node, s.Duration)
 	}
 	return fmt.Sprintf("%v %s %d", s.At, s.Kind, s.Node)
 }
 
 // Config describes a schedule.
 type Config struct {
-	Seed     uint64        // same seed, same schedule
-	Nodes    int           // cluster size (>= 2)
-	Duration time.Duration // faults happen in [0, Duration); a final heal and restarts follow at Duration
-	MinGap   time.Duration // shortest time between steps
-	MaxGap   time.Duration // longest time between steps
-	Kinds    []Kind        // kinds to draw from; Heal is always added
-	MaxDown  int           // most nodes killed at once (0 = (Nodes-1)/2)
-	Protect  []int         // nodes never killed or isolated (e.g. the seed node)
+	Seed     uint64          // same seed, same schedule
+	Nodes    int             // cluster size (>= 2)
+	Duration time.Duration   // faults happen in [0, Duration); a final heal and restarts follow at Duration
+	MinGap   time.Duration   // shortest time between steps
+	MaxGap   time.Duration   // longest time between steps
+	Kinds    []Kind          // kinds to draw from; Heal is always added
+	MaxDown  int             // most nodes killed at once (0 = (Nodes-1)/2)
+	Protect  []int           // nodes never killed or isolated (e.g. the seed node)
+	Advances []time.Duration // Advance draws its jump from these (required with Advance)
+	Steps    []time.Duration // StepClock draws its step from these (required with StepClock)
 }
 
 // ErrBadConfig is returned by Plan for an unusable Config.
@@ -83,6 +96,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: gaps must satisfy 0 < MinGap <= MaxGap", ErrBadConfig)
 	case len(c.Kinds) == 0:
 		return fmt.Errorf("%w: no fault kinds", ErrBadConfig)
+	}
+	for _, k := range c.Kinds {
+		if k == Advance && len(c.Advances) == 0 || k == StepClock && len(c.Steps) == 0 {
+			return fmt.Errorf("%w: %s needs durations to draw from", ErrBadConfig, k)
+		}
 	}
 	for _, p := range c.Protect {
 		if p < 0 || p >= c.Nodes {
@@ -139,6 +157,11 @@ func Plan(c Config) ([]Step, error) {
 			}
 			step.Node = cands[rng.IntN(len(cands))]
 			delete(down, step.Node)
+		case Advance:
+			step.Duration = c.Advances[rng.IntN(len(c.Advances))]
+		case StepClock:
+			step.Node = rng.IntN(c.Nodes)
+			step.Duration = c.Steps[rng.IntN(len(c.Steps))]
 		}
 		steps = append(steps, step)
 	}

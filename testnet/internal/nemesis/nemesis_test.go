@@ -114,3 +114,40 @@ func BenchmarkPlan(b *testing.B) {
 		}
 	}
 }
+
+// Advance and StepClock draw their durations from the config, and the same
+// seed gives the same schedule.
+func TestPlanClockFaults(t *testing.T) {
+	cfg := Config{Seed: 9, Nodes: 4, Duration: 20 * time.Second, MinGap: 100 * time.Millisecond, MaxGap: 300 * time.Millisecond,
+		Kinds: []Kind{Advance, StepClock}, Advances: []time.Duration{time.Hour}, Steps: []time.Duration{-time.Minute, time.Minute}}
+	a, err := Plan(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Plan(cfg)
+	if Format(a) != Format(b) {
+		t.Fatal("same seed, different schedules")
+	}
+	var adv, step int
+	for _, s := range a {
+		switch s.Kind {
+		case Advance:
+			adv++
+			if s.Duration != time.Hour {
+				t.Fatalf("advance by %v", s.Duration)
+			}
+		case StepClock:
+			step++
+			if s.Duration != time.Minute && s.Duration != -time.Minute || s.Node < 0 || s.Node >= 4 {
+				t.Fatalf("bad step %v", s)
+			}
+		}
+	}
+	if adv == 0 || step == 0 {
+		t.Fatalf("schedule without both kinds:\n%s", Format(a))
+	}
+	cfg.Advances = nil
+	if _, err := Plan(cfg); err == nil {
+		t.Fatal("Advance without durations accepted")
+	}
+}
