@@ -47,8 +47,7 @@ type inbound struct {
 // only it moves w. Other goroutines read durable (post-time duplicates)
 // and the commit bookkeeping below.
 type inStream struct {
-	id  StreamID
-	key []byte
+	key string // the stream's key in the outbox file (StreamID.key); also its map key
 
 	// w is the watermark: the highest sequence whose handler succeeded, or
 	// that an idempotency key answered. Written by the owner only.
@@ -58,10 +57,15 @@ type inStream struct {
 	// lastUse is the store's elapsed clock at the last lookup (eviction).
 	lastUse atomic.Int64
 
-	// cmu guards the fields below: at most one commit of the stream is with
-	// the store; what waits for durability meanwhile is gathered in next.
-	cmu      sync.Mutex
-	inFlight bool
+	// cmu guards the field below: at most one commit of the stream is with
+	// the store, and what waits for durability meanwhile is gathered in
+	// pend. pend is nil while nothing waits, so an idle stream stays small.
+	cmu  sync.Mutex
+	pend *pending
+}
+
+// pending is a stream's commit bookkeeping while one is under way.
+type pending struct {
 	next     []durableWaiter
 	nextKeys [][]byte
 }
@@ -91,11 +95,11 @@ func (in *inbound) get(id StreamID) (*inStream, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &inStream{id: id, key: key}
+	st := &inStream{key: string(key)}
 	st.w.Store(w)
 	st.durable.Store(w)
 	st.lastUse.Store(now)
-	in.streams[string(key)] = st
+	in.streams[st.key] = st
 	return st, nil
 }
 
@@ -111,7 +115,7 @@ func (in *inbound) evictIdle(idleMs int64) int {
 			continue
 		}
 		st.cmu.Lock()
-		busy := st.inFlight || len(st.next) > 0
+		busy := st.pend != nil
 		st.cmu.Unlock()
 		if !busy {
 			delete(in.streams, k)
@@ -138,10 +142,12 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func
 		return
 	}
 	st.cmu.Lock()
-	st.next = append(st.next, durableWaiter{seq: seq, fn: fn})
-	st.nextKeys = append(st.nextKeys, keys...)
-	start := !st.inFlight
-	st.inFlight = true
+	start := st.pend == nil
+	if start {
+		st.pend = &pending{}
+	}
+	st.pend.next = append(st.pend.next, durableWaiter{seq: seq, fn: fn})
+	st.pend.nextKeys = append(st.pend.nextKeys, keys...)
 	st.cmu.Unlock()
 	if start {
 		in.commit(st)
@@ -150,32 +156,31 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func
 
 // commit hands the stream's current watermark and gathered keys to the
 // store; when it is durable the waiters it covers are answered and, if more
-// gathered meanwhile, the next commit starts.
+// gathered meanwhile, the next commit starts. The caller has made st.pend
+// non-nil; it stays so until the last commit ends with nothing waiting.
 func (in *inbound) commit(st *inStream) {
 	st.cmu.Lock()
-	waiters, keys := st.next, st.nextKeys
-	st.next, st.nextKeys = nil, nil
+	waiters, keys := st.pend.next, st.pend.nextKeys
+	st.pend.next, st.pend.nextKeys = nil, nil
 	st.cmu.Unlock()
 	w := st.w.Load()
-	in.store.CommitStream(&outbox.StreamCommit{Stream: st.key, Watermark: w, Keys: keys}, func(err error) {
+	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)
 		}
+		var later []durableWaiter
 		for _, wt := range waiters {
 			if err == nil && wt.seq > w {
-				// Not covered (cannot happen: w was read after the waiter
-				// was added). Keep it for the next commit.
-				st.cmu.Lock()
-				st.next = append(st.next, wt)
-				st.cmu.Unlock()
+				later = append(later, wt) // cannot happen: w was read after it was added
 				continue
 			}
 			wt.fn(err, w)
 		}
 		st.cmu.Lock()
-		more := len(st.next) > 0
+		st.pend.next = append(st.pend.next, later...)
+		more := len(st.pend.next) > 0
 		if !more {
-			st.inFlight = false
+			st.pend = nil
 		}
 		st.cmu.Unlock()
 		if more {
