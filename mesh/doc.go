@@ -39,7 +39,7 @@
 //	defer m.Close()
 //	addr, err := m.Resolve("n2") // errors.Is(err, mesh.ErrUnreachable) when down
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Left vs Dead. memberlist v0.7.0 passes NotifyLeave a Node whose State
 //     is always the zero value (the real state is an unexported field), so it
