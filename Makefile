@@ -63,6 +63,7 @@ demo:
 clean:
 	rm -rf $(BIN)
 
-# The scenario reports linked from the README.
+# The scenario reports linked from the README, at the large size (several
+# minutes on 2 cores).
 reports:
-	$(GO) run ./cmd/meshnode testnet run all --size small --out docs
+	$(GO) run ./cmd/meshnode testnet run all --size large --out docs
