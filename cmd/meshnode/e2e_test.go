@@ -382,7 +382,9 @@ func TestEndToEnd(t *testing.T) {
 			{"same data dir", "", []string{"--config", n1.config, "--admin-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 				"--gossip-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--quic-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
 				"is used by another meshnode (stop it or use --data-dir)"},
-			{"port in use", "", []string{"--config", n1.config, "--data-dir", filepath.Join(c.dir, "other")}, "address in use"},
+			{"admin port in use", "", []string{"--config", n1.config, "--data-dir", filepath.Join(c.dir, "other")}, "bind admin_addr " + n1.admin + ": address in use"},
+			{"gossip port in use", "", []string{"--config", n1.config, "--data-dir", filepath.Join(c.dir, "other2"), "--admin-addr", fmt.Sprintf("127.0.0.1:%d", freePort(t))},
+				"bind gossip_addr"},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
