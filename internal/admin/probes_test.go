@@ -42,7 +42,7 @@ func get(tb testing.TB, ts *httptest.Server, path string) int {
 }
 
 func TestProbes(t *testing.T) {
-	var notReady error = errors.New("not joined yet")
+	notReady := errors.New("not joined yet")
 	ts, _, _ := newServerWith(t, func(c *admin.Config) {
 		c.Token = "secret"
 		c.Ready = func() error { return notReady }
