@@ -6,12 +6,22 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: chaos all build test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go fleet sim flood
+.PHONY: all build install test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go check-dist chaos fleet sim flood
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/meshnode ./cmd/meshnode
+
+# Into $(go env GOPATH)/bin (usually ~/go/bin); the module is not published,
+# so `go install ...@latest` cannot work.
+install:
+	$(GO) install ./cmd/meshnode
+
+# The operator files in dist/: systemd-analyze verify on the unit (skipped
+# without Debian's systemd package) and the Grafana dashboard's metric names.
+check-dist:
+	$(GO) test -count=1 -v ./dist
 
 vet:
 	$(GO) vet $(PKGS)
@@ -72,6 +82,7 @@ demo:
 clean:
 	rm -rf $(BIN)
 
-# The scenario reports linked from the README.
+# The scenario reports linked from the README, at the large size (several
+# minutes on 2 cores).
 reports:
-	$(GO) run ./cmd/meshnode testnet run all --size small --out docs
+	$(GO) run ./cmd/meshnode testnet run all --size large --out docs

@@ -40,7 +40,7 @@
 //	send(env)
 //	select { case resp := <-ch: ...; case <-ctx.Done(): reg.Cancel(id) }
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Capacity counts queued items only, not the one being handled, so a
 //     mailbox of capacity N holds up to N+1 accepted items.

@@ -23,19 +23,6 @@
 //     atomically, debounced to ReconnectInterval) lets a node restarted
 //     without seeds find its cluster.
 //   - Close (= Leave) and Kill are idempotent and end every goroutine.
-//   - A stranger who can reach the gossip port and knows the cluster label
-//     (it is not secret) cannot make a node hold more than about
-//     3 x InboundStreams x InboundStreamBytes of heap (48 MiB by default),
-//     decrypt more than InboundStreamRate bytes/s of its garbage, or keep a
-//     stream open past InboundStreamTimeout: mesh runs memberlist on its own
-//     transport, which takes an inbound stream only when one of
-//     InboundStreams slots is free (the rest wait in the kernel's accept
-//     queue), cuts a stream at InboundStreamBytes (at once when an encrypted
-//     message announces more) and drops datagrams over InboundPacketBytes
-//     unread. Honest members never come near these limits; a flood that
-//     fills the UDP socket buffer still loses honest packets in the kernel,
-//     which only a limit in the network can stop. InboundStats counts what
-//     the limits did.
 //
 // # Usage
 //
@@ -52,7 +39,7 @@
 //	defer m.Close()
 //	addr, err := m.Resolve("n2") // errors.Is(err, mesh.ErrUnreachable) when down
 //
-// # Decisions
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Left vs Dead. memberlist v0.7.0 passes NotifyLeave a Node whose State
 //     is always the zero value (the real state is an unexported field), so it
@@ -65,9 +52,7 @@
 //   - Suspect. No memberlist delegate reports suspicion, and Members()
 //     carries the same zero State. mesh recognises memberlist's own log line
 //     for a failed local probe ("Suspect X has failed, no acks received") and
-//     marks X Suspect; the next ack from X (PingDelegate) clears it, and so
-//     does memberlist's longest suspicion timeout passing without a death
-//     (X must have refuted), whichever comes first. Alive
+//     marks X Suspect; the next ack from X (PingDelegate) clears it. Alive
 //     messages do not: memberlist hands them to
 //     the AliveDelegate before its incarnation check, so stale ones (gossip
 //     retransmits, push/pull merges) would make Suspect flap. Suspicion
@@ -99,11 +84,4 @@
 //
 // TestMeasureDetection only runs when MESH_MEASURE=1; the same behaviour is
 // asserted by the regular tests.
-//
-// Larger clusters start from PresetFor(name, size), which stretches probe,
-// gossip and push/pull intervals and raises the inbound limits by size
-// (16, 256, 1,024, 8,192 members). docs/fleet-scale.md has the figures:
-// 200 real members in one process (make fleet), 1,000 and 5,000 simulated
-// members on an in-memory network in virtual time (make sim), and a
-// stranger's flood of the gossip port (make flood).
 package mesh

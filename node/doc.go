@@ -30,7 +30,7 @@
 //     which the relay delivers it, paced by the peer's AIMD limit, FIFO per
 //     (sender node, recipient) across the direct and the outbox path.
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Messages sent from the node API (not from inside an actor) carry the
 //     sender "@node".

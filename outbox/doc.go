@@ -11,7 +11,7 @@
 //     single committer goroutine owns every write transaction. NoSync is
 //     never used.
 //   - Per-recipient FIFO: a new message always goes behind the waiting ones
-//     (DESIGN rule 1), even if its caller-chosen sequence is lower (it is
+//     (rule 1), even if its caller-chosen sequence is lower (it is
 //     then re-sequenced).
 //   - A message leaves its queue only by Ack (positive receipt), by being
 //     dead-lettered (expired, permanent failure, MaxAttempts counted
@@ -40,7 +40,7 @@
 //	dedupe          sender\x00key -> recorded unix ms
 //	meta            "seq" -> sequence high-water
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Coalescing (rule 7): a newer OVERWRITE message deletes the waiting one
 //     and is appended at the tail (it does not take the old one's place).

@@ -24,7 +24,7 @@
 //	defer r.Close()
 //	// from membership: r.NodeAlive("n2")
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Peer down (Alive false): the recipient is deferred by DownRecheck
 //     (10s) without counting anything (rule 3). NodeAlive wakes it at once
@@ -63,7 +63,7 @@
 //     where a round trip includes the receiver's dedupe fsync (about 4.5
 //     ms on the 2-core test machine: ~22k msgs/s). 100k msgs/s to one
 //     recipient would need about 450 messages in flight (rate × round
-//     trip); DESIGN's max of 100 is kept, so that is not reached.
+//     trip); the default maximum of 100 is kept, so that is not reached.
 //   - Close cancels in-flight deliveries; their messages stay queued. Close
 //     does not close the store and always returns nil.
 package partition

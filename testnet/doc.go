@@ -1,6 +1,6 @@
 // Package testnet shows meshnode's claims about faults instead of asserting
 // them: in-process clusters on loopback with a fault network shared by
-// gossip and data, a seeded nemesis, an invariant checker, and the seed
+// gossip and data, a seeded nemesis, an invariant checker, and the built-in
 // scenarios with plotted reports.
 //
 //	rec := testnet.NewRecorder(seed)
@@ -31,7 +31,7 @@
 //   - Nemesis: PlanFaults is a pure function of its config; the same seed
 //     gives the same schedule, which always ends healed with every node up.
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Drop does not apply to memberlist TCP streams (reliable by contract);
 //     a stream is refused at dial, and an open one fails on its next read

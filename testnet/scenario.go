@@ -46,6 +46,13 @@ type Sample struct {
 	Processed   int64          // handler runs so far, all scenario actors
 }
 
+// Event is a fault or recovery during a scenario (a node killed, a
+// partition healed), marked on the report's time axis.
+type Event struct {
+	At    time.Duration // since the scenario started
+	Label string
+}
+
 // SampleEvery is the sampling period of scenario reports.
 const SampleEvery = 100 * time.Millisecond
 
@@ -59,6 +66,7 @@ type Result struct {
 	Counts    map[string]int64 // scenario-specific counts (accepted, rejected, fast path, fallback, coalesced, ...)
 	Checks    map[string]bool  // scenario-specific claims and whether they held
 	Samples   []Sample         // over time
+	Events    []Event          // faults and recoveries, in order
 	Report    *Report          // invariant report, for scenarios that record every message
 	SVG       []byte           // the report: AIMD limit, outbox depth, delivery rate over time
 }
@@ -119,6 +127,7 @@ type stage struct {
 	// mu guards the fields below.
 	mu      sync.Mutex
 	samples []Sample
+	events  []Event
 	observe []int                           // sender nodes whose outbox is sampled
 	spawner func(i int, n *node.Node) error // actors of the scenario, (re)spawned on every start
 }
@@ -159,6 +168,13 @@ func (s *stage) spawn(i int, n *node.Node) error {
 		return nil
 	}
 	return f(i, n)
+}
+
+// mark records an event for the report's time axis.
+func (s *stage) mark(label string) {
+	s.mu.Lock()
+	s.events = append(s.events, Event{At: time.Since(s.start), Label: label})
+	s.mu.Unlock()
 }
 
 func (s *stage) count(k string, d int64) {
@@ -231,6 +247,7 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	res.Duration = time.Since(st.start)
 	res.Processed = st.processed.Load()
 	res.Samples = st.samples
+	res.Events = st.events
 	if runErr != nil {
 		return res, fmt.Errorf("testnet: scenario %s: %w", name, runErr)
 	}
@@ -265,11 +282,15 @@ func render(res Result) []byte {
 	for _, k := range slices.Sorted(maps.Keys(limits)) {
 		ls = append(ls, *limits[k])
 	}
+	var marks []plot.Mark
+	for _, e := range res.Events {
+		marks = append(marks, plot.Mark{T: e.At.Seconds(), Label: e.Label})
+	}
 	var b bytesBuffer
 	_ = plot.SVG(&b, fmt.Sprintf("%s — %d nodes, %d workers, %d messages", res.Name, res.Size.Nodes, res.Size.Workers, res.Size.Messages), []plot.Chart{
-		{Title: "AIMD limit per peer (sender>peer)", YLabel: "limit", Series: ls},
-		{Title: "Outbox depth (senders)", YLabel: "messages", Series: []plot.Series{depth}},
-		{Title: "Delivery rate", YLabel: "msgs/s", Series: []plot.Series{rate}},
+		{Title: "AIMD limit per peer (sender>peer)", YLabel: "limit", Series: ls, Marks: marks},
+		{Title: "Outbox depth (senders)", YLabel: "messages", Series: []plot.Series{depth}, Marks: marks},
+		{Title: "Delivery rate", YLabel: "msgs/s", Series: []plot.Series{rate}, Marks: marks},
 	})
 	return b.b
 }

@@ -39,6 +39,16 @@ func TestScenarios(t *testing.T) {
 			if !strings.Contains(out.String(), "scenario") {
 				t.Fatal("no summary table")
 			}
+			// Scenarios with faults mark them on the time axis.
+			faults := map[string][]string{
+				"thundering-herd":  {"leader cut off", "healed"},
+				"offline-delivery": {"worker nodes killed", "sender restarted", "worker nodes restarted"},
+			}
+			for _, label := range faults[name] {
+				if !bytes.Contains(res.SVG, []byte(">"+label)) || !bytes.Contains(res.SVG, []byte(`class="mark"`)) {
+					t.Errorf("the report does not mark %q on its time axis", label)
+				}
+			}
 			dir := os.Getenv("TESTNET_REPORT_DIR")
 			if dir == "" {
 				dir = t.TempDir()

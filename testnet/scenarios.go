@@ -129,6 +129,7 @@ func thunderingHerd(ctx context.Context, s *stage) error {
 	senders := others(s.size.Nodes)
 	s.setObserve(senders...)
 	s.c.Isolate(0)
+	s.mark("leader cut off")
 	if err := s.c.WaitDown(0, 15*time.Second); err != nil {
 		return err
 	}
@@ -160,6 +161,7 @@ func thunderingHerd(ctx context.Context, s *stage) error {
 	s.res.Sent = s.size.Messages
 	s.count("queued while leader cut", int64(s.sampleDepth()))
 	s.c.Heal()
+	s.mark("healed")
 	if err := s.waitAll(ctx, drainTimeout(s.size), &ks, s.size.Messages); err != nil {
 		return err
 	}
@@ -439,15 +441,18 @@ func offlineDelivery(ctx context.Context, s *stage) error {
 			return err
 		}
 	}
+	s.mark(fmt.Sprintf("worker nodes killed: %d", len(down)))
 	if err := phase(third, 2*third); err != nil {
 		return err
 	}
 	if err := s.c.Stop(0); err != nil {
 		return err
 	}
+	s.mark("sender stopped")
 	if err := s.c.Restart(0); err != nil {
 		return err
 	}
+	s.mark("sender restarted")
 	if err := s.c.WaitConverged(20 * time.Second); err != nil {
 		return err
 	}
@@ -460,6 +465,7 @@ func offlineDelivery(ctx context.Context, s *stage) error {
 			return err
 		}
 	}
+	s.mark("worker nodes restarted")
 	if err := s.c.WaitConverged(20 * time.Second); err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@
 //	err = t.Send(ctx, "n2", env)                  // tell
 //	rc, err := t.Request(ctx, "n2", envWithReceipt) // wait for the receipt
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
 //   - Streams: each side opens a control stream first and sends its Hello
 //     on it; receipts and GoAway follow on the same stream ("receipts on

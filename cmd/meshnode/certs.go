@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/meshnode/meshnode/transport"
@@ -69,13 +70,13 @@ files are never overwritten.`,
 			if err := writeNew(crt, c.CertPEM(), 0o644); err != nil {
 				return fmt.Errorf("ca init: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s and %s\n", crt, keyPath)
-			return nil
+			return wrote(cmd, crt, keyPath)
 		},
 	}
 	initCmd.Flags().StringVar(&dir, "dir", "certs", "directory for ca.crt and ca.key")
 	initCmd.Flags().StringVar(&cn, "common-name", "meshnode cluster CA", "subject common name of the CA")
 	initCmd.Flags().DurationVar(&validity, "validity", 10*365*24*time.Hour, "how long the CA is valid")
+	addJSONFlag(initCmd)
 	ca.AddCommand(initCmd)
 	return ca
 }
@@ -94,17 +95,9 @@ NAME.key (mode 0600) into --out; existing files are never overwritten.`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if name == "" {
-				return errors.New("cert issue: --name is required")
+				return usagef("cert issue: --name is required")
 			}
-			crtPEM, err := os.ReadFile(filepath.Join(caDir, "ca.crt"))
-			if err != nil {
-				return fmt.Errorf("cert issue: read CA certificate: %w (create it with `meshnode ca init --dir %s`)", err, caDir)
-			}
-			keyPEM, err := os.ReadFile(filepath.Join(caDir, "ca.key"))
-			if err != nil {
-				return fmt.Errorf("cert issue: read CA key: %w", err)
-			}
-			ca, err := transport.LoadCA(crtPEM, keyPEM)
+			ca, err := loadCA(caDir)
 			if err != nil {
 				return fmt.Errorf("cert issue: %w", err)
 			}
@@ -128,15 +121,15 @@ NAME.key (mode 0600) into --out; existing files are never overwritten.`,
 			if err := writeNew(crt, c, 0o644); err != nil {
 				return fmt.Errorf("cert issue: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s and %s\n", crt, key)
-			return nil
+			return wrote(cmd, crt, key)
 		},
 	}
 	issue.Flags().StringVar(&name, "name", "", "node name (the certificate's DNS name); required")
 	issue.Flags().StringVar(&caDir, "ca-dir", "certs", "directory holding ca.crt and ca.key")
 	issue.Flags().StringVar(&out, "out", "", "output directory (default: --ca-dir)")
 	issue.Flags().DurationVar(&validity, "validity", 365*24*time.Hour, "how long the certificate is valid")
-	cert.AddCommand(issue)
+	addJSONFlag(issue)
+	cert.AddCommand(issue, newCertRenewCmd())
 	return cert
 }
 
@@ -151,7 +144,7 @@ uses the same file (gossip_key_file); a node with another key cannot join.`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out == "" {
-				return errors.New("keygen: --out is required")
+				return usagef("keygen: --out is required")
 			}
 			key := make([]byte, 32)
 			if _, err := rand.Read(key); err != nil {
@@ -160,11 +153,11 @@ uses the same file (gossip_key_file); a node with another key cannot join.`,
 			if err := writeNew(out, []byte(base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
 				return fmt.Errorf("keygen: %w", err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", out)
-			return nil
+			return wrote(cmd, out)
 		},
 	}
 	cmd.Flags().StringVar(&out, "out", "", "file to write; required")
+	addJSONFlag(cmd)
 	return cmd
 }
 
@@ -173,13 +166,13 @@ func readGossipKey(path string) ([]byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("gossip key file %s does not exist (create it with `meshnode keygen --out %s`)", path, path)
+			return nil, fmt.Errorf("gossip key file %s does not exist (create it with meshnode keygen --out %s)", path, path)
 		}
 		return nil, fmt.Errorf("gossip key file %s: %w", path, err)
 	}
 	key, err := base64.StdEncoding.DecodeString(string(trimSpace(data)))
 	if err != nil || len(key) != 32 {
-		return nil, fmt.Errorf("gossip key file %s: want 32 bytes in base64 (create it with `meshnode keygen`)", path)
+		return nil, fmt.Errorf("gossip key file %s: want 32 bytes in base64 (create it with meshnode keygen)", path)
 	}
 	return key, nil
 }
@@ -189,4 +182,13 @@ func trimSpace(b []byte) []byte {
 		b = b[:len(b)-1]
 	}
 	return b
+}
+
+// wrote reports the files a command wrote, as text or --json.
+func wrote(cmd *cobra.Command, files ...string) error {
+	if asJSON(cmd) {
+		return printJSON(cmd.OutOrStdout(), map[string]any{"wrote": files})
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "wrote %s\n", strings.Join(files, " and "))
+	return nil
 }

@@ -39,6 +39,7 @@ type Config struct {
 	MailboxCapacity int      `toml:"mailbox_capacity"` // mailbox capacity of each actor (1024)
 	Inboxes         []string `toml:"inboxes"`          // inbox actors declared at start (none)
 	InboxCapacity   int      `toml:"inbox_capacity"`   // unacknowledged messages per inbox before senders are told to back off (100000)
+	Pprof           bool     `toml:"pprof"`            // serve /debug/pprof/ on admin_addr (false)
 }
 
 // DefaultConfig returns the defaults; the name is the host name.
@@ -129,12 +130,13 @@ func (c Config) Validate() error {
 
 // setting binds one Config field to its TOML key, flag and env var.
 type setting struct {
-	key   string // TOML key; the flag is the key with '-' for '_', the env var MESHNODE_<KEY>
-	usage string
-	list  bool
-	str   func(c *Config) *string   // scalar string fields
-	num   func(c *Config) *int      // int fields
-	strs  func(c *Config) *[]string // list fields
+	key     string // TOML key; the flag is the key with '-' for '_', the env var MESHNODE_<KEY>
+	usage   string
+	list    bool
+	str     func(c *Config) *string   // scalar string fields
+	num     func(c *Config) *int      // int fields
+	boolean func(c *Config) *bool     // bool fields
+	strs    func(c *Config) *[]string // list fields
 }
 
 func (s setting) flag() string { return strings.ReplaceAll(s.key, "_", "-") }
@@ -147,8 +149,8 @@ var settings = []setting{
 	{key: "gossip_addr", usage: "gossip (memberlist) bind address host:port", str: func(c *Config) *string { return &c.GossipAddr }},
 	{key: "quic_addr", usage: "QUIC bind address host:port", str: func(c *Config) *string { return &c.QUICAddr }},
 	{key: "join", usage: "gossip address of a seed node (repeat or comma-separate)", list: true, strs: func(c *Config) *[]string { return &c.Join }},
-	{key: "gossip_key_file", usage: "file with the base64 gossip key from `meshnode keygen` (empty: unencrypted)", str: func(c *Config) *string { return &c.GossipKeyFile }},
-	{key: "ca_file", usage: "cluster CA certificate (from `meshnode ca init`)", str: func(c *Config) *string { return &c.CAFile }},
+	{key: "gossip_key_file", usage: "file with the base64 gossip key, from meshnode keygen (empty: unencrypted)", str: func(c *Config) *string { return &c.GossipKeyFile }},
+	{key: "ca_file", usage: "cluster CA certificate, from meshnode ca init", str: func(c *Config) *string { return &c.CAFile }},
 	{key: "cert_file", usage: "node certificate (default <dir of ca_file>/<name>.crt)", str: func(c *Config) *string { return &c.CertFile }},
 	{key: "key_file", usage: "node private key (default <dir of ca_file>/<name>.key)", str: func(c *Config) *string { return &c.KeyFile }},
 	{key: "admin_addr", usage: "admin API and /metrics address; loopback unless admin_token is set", str: func(c *Config) *string { return &c.AdminAddr }},
@@ -158,6 +160,7 @@ var settings = []setting{
 	{key: "mailbox_capacity", usage: "mailbox capacity of each actor", num: func(c *Config) *int { return &c.MailboxCapacity }},
 	{key: "inboxes", usage: "inbox actor to declare at start (repeat or comma-separate)", list: true, strs: func(c *Config) *[]string { return &c.Inboxes }},
 	{key: "inbox_capacity", usage: "unacknowledged messages per inbox before senders back off", num: func(c *Config) *int { return &c.InboxCapacity }},
+	{key: "pprof", usage: "serve Go profiles at /debug/pprof/ on admin_addr", boolean: func(c *Config) *bool { return &c.Pprof }},
 }
 
 // addFlags registers every setting as a flag showing its default and env var.
@@ -170,6 +173,8 @@ func addFlags(fs *pflag.FlagSet) {
 			fs.StringSlice(s.flag(), *s.strs(&def), usage)
 		case s.num != nil:
 			fs.Int(s.flag(), *s.num(&def), usage)
+		case s.boolean != nil:
+			fs.Bool(s.flag(), *s.boolean(&def), usage)
 		default:
 			fs.String(s.flag(), *s.str(&def), usage)
 		}
@@ -194,6 +199,12 @@ func (s setting) set(c *Config, v string) error {
 			return fmt.Errorf("%w: %s=%q is not a number", errBadConfig, s.env(), v)
 		}
 		*s.num(c) = n
+	case s.boolean != nil:
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%w: %s=%q is not true or false", errBadConfig, s.env(), v)
+		}
+		*s.boolean(c) = b
 	default:
 		*s.str(c) = v
 	}
@@ -245,6 +256,9 @@ func LoadConfig(fs *pflag.FlagSet, getenv func(string) (string, bool)) (Config, 
 		case s.num != nil:
 			v, _ := fs.GetInt(s.flag())
 			*s.num(&cfg) = v
+		case s.boolean != nil:
+			v, _ := fs.GetBool(s.flag())
+			*s.boolean(&cfg) = v
 		default:
 			v, _ := fs.GetString(s.flag())
 			*s.str(&cfg) = v

@@ -7,8 +7,9 @@ import (
 )
 
 func main() {
-	if err := newRootCmd().Execute(); err != nil {
+	err := newRootCmd().Execute()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "meshnode: "+err.Error())
-		os.Exit(1)
 	}
+	os.Exit(exitCode(err))
 }

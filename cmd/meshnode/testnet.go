@@ -14,7 +14,7 @@ import (
 func newTestnetCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "testnet",
-		Short: "Run the seed scenarios on an in-process cluster under faults",
+		Short: "Run the built-in scenarios on an in-process cluster under faults",
 		Example: `  meshnode testnet list
   meshnode testnet run thundering-herd
   meshnode testnet run offline-delivery --size small --out docs`,

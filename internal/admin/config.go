@@ -9,37 +9,23 @@ import (
 
 	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
-	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
-	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
 )
 
-// Backend is what the API needs from the running node. NodeBackend adapts
-// a *node.Node; tests use fakes.
+// Backend is what the API needs from the running node: the sends, the
+// dead-letter queue, and the snapshots /metrics reads (metrics.Source).
+// NodeBackend adapts a *node.Node; tests use fakes.
 type Backend interface {
-	Members() []mesh.Member
+	metrics.Source
 	Tell(ctx context.Context, to node.Address, msg proto.Message) error
 	Ask(ctx context.Context, to node.Address, req, resp proto.Message) error
 	TellReliable(ctx context.Context, to node.Address, msg proto.Message, opts ...node.SendOption) (node.Outcome, error)
-	Stats() node.Stats
-	OutboxStats() node.OutboxStats
 	DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error)
 	Replay(f outbox.DLQFilter) (int, error)
 	Purge(f outbox.DLQFilter) (int, error)
-}
-
-// ActorStatser is an optional Backend extension: per-actor mailbox depth
-// and drops for /metrics.
-type ActorStatser interface {
-	ActorStats() []node.ActorStats
-}
-
-// PeerStatser is an optional Backend extension: per-peer transport counters
-// for the meshnode_peer_* metrics.
-type PeerStatser interface {
-	PeerStats() map[string]transport.PeerStats
 }
 
 // Inbox is the any-language inbox: the daemon's Declare also spawns the
@@ -77,6 +63,16 @@ type Config struct {
 	AskTimeout time.Duration // deadline of /v1/ask when the request names none (10 s)
 	MaxBody    int64         // largest request body accepted (4 MiB, the frame limit)
 	Logger     *slog.Logger  // request errors; nil discards
+
+	// Metrics is the node's collector; the daemon shares it so its inbox
+	// handlers are timed in the same registry. nil: New makes one.
+	Metrics *metrics.Collector
+	// Ready reports why the daemon is not ready yet (nil: ready); /readyz
+	// answers 503 with that reason. nil: ready whenever the API is up.
+	Ready func() error
+	// Pprof serves net/http/pprof under /debug/pprof/ (false). Profiles
+	// show internals and cost CPU: enable it while investigating.
+	Pprof bool
 }
 
 // DefaultConfig returns a Config with every field set but Backend and Inbox.

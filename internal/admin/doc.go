@@ -1,6 +1,7 @@
 // Package admin is the daemon's local HTTP/JSON API: members, tell, ask,
 // send (reliable), outbox stats, the dead-letter queue, the any-language
-// inbox and Prometheus metrics at /metrics.
+// inbox, Prometheus metrics at /metrics, probes (/healthz, /readyz),
+// /version and, opt-in, /debug/pprof/.
 //
 //	cfg := admin.DefaultConfig()
 //	cfg.Backend, cfg.Inbox = admin.NodeBackend{Node: n}, inboxes
@@ -21,7 +22,7 @@
 //   - Metrics are read from snapshots at scrape time; nothing runs between
 //     scrapes.
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions
 //
 //   - Bodies: a JSON object becomes a google.protobuf.Struct, any other JSON
 //     value a google.protobuf.Value, "raw" (base64) a BytesValue, nothing an
@@ -29,13 +30,15 @@
 //     "body" (JSON) or "raw" (base64), with "body_type".
 //   - /v1/ask decodes the reply as a Struct (the node needs the reply type);
 //     inbox actors reply {"inbox": NAME, "cursor": N}.
-//   - The Prometheus text format is written here by hand: client_golang's own
-//     dependencies are not in go.sum. The ask latency histogram
-//     (meshnode_admin_ask_latency_seconds) is observed on the admin path; the
-//     node's mean ask latency over all callers is the gauge
-//     meshnode_ask_mean_latency_seconds.
-//   - Per-peer transport counters (meshnode_peer_*) and per-actor mailbox
-//     metrics (meshnode_mailbox_depth, meshnode_mailbox_drops_total) appear
-//     when the Backend implements PeerStatser and ActorStatser, as
-//     NodeBackend does through node.Node.
+//   - Errors are {"error", "code", "retry_after_ms", "detail"}: "error" is
+//     one sentence (Describe) naming the operation and destination once,
+//     "code" the kind of failure for programs (the Code* constants; the CLI
+//     turns them into exit codes), "detail" the full chain for bug reports.
+//   - /metrics is a client_golang registry: the node's families from
+//     package metrics (also usable by applications that embed a node), the
+//     inbox's, meshnode_build_info, go_* and process_*.
+//   - /healthz (the process serves) and /readyz (Config.Ready) need no
+//     token; /version does. /debug/pprof/ exists only with Config.Pprof.
+//   - SetToken swaps the token for the requests that follow (the daemon
+//     calls it on SIGHUP).
 package admin

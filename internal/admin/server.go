@@ -11,29 +11,33 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Server is the admin HTTP/JSON API of a daemon.
 type Server struct {
-	cfg        Config
-	log        *slog.Logger
-	mux        *http.ServeMux
-	askLatency *Histogram
-	collectors []Collector
-	srv        *http.Server
-	wg         sync.WaitGroup // the Serve goroutine
-	closeOnce  sync.Once
+	cfg       Config
+	log       *slog.Logger
+	mux       *http.ServeMux
+	metrics   *metrics.Collector
+	token     atomic.Pointer[string] // swapped by SetToken (SIGHUP)
+	srv       *http.Server
+	wg        sync.WaitGroup // the Serve goroutine
+	closeOnce sync.Once
 }
 
 // New builds a Server; Serve starts it.
@@ -41,18 +45,32 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), askLatency: NewHistogram(LatencyBuckets)}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), metrics: cfg.Metrics}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	s.collectors = []Collector{nodeCollector{s}}
+	if s.metrics == nil {
+		s.metrics = metrics.New(cfg.Backend)
+	}
+	s.token.Store(&cfg.Token)
 	s.routes()
 	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
 	return s, nil
 }
 
-// AddCollector adds metrics read at every scrape of /metrics.
-func (s *Server) AddCollector(c Collector) { s.collectors = append(s.collectors, c) }
+// SetToken replaces the bearer token for the requests that follow (the
+// daemon's reload). An empty token is refused when the API listens on a
+// non-loopback address.
+func (s *Server) SetToken(token string) error {
+	if err := CheckAddr(s.cfg.Addr, token); err != nil {
+		return err
+	}
+	s.token.Store(&token)
+	return nil
+}
+
+// Metrics returns the node's collector, for handlers to be instrumented.
+func (s *Server) Metrics() *metrics.Collector { return s.metrics }
 
 // Serve serves the API on l in a tracked goroutine until Close.
 func (s *Server) Serve(l net.Listener) {
@@ -81,11 +99,16 @@ func (s *Server) Close() error {
 }
 
 // ServeHTTP checks the token (or, without one, that the request really is
-// a local one), then routes.
+// a local one), then routes. The probes (/healthz, /readyz) need no token:
+// they reveal nothing and supervisors rarely hold one.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.cfg.Token != "" {
+	if r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz") {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	if token := *s.token.Load(); token != "" {
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) != 1 {
+		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			writeError(w, http.StatusUnauthorized, fmt.Errorf("%w: send the header \"Authorization: Bearer <admin_token>\" (meshnode --token)", ErrUnauthorized))
 			return
 		}
@@ -106,7 +129,17 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/dlq", s.dlqList)
 	s.mux.HandleFunc("POST /v1/dlq/replay", s.dlqReplay)
 	s.mux.HandleFunc("POST /v1/dlq/purge", s.dlqPurge)
-	s.mux.HandleFunc("GET /metrics", s.metrics)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry(), promhttp.HandlerOpts{ErrorLog: promLogger{s.log}}))
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /version", s.version)
+	if s.cfg.Pprof {
+		s.mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		s.mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		s.mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		s.mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		s.mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	if s.cfg.Inbox != nil {
 		s.mux.HandleFunc("GET /v1/inbox", s.inboxList)
 		s.mux.HandleFunc("POST /v1/inbox/{name}", s.inboxDeclare)
@@ -117,8 +150,10 @@ func (s *Server) routes() {
 
 // ErrorBody is the JSON of every error response.
 type ErrorBody struct {
-	Error        string `json:"error"`
-	RetryAfterMs int64  `json:"retry_after_ms,omitempty"`
+	Error        string `json:"error"`                    // one sentence for people
+	Code         string `json:"code"`                     // one of the Code* constants, for programs
+	RetryAfterMs int64  `json:"retry_after_ms,omitempty"` // capacity: when to try again
+	Detail       string `json:"detail,omitempty"`         // the full error chain, for bug reports
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -128,7 +163,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 func writeError(w http.ResponseWriter, status int, err error) {
-	body := ErrorBody{Error: err.Error()}
+	body := ErrorBody{Error: Describe(err), Code: codeOf(status)}
+	if full := err.Error(); full != body.Error {
+		body.Detail = full
+	}
 	var ce *node.CapacityError
 	if errors.As(err, &ce) {
 		body.RetryAfterMs = ce.RetryAfter.Milliseconds()
@@ -215,7 +253,7 @@ func (s *Server) tell(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.cfg.Backend.Tell(r.Context(), to, msg); err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, &sendError{"tell", to, err})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"ok": true})
@@ -237,9 +275,9 @@ func (s *Server) ask(w http.ResponseWriter, r *http.Request) {
 	reply := &structpb.Struct{}
 	start := time.Now()
 	err := s.cfg.Backend.Ask(ctx, to, msg, reply)
-	s.askLatency.Observe(time.Since(start))
+	s.metrics.ObserveAsk(time.Since(start), err)
 	if err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, &sendError{"ask", to, err})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"reply": Render(reply).Body})
@@ -266,7 +304,7 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 	}
 	out, err := s.cfg.Backend.TellReliable(r.Context(), to, msg, opts...)
 	if err != nil {
-		s.fail(w, r, err)
+		s.fail(w, r, &sendError{"send", to, err})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"outcome": out.String()})
@@ -401,17 +439,6 @@ func (s *Server) dlqPurge(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"purged": n})
-}
-
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	var fams []Family
-	for _, c := range s.collectors {
-		fams = append(fams, c.Collect()...)
-	}
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	if err := WriteText(w, fams); err != nil {
-		s.log.Debug("metrics write failed", "err", err)
-	}
 }
 
 // InboxMessageJSON is one message of GET /v1/inbox/{name}/pull.

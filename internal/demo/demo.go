@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/testnet"
+	"golang.org/x/term"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -71,7 +73,7 @@ func (c *counter) count() (got, disorder int) {
 
 // Run runs the tour, printing to out. It leaves nothing running.
 func Run(ctx context.Context, cfg Config, out io.Writer) (err error) {
-	p := &printer{out: out}
+	p := &printer{out: out, terminal: isTerminal(out)}
 	start := time.Now()
 	p.step("Starting a 3-node cluster on loopback (CA and certificates in a temporary directory)")
 	c, err := testnet.Start(ctx, 3)
@@ -296,10 +298,19 @@ func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error
 	return nil
 }
 
-// printer writes numbered steps and progress bars.
+// printer writes numbered steps and progress bars. Bars redraw in place
+// with '\r' only on a terminal; into a pipe or a file they print one line
+// when done, so logs hold no control characters.
 type printer struct {
-	out io.Writer
-	n   int
+	out      io.Writer
+	terminal bool
+	n        int
+}
+
+// isTerminal reports whether w is an interactive terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func (p *printer) step(s string) { p.n++; fmt.Fprintf(p.out, "\n[%d] %s\n", p.n, s) }
@@ -335,7 +346,16 @@ func (b *bar) set(v int) {
 		return
 	}
 	b.shown = filled
-	fmt.Fprintf(b.p.out, "\r    %-10s [%s%s] %d/%d", b.label, strings.Repeat("#", filled), strings.Repeat(".", width-filled), min(v, b.total), b.total)
+	if b.p.terminal {
+		fmt.Fprintf(b.p.out, "\r    %-10s [%s%s] %d/%d", b.label, strings.Repeat("#", filled), strings.Repeat(".", width-filled), min(v, b.total), b.total)
+	}
 }
 
-func (b *bar) done() { b.set(b.total); fmt.Fprintln(b.p.out) }
+func (b *bar) done() {
+	b.set(b.total)
+	if b.p.terminal {
+		fmt.Fprintln(b.p.out)
+		return
+	}
+	fmt.Fprintf(b.p.out, "    %-10s %d/%d done\n", b.label, b.total, b.total)
+}

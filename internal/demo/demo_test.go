@@ -23,6 +23,9 @@ func TestRunSmall(t *testing.T) {
 	if err := Run(ctx, cfg, &out); err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
+	if strings.Contains(out.String(), "\r") {
+		t.Errorf("carriage returns written into a non-terminal:\n%q", out.String())
+	}
 	for _, want := range []string{"Summary", "50 queued, 50 delivered after heal, 0 out of order", "400 sent, 400 processed"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())

@@ -28,9 +28,9 @@
 //   - Each inbox is bounded (MaxMessages); Append on a full inbox returns
 //     ErrFull and stores nothing.
 //
-// # Decisions where DESIGN.md is silent
+// # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
-//   - AckUpTo(c) deletes cursors <= c (the seed's AckUpTo deletes < c); the
+//   - AckUpTo(c) deletes cursors <= c (not only those < c); the
 //     daemon's HTTP API says up_to, and a program acks the cursor of the last
 //     message it finished, which reads more naturally.
 //   - Messages are stored as the wire Envelope with event_seq set to the

@@ -2,7 +2,7 @@
 // and what a user would pick instead (NATS core, JetStream) or what bounds it
 // (raw quic-go, bbolt) in one process and one run on the same machine, and
 // returns a table of figures, comparisons, ratios and the targets of
-// DESIGN.md's Performance section. cmd/meshbench is its command line.
+// the README's Performance section. cmd/meshbench is its command line.
 //
 //	cfg := harness.DefaultConfig()         // make bench size
 //	cfg.Only = []string{harness.PhaseTell} // or all phases
@@ -22,7 +22,7 @@
 //     goroutine it started; a phase that does not reach its end state within
 //     Config.Timeout fails with ErrTimeout instead of hanging.
 //
-// # Decisions where DESIGN.md and issue 8 are silent
+// # Decisions
 //
 //   - A throughput measurement sends Config.N messages or for
 //     Config.Duration, whichever ends first, so `make bench` has a bounded
@@ -34,7 +34,7 @@
 //   - The raw quic-go ceiling batches frames with a 64 KiB bufio.Writer, as
 //     the transport's lane writer batches frames.
 //   - Durable enqueue: all senders of a level send to one recipient on a
-//     node that is not in the cluster (the DESIGN's case); one extra,
+//     node that is not in the cluster (the offline-peer case); one extra,
 //     informational row gives each sender its own recipient, which shows how
 //     much per-recipient serialisation costs. JetStream publishers share one
 //     connection and each waits for its ack. bbolt's Batch gets

@@ -27,6 +27,8 @@ func TestSVG(t *testing.T) {
 		{"empty series", []Chart{{Title: "empty", Series: []Series{{Name: "none"}}}}, []string{"empty"}},
 		{"nan skipped", []Chart{{Title: "nan", Series: []Series{{Name: "x", Points: []Point{{0, math.NaN()}, {1, 2}, {math.Inf(1), 3}}}}}}, []string{"nan"}},
 		{"three panels", []Chart{{Title: "a"}, {Title: "b"}, {Title: "c"}}, []string{">a<", ">b<", ">c<"}},
+		{"events marked", []Chart{{Title: "m", Series: []Series{saw}, Marks: []Mark{{T: 2, Label: "n1 killed"}, {T: 2.1, Label: "healed & <ok>"}, {T: math.NaN(), Label: "skipped"}}}},
+			[]string{`class="mark" x1=`, ">n1 killed<", "healed &amp; &lt;ok&gt;"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

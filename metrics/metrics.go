@@ -1,0 +1,265 @@
+package metrics
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/transport"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+)
+
+// Source is what the collector reads at scrape time. ForNode adapts a
+// *node.Node; tests and other embeddings may provide their own.
+type Source interface {
+	Name() string // this node's name, left out of the per-peer series
+	Members() []mesh.Member
+	Stats() node.Stats
+	OutboxStats() node.OutboxStats
+	ActorStats() []node.ActorStats
+	PeerStats() map[string]transport.PeerStats
+}
+
+// ForNode adapts a node to Source.
+func ForNode(n *node.Node) Source { return nodeSource{n} }
+
+type nodeSource struct{ *node.Node }
+
+func (s nodeSource) OutboxStats() node.OutboxStats { return s.Outbox().Stats() }
+
+// LatencyBuckets are the upper bounds, in seconds, of the latency
+// histograms: 100 µs to 10 s, roughly ×2.5 per step.
+var LatencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// Names lists every metric family the Collector exports (histograms by
+// their base name), sorted.
+var Names = func() []string {
+	var out []string
+	for _, d := range descs {
+		out = append(out, d.name)
+	}
+	out = append(out, "meshnode_ask_duration_seconds", "meshnode_handler_duration_seconds")
+	slices.Sort(out)
+	return out
+}()
+
+type desc struct {
+	name, help string
+	labels     []string
+	typ        prometheus.ValueType
+	d          *prometheus.Desc
+}
+
+func newDesc(name, help string, typ prometheus.ValueType, labels ...string) *desc {
+	return &desc{name: name, help: help, labels: labels, typ: typ, d: prometheus.NewDesc(name, help, labels, nil)}
+}
+
+var (
+	dMembers        = newDesc("meshnode_members", "Cluster members this node knows, by state, this node included.", prometheus.GaugeValue, "state")
+	dTell           = newDesc("meshnode_tell_total", "Tell calls by outcome: sent (handed to a mailbox or connection) or failed.", prometheus.CounterValue, "outcome")
+	dAsk            = newDesc("meshnode_ask_total", "Ask calls by outcome: ok (a reply) or failed.", prometheus.CounterValue, "outcome")
+	dReliable       = newDesc("meshnode_reliable_total", "TellReliable calls by outcome: direct (Delivered), queued (stored in the outbox) or failed.", prometheus.CounterValue, "outcome")
+	dRefusedFull    = newDesc("meshnode_mailbox_refused_full_total", "Messages from peers refused because the recipient's mailbox was full.", prometheus.CounterValue)
+	dPanics         = newDesc("meshnode_handler_panics_total", "Handler panics recovered.", prometheus.CounterValue)
+	dNoSuchActor    = newDesc("meshnode_no_such_actor_total", "Messages for an actor that does not exist on this node.", prometheus.CounterValue)
+	dExpiredArrival = newDesc("meshnode_expired_on_arrival_total", "Messages that arrived after their TTL.", prometheus.CounterValue)
+	dDedupe         = newDesc("meshnode_dedupe_hits_total", "Reliable messages this receiver recognised as duplicates by their idempotency key (processed once, acknowledged again).", prometheus.CounterValue)
+	dActors         = newDesc("meshnode_actors", "Actors running on this node.", prometheus.GaugeValue)
+
+	dOutboxDepth    = newDesc("meshnode_outbox_depth", "Messages waiting in the outbox, all recipients.", prometheus.GaugeValue)
+	dOutboxOldest   = newDesc("meshnode_outbox_oldest_age_seconds", "Age of the oldest message waiting in the outbox; 0 when it is empty.", prometheus.GaugeValue)
+	dOutboxInFlight = newDesc("meshnode_outbox_in_flight", "Outbox deliveries in flight (AIMD slots held), all peers.", prometheus.GaugeValue)
+	dDLQDepth       = newDesc("meshnode_outbox_dlq_depth", "Records in the dead-letter queue.", prometheus.GaugeValue)
+	dRetries        = newDesc("meshnode_outbox_retries_total", "Failed delivery attempts after which the message stayed queued.", prometheus.CounterValue)
+	dDeadLettered   = newDesc("meshnode_outbox_dead_lettered_total", "Messages moved to the dead-letter queue (rejected, expired or out of attempts).", prometheus.CounterValue)
+	dExpired        = newDesc("meshnode_outbox_expired_total", "Messages whose TTL passed before delivery.", prometheus.CounterValue)
+	dDelivered      = newDesc("meshnode_outbox_delivered_total", "Messages delivered from the outbox and acknowledged by the recipient.", prometheus.CounterValue)
+	dEnqueued       = newDesc("meshnode_outbox_enqueued_total", "Messages stored in the outbox.", prometheus.CounterValue)
+	dCoalesced      = newDesc("meshnode_outbox_coalesced_total", "Waiting messages replaced by a newer one with the same overwrite key.", prometheus.CounterValue)
+	dCommits        = newDesc("meshnode_outbox_fsyncs_total", "Outbox write transactions committed; each syncs the file to disk (bbolt: two fdatasyncs). Fewer than enqueued means group commit is batching.", prometheus.CounterValue)
+
+	dPeerDepth  = newDesc("meshnode_outbox_peer_depth", "Messages waiting in the outbox for one destination node.", prometheus.GaugeValue, "peer")
+	dPeerLimit  = newDesc("meshnode_outbox_aimd_limit", "Current AIMD limit of outbox deliveries in flight to one destination node.", prometheus.GaugeValue, "peer")
+	dPeerFrames = newDesc("meshnode_peer_frames_total", "QUIC frames exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
+	dPeerBytes  = newDesc("meshnode_peer_bytes_total", "QUIC payload bytes exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
+
+	dMailboxDepth = newDesc("meshnode_mailbox_depth", "Messages queued in one actor's mailbox (actors that never held a message are left out).", prometheus.GaugeValue, "actor")
+	dMailboxDrops = newDesc("meshnode_mailbox_drops_total", "Messages one actor's mailbox dropped or refused, by reason: rejected (full), drop-oldest, drop-newest, closed.", prometheus.CounterValue, "actor", "reason")
+)
+
+var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dActors,
+	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
+	dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
+
+// Collector is a prometheus.Collector of one node's metrics. It is safe for
+// concurrent scrapes and observations.
+type Collector struct {
+	src     Source
+	ask     *prometheus.HistogramVec
+	handler *prometheus.HistogramVec
+
+	// mu guards the fields below: the peers seen so far, so that per-peer
+	// series stay for the life of the process.
+	mu    sync.Mutex
+	peers map[string]bool
+}
+
+// New returns a collector reading src.
+func New(src Source) *Collector {
+	return &Collector{
+		src: src,
+		ask: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meshnode_ask_duration_seconds",
+			Help:    "Time from sending an ask to its reply or failure, for asks observed with ObserveAsk (the daemon: /v1/ask), by outcome.",
+			Buckets: LatencyBuckets,
+		}, []string{"outcome"}),
+		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "meshnode_handler_duration_seconds",
+			Help:    "Time a handler wrapped with InstrumentHandler took per message, by actor and outcome.",
+			Buckets: LatencyBuckets,
+		}, []string{"actor", "outcome"}),
+		peers: map[string]bool{},
+	}
+}
+
+func outcome(err error) string {
+	if err != nil {
+		return "failed"
+	}
+	return "ok"
+}
+
+// ObserveAsk records one ask's latency and outcome.
+func (c *Collector) ObserveAsk(d time.Duration, err error) {
+	c.ask.WithLabelValues(outcome(err)).Observe(d.Seconds())
+}
+
+// InstrumentHandler wraps h so that each call's duration is observed in
+// meshnode_handler_duration_seconds{actor=actor}.
+func (c *Collector) InstrumentHandler(actor string, h node.Handler) node.Handler {
+	ok, failed := c.handler.WithLabelValues(actor, "ok"), c.handler.WithLabelValues(actor, "failed")
+	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		start := time.Now()
+		reply, err := h(ctx, m)
+		if err != nil {
+			failed.Observe(time.Since(start).Seconds())
+		} else {
+			ok.Observe(time.Since(start).Seconds())
+		}
+		return reply, err
+	}
+}
+
+// Describe sends every family's descriptor.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range descs {
+		ch <- d.d
+	}
+	c.ask.Describe(ch)
+	c.handler.Describe(ch)
+}
+
+// Collect reads the source's snapshots.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	emit := func(d *desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d.d, d.typ, v, labels...)
+	}
+
+	byState := map[string]int{}
+	for _, st := range []mesh.State{mesh.StateAlive, mesh.StateSuspect, mesh.StateDead, mesh.StateLeft} {
+		byState[st.String()] = 0
+	}
+	members := c.src.Members()
+	for _, m := range members {
+		byState[m.State.String()]++
+	}
+	for st, n := range byState {
+		emit(dMembers, float64(n), st)
+	}
+
+	ns := c.src.Stats()
+	emit(dTell, float64(ns.TellSent), "sent")
+	emit(dTell, float64(ns.TellFailed), "failed")
+	emit(dAsk, float64(ns.AskOK), "ok")
+	emit(dAsk, float64(ns.AskFailed), "failed")
+	emit(dReliable, float64(ns.ReliableDelivered), "direct")
+	emit(dReliable, float64(ns.ReliableQueued), "queued")
+	emit(dReliable, float64(ns.ReliableFailed), "failed")
+	emit(dRefusedFull, float64(ns.RefusedFull))
+	emit(dPanics, float64(ns.Panics))
+	emit(dNoSuchActor, float64(ns.NoSuchActor))
+	emit(dExpiredArrival, float64(ns.Expired))
+	emit(dDedupe, float64(ns.DedupeHits))
+	emit(dActors, float64(ns.Actors))
+
+	os := c.src.OutboxStats()
+	emit(dOutboxDepth, float64(os.Depth))
+	emit(dOutboxOldest, os.OldestAge.Seconds())
+	emit(dOutboxInFlight, float64(os.InFlight))
+	emit(dDLQDepth, float64(os.DLQDepth))
+	emit(dRetries, float64(os.Retries))
+	emit(dDeadLettered, float64(os.DeadLettered))
+	emit(dExpired, float64(os.Expired))
+	emit(dDelivered, float64(os.Delivered))
+	emit(dEnqueued, float64(os.Enqueued))
+	emit(dCoalesced, float64(os.Coalesced))
+	emit(dCommits, float64(os.Fsyncs))
+
+	ps := c.src.PeerStats()
+	for _, p := range c.peerSet(members, os, ps) {
+		emit(dPeerDepth, float64(os.DepthByPeer[p]), p)
+		emit(dPeerLimit, float64(os.LimitByPeer[p]), p)
+		v := ps[p]
+		emit(dPeerFrames, float64(v.FramesIn), p, "in")
+		emit(dPeerFrames, float64(v.FramesOut), p, "out")
+		emit(dPeerBytes, float64(v.BytesIn), p, "in")
+		emit(dPeerBytes, float64(v.BytesOut), p, "out")
+	}
+
+	for _, a := range c.src.ActorStats() {
+		if a.Depth == 0 && a.Rejected+a.DroppedOldest+a.DroppedNewest+a.DroppedClosed == 0 {
+			continue // idle and never full: 100k such actors would flood every scrape
+		}
+		emit(dMailboxDepth, float64(a.Depth), a.Name)
+		emit(dMailboxDrops, float64(a.Rejected), a.Name, "rejected")
+		emit(dMailboxDrops, float64(a.DroppedOldest), a.Name, "drop-oldest")
+		emit(dMailboxDrops, float64(a.DroppedNewest), a.Name, "drop-newest")
+		emit(dMailboxDrops, float64(a.DroppedClosed), a.Name, "closed")
+	}
+
+	c.ask.Collect(ch)
+	c.handler.Collect(ch)
+}
+
+// peerSet returns every peer seen so far (members other than this node,
+// outbox destinations, transport peers), sorted; the set only grows.
+func (c *Collector) peerSet(members []mesh.Member, os node.OutboxStats, ps map[string]transport.PeerStats) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	self := c.src.Name()
+	for _, m := range members {
+		if m.Name != self {
+			c.peers[m.Name] = true
+		}
+	}
+	for p := range os.DepthByPeer {
+		c.peers[p] = true
+	}
+	for p := range os.LimitByPeer {
+		c.peers[p] = true
+	}
+	for p := range ps {
+		c.peers[p] = true
+	}
+	delete(c.peers, self)
+	out := make([]string, 0, len(c.peers))
+	for p := range c.peers {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return out
+}
