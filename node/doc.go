@@ -1,5 +1,6 @@
 // Package node is meshnode's public API: one Node per device, actors with
-// bounded mailboxes, and three sends.
+// bounded mailboxes, and three sends. docs/architecture.md in the
+// repository shows how the packages underneath fit together.
 //
 //	cfg := node.DefaultConfig("n1")
 //	cfg.DataDir, cfg.TLS, cfg.Join = "/var/lib/meshnode", identity, []string{"10.0.0.2:7946"}
@@ -15,8 +16,11 @@
 //
 //	err = n.Tell(ctx, node.Addr("worker", "n2"), job)                  // at most once
 //	err = n.Ask(ctx, node.Addr("worker", "n2"), job, &done)            // reply or error
-//	out, err := n.TellReliable(ctx, node.Addr("worker", "n2"), job,   // Delivered or Queued
-//		node.WithIdempotencyKey(job.Id), node.WithTTL(time.Hour))
+//	out, err := n.TellReliable(ctx, node.Addr("worker", "n2"), job,   // Delivered, Queued or DeadLettered
+//		node.WithTTL(time.Hour))
+//
+// To have actors in place before the cluster sees the node, use Open, Spawn,
+// then Start instead of New.
 //
 // # Guarantees
 //
@@ -24,31 +28,62 @@
 //     message is in a local mailbox or handed to the peer's connection.
 //   - Ask: at most once, with a reply or a typed error (*CapacityError,
 //     ErrNoSuchActor, *RemoteError, ErrUnreachable, the context's error).
-//   - TellReliable: at least once; exactly-once effect per idempotency key
-//     within the receiver's dedupe window. Delivered means the recipient's
+//   - TellReliable: at least once delivery with an exactly-once effect per
+//     stream, in the order sent. A stream is the flow of reliable messages
+//     from one sender outbox to one actor. Delivered means the recipient's
 //     handler returned nil; Queued means fsynced in the local outbox, from
-//     which the relay delivers it, paced by the peer's AIMD limit, FIFO per
-//     (sender node, recipient) across the direct and the outbox path.
+//     which the relay delivers it, paced by the peer's AIMD limit; it waits
+//     there while the peer is down, across restarts of either side, until
+//     its TTL (or, without one, 23 days).
+//   - Exactly once: the receiver keeps a durable watermark per stream (the
+//     highest sequence whose handler succeeded) and never runs a message at
+//     or below it, however long the sender kept it, whatever the clocks do.
+//     It never runs a message whose predecessor in the stream has not run
+//     (unless the sender gave that one up: poison, expired, dropped).
+//   - Nothing healthy is dead-lettered: only a handler's own failures (or
+//     "no such actor" after the receiver's SpawnGrace) count toward
+//     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
+//     down are waited out. A message too large for the wire is refused at
+//     the call with ErrTooLarge.
+//   - WithIdempotencyKey is for the application's own retries (it called
+//     TellReliable twice for one thing, say after a crash): a key runs once
+//     per (sender node, recipient) within the receiver's key window (24 h by
+//     default), kept on disk.
 //
-// # Decisions (the architecture and its numbered rules: docs/architecture.md)
+// # What is outside the guarantees
+//
+//   - The crash window: a receiver that crashes after a handler returned
+//     and before the watermark covering it was committed runs that handler
+//     again when the message is redelivered. PROCESSED is only sent after
+//     the commit, so the sender never acks such a message; but the effect
+//     is exactly once only for handlers that store Message.Stream() and
+//     Message.Sequence() with their own effects (in the same transaction)
+//     and skip what they have seen, or whose effects die with the node.
+//   - A receiver restored from a backup keeps order (streams restart from
+//     their senders' frontiers and acknowledged messages are never resent)
+//     but loses the effects and the key window since the backup.
+//   - A sender restored from a backup finds out from the receiver's
+//     watermark and starts a new epoch of the stream; messages it had sent
+//     after the backup and that ran are unknown to it, and anything still
+//     queued in the backup runs again.
+//   - A message given up after it was sent (its TTL plus MaxClockSkew ran
+//     out without a receipt) may have run: its dead letter says "outcome
+//     unknown".
+//   - Across a restart, a wall-clock difference counts as elapsed time only
+//     up to Outbox.MaxDowntime (a day by default): a node off for a week
+//     counts a day of it against its messages' TTLs.
+//
+// # Decisions
 //
 //   - Messages sent from the node API (not from inside an actor) carry the
-//     sender "@node".
-//   - A reliable message without a key gets "auto:<msg id>", stored with it,
-//     so its retries share it. Dedupe keys are scoped by sender node and
-//     recipient actor; an OVERWRITE key plus the sequence names one version,
-//     so a stream of heartbeats with one key is never deduped away.
-//   - Order across retries: the relay sends a recipient's queue in batches
-//     chained by prev_sequence; the receiver refuses a message whose
-//     predecessor failed, so a retry never lets a later message overtake.
-//   - The direct attempt of TellReliable is bounded by DirectAttemptTimeout;
-//     a slow handler makes the call return Queued (the key dedupes the copy).
-//     Each attempt carries its own msg id; the idempotency key is the stable
-//     name. A direct attempt refused as poison goes to the dead-letter queue.
-//   - The idempotency key is recorded (group-committed) before PROCESSED is
-//     sent. A crash between the handler's return and that commit can run the
-//     handler twice: the at-least-once window no library can close without
-//     the handler's effect and the key sharing one transaction.
+//     sender "@node". The node part of a received message's sender is the
+//     peer verified by TLS.
+//   - The direct attempt of TellReliable is bounded by the relay's
+//     DirectTimeout (2 s); a slower handler makes the call return Queued
+//     (the watermark recognises the copy if it ran). Each send of a message
+//     carries its own msg id; the sequence is the message's stable name.
+//   - A NO_SUCH_ACTOR answer while the receiver is within its SpawnGrace (2
+//     min after Start) tells the sender to wait, uncounted.
 //   - Local messages are passed by pointer, not copied: do not modify a
 //     message after sending it.
 package node

@@ -82,7 +82,7 @@ type qdelta struct {
 // batch accumulates the in-memory effects of one transaction; they are
 // applied only after it committed.
 type batch struct {
-	minGiveUp int64 // earliest give-up time of a message stored by the batch (0 = none)
+	minDeadline int64 // earliest TTL deadline of a message stored by the batch (0 = none)
 	nowMs     int64
 	wallMs    int64
 	q         map[string]*qdelta
@@ -221,8 +221,8 @@ func (s *Store) commit(ops []*op) {
 	s.applyEffects(b)
 	s.forgetPendingKeys(ops)
 	s.finish(ops)
-	if f := s.onExpiry.Load(); f != nil && b.minGiveUp != 0 {
-		(*f)(b.minGiveUp)
+	if f := s.onExpiry.Load(); f != nil && b.minDeadline != 0 {
+		(*f)(b.minDeadline)
 	}
 	if f := s.onEnqueue.Load(); f != nil {
 		for r, d := range b.q {
@@ -464,17 +464,17 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 		}
 		flags |= flagCoalesce
 	}
-	var giveUp int64
+	var deadline int64
 	if t := env.GetTtlMs(); t > 0 {
-		giveUp = sm.GetCreatedElapsedMs() + t + s.cfg.MaxClockSkew.Milliseconds()
-		if b.minGiveUp == 0 || giveUp < b.minGiveUp {
-			b.minGiveUp = giveUp
+		deadline = sm.GetCreatedElapsedMs() + t
+		if b.minDeadline == 0 || deadline < b.minDeadline {
+			b.minDeadline = deadline
 		}
-		if err := tx.Bucket(bucketExpiry).Put(expiryKey(giveUp, seq, r), nil); err != nil {
+		if err := tx.Bucket(bucketExpiry).Put(expiryKey(deadline, seq, r), nil); err != nil {
 			return 0, err
 		}
 	}
-	val, err := encodeRecord(sm, giveUp, flags)
+	val, err := encodeRecord(sm, deadline, flags)
 	if err != nil {
 		return 0, err
 	}
@@ -491,7 +491,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 // removeRecord deletes the queued record seq (value v) of recipient r and
 // its index entries.
 func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte) error {
-	if g := giveUpMs(v); g != 0 {
+	if g := deadlineMs(v); g != 0 {
 		if err := tx.Bucket(bucketExpiry).Delete(expiryKey(g, seq, r)); err != nil {
 			return err
 		}
@@ -528,19 +528,19 @@ func coalesceVal(seq uint64, nowMs int64) []byte {
 	return v[:]
 }
 
-// expiryKey orders the expiry index by give-up time.
-func expiryKey(giveUp int64, seq uint64, r string) []byte {
+// expiryKey orders the expiry index by TTL deadline.
+func expiryKey(deadline int64, seq uint64, r string) []byte {
 	k := make([]byte, 16+len(r))
-	binary.BigEndian.PutUint64(k[:8], uint64(giveUp))
+	binary.BigEndian.PutUint64(k[:8], uint64(deadline))
 	binary.BigEndian.PutUint64(k[8:16], seq)
 	copy(k[16:], r)
 	return k
 }
 
-func encodeRecord(sm *pb.StoredMessage, giveUp int64, flags byte) ([]byte, error) {
+func encodeRecord(sm *pb.StoredMessage, deadline int64, flags byte) ([]byte, error) {
 	buf := make([]byte, recHeader, recHeader+proto.Size(sm))
 	binary.BigEndian.PutUint64(buf[:8], uint64(sm.GetCreatedElapsedMs()))
-	binary.BigEndian.PutUint64(buf[8:16], uint64(giveUp))
+	binary.BigEndian.PutUint64(buf[8:16], uint64(deadline))
 	buf[16] = flags
 	out, err := proto.MarshalOptions{}.MarshalAppend(buf, sm)
 	if err != nil {

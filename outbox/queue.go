@@ -108,16 +108,16 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					expire, reasons = append(expire, sq), append(reasons, ReasonTooOld)
 					continue
 				}
-				if g := giveUpMs(v); g != 0 && g-skew <= nowMs {
+				if dl := deadlineMs(v); dl != 0 && dl <= nowMs {
 					switch {
 					case sq > req.EmittedHW:
 						expire, reasons = append(expire, sq), append(reasons, ReasonExpired)
 						continue
-					case g <= nowMs:
+					case dl+skew <= nowMs:
 						expire, reasons = append(expire, sq), append(reasons, ReasonExpiredUnknown)
 						continue
 					}
-					waitUntil = g
+					waitUntil = dl + skew
 					return nil
 				}
 				sm, err := decodeRecord(v)
@@ -233,7 +233,7 @@ func (s *Store) applyFail(tx *bolt.Tx, b *batch, o *op) error {
 		}
 	}
 	o.n = int(sm.Attempts)
-	val, err := encodeRecord(sm, giveUpMs(v), recFlags(v))
+	val, err := encodeRecord(sm, deadlineMs(v), recFlags(v))
 	if err != nil {
 		return err
 	}
@@ -274,32 +274,36 @@ func (s *Store) applyExpire(tx *bolt.Tx, b *batch, o *op) error {
 	return nil
 }
 
-// Expiring is a queued message whose give-up time has come.
+// Expiring is a queued message whose TTL deadline or age limit has come.
 type Expiring struct {
 	Recipient string
 	Seq       uint64
-	TTLOnly   bool // its TTL ran out (else its age passed the retention limit)
+	// DeadlineMs is its TTL deadline (elapsed ms); 0 when it is its age
+	// that passed the retention limit.
+	DeadlineMs int64
 }
 
-// ExpiryCandidates returns up to limit queued messages whose TTL (plus
-// MaxClockSkew) or age has run out at nowMs, and the earliest time (elapsed
-// ms) another will (0 = none known). The relay, which knows which streams
-// are being sent, decides and calls Expire.
+// ExpiryCandidates returns up to limit queued messages whose TTL deadline
+// or age limit has passed at nowMs, oldest deadline first, and the
+// earliest time (elapsed ms) another one's will (0 = none known). The
+// relay, which knows which of them were sent and which streams are being
+// sent, decides when to give each up (a sent one only MaxClockSkew after
+// its deadline) and calls Expire.
 func (s *Store) ExpiryCandidates(nowMs int64, limit int) (out []Expiring, next int64, err error) {
 	maxAge := s.cfg.MaxAge().Milliseconds()
 	err = s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketExpiry).Cursor()
 		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			g := int64(seqOf(k))
-			if g > nowMs {
-				next = g
+			dl := int64(seqOf(k))
+			if dl > nowMs {
+				next = dl
 				break
 			}
 			if len(out) >= limit {
 				next = nowMs
 				break
 			}
-			out = append(out, Expiring{Recipient: string(bytes.Clone(k[16:])), Seq: seqOf(k[8:]), TTLOnly: true})
+			out = append(out, Expiring{Recipient: string(bytes.Clone(k[16:])), Seq: seqOf(k[8:]), DeadlineMs: dl})
 		}
 		return nil
 	})

@@ -343,9 +343,9 @@ func (s *Store) SetOnEnqueue(f func(recipient string)) {
 }
 
 // SetOnExpiry installs the relay's sweeper hook: after a commit that stored
-// messages with a TTL, it is called with the earliest give-up time among
+// messages with a TTL, it is called with the earliest TTL deadline among
 // them (elapsed ms). It must not block.
-func (s *Store) SetOnExpiry(f func(giveUpMs int64)) {
+func (s *Store) SetOnExpiry(f func(deadlineMs int64)) {
 	if f == nil {
 		s.onExpiry.Store(nil)
 		return
@@ -397,7 +397,7 @@ func checkRecipient(r string) error {
 // committer can maintain the indexes without decoding the message:
 //
 //	[0:8]   created_elapsed_ms, big-endian
-//	[8:16]  give-up time (elapsed ms) when the message has a TTL, else 0
+//	[8:16]  TTL deadline (elapsed ms) when the message has a TTL, else 0
 //	[16]    flags: flagCoalesce = the coalesce index points at this record
 //	[17:]   the marshalled StoredMessage
 const (
@@ -412,7 +412,7 @@ func createdMs(v []byte) int64 {
 	return int64(binary.BigEndian.Uint64(v))
 }
 
-func giveUpMs(v []byte) int64 {
+func deadlineMs(v []byte) int64 {
 	if len(v) < 16 {
 		return 0
 	}

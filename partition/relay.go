@@ -338,10 +338,10 @@ func (r *Relay) sweep() {
 	}
 }
 
-// expiresAt is the store's hook: a message that gives up at giveUpMs was
+// expiresAt is the store's hook: a message whose TTL ends at deadlineMs was
 // stored. It wakes the sweeper if that is before its next look.
-func (r *Relay) expiresAt(giveUpMs int64) {
-	if giveUpMs < r.sweepAt.Load() {
+func (r *Relay) expiresAt(deadlineMs int64) {
+	if deadlineMs < r.sweepAt.Load() {
 		select {
 		case r.sweepWake <- struct{}{}:
 		default:
@@ -381,10 +381,19 @@ func (r *Relay) sweepOnce() time.Duration {
 			emitted = hw
 		}
 		reason := outbox.ReasonTooOld
-		if c.TTLOnly {
-			reason = outbox.ReasonExpiredUnknown
-			if c.Seq > emitted {
-				reason = outbox.ReasonExpired
+		if c.DeadlineMs != 0 {
+			switch {
+			case c.Seq > emitted:
+				reason = outbox.ReasonExpired // never on the wire: no copy can run
+			case c.DeadlineMs+r.skew <= now:
+				reason = outbox.ReasonExpiredUnknown
+			default:
+				// A copy may still be at the receiver, whose clock measures
+				// the same TTL: wait out the skew.
+				if next == 0 || c.DeadlineMs+r.skew < next {
+					next = c.DeadlineMs + r.skew
+				}
+				continue
 			}
 		}
 		k := c.Recipient + "\x00" + reason
@@ -405,7 +414,7 @@ func (r *Relay) sweepOnce() time.Duration {
 		r.wakeAll()
 	}
 	switch {
-	case len(cands) > 0 && !busy:
+	case len(byKey) > 0 && !busy:
 		return 0 // more may be due at once (the next head of an old queue)
 	case busy:
 		return time.Second

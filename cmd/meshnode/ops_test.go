@@ -96,19 +96,20 @@ func testOperatorCommands(t *testing.T, n1 *daemon) {
 		t.Errorf("dlq replay of nothing: exit %d, %q", code, errOut)
 	}
 
-	// A dead letter, shown with its body.
-	out, _, err := cli(t, "", "send", "nosuch@n2", `{"poison": true}`, "--key", "p1", "--ttl", "1s", "--admin", n1.admin)
-	t.Logf("send to a missing actor: %q %v", out, err)
+	// A dead letter, shown with its body: a message for a node nobody has
+	// seen expires (its TTL runs out before it was ever sent).
+	out, _, err := cli(t, "", "send", "box@n9", `{"poison": true}`, "--key", "p1", "--ttl", "1s", "--admin", n1.admin)
+	t.Logf("send to a node that does not exist: %q %v", out, err)
 	var dls struct {
 		DeadLetters []struct {
 			ID string `json:"id"`
 		} `json:"dead_letters"`
 	}
 	testutil.WaitFor(t, 15*time.Second, "the expired message is dead-lettered", func() bool {
-		return json.Unmarshal([]byte(n1.cli(t, "dlq", "list", "--recipient", "nosuch@n2", "--json")), &dls) == nil && len(dls.DeadLetters) == 1
+		return json.Unmarshal([]byte(n1.cli(t, "dlq", "list", "--recipient", "box@n9", "--json")), &dls) == nil && len(dls.DeadLetters) == 1
 	})
 	show := n1.cli(t, "dlq", "show", dls.DeadLetters[0].ID)
-	for _, want := range []string{"nosuch@n2", "p1", `"poison": true`} {
+	for _, want := range []string{"box@n9", "p1", `"poison": true`, "expired"} {
 		if !strings.Contains(show, want) {
 			t.Errorf("dlq show lacks %q:\n%s", want, show)
 		}
@@ -116,7 +117,7 @@ func testOperatorCommands(t *testing.T, n1 *daemon) {
 	if code, _, errOut := rc(t, nil, "dlq", "show", "ffffffffffffffff", "--admin", n1.admin); code != exitNotFound {
 		t.Errorf("dlq show of a missing id: exit %d %q", code, errOut)
 	}
-	n1.cli(t, "dlq", "purge", "--recipient", "nosuch@n2", "--yes")
+	n1.cli(t, "dlq", "purge", "--recipient", "box@n9", "--yes")
 }
 
 // testReload changes the admin token and the log level in n1's config file,
