@@ -48,6 +48,8 @@ type Node struct {
 	startOnce sync.Once
 	startedMs atomic.Int64 // the store's elapsed clock at Start (0 = not started)
 
+	warnedPeers sync.Map // node name -> true: unknown peers already logged once
+
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex
 	actors   map[string]*actor

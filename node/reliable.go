@@ -255,14 +255,14 @@ func (n *Node) warnUnknown(peer string) {
 	if peer == n.name || n.mesh == nil || n.mesh.Alive(peer) {
 		return
 	}
-	for _, m := range n.mesh.Members() {
-		if m.Name == peer {
-			return
-		}
+	if _, known := n.mesh.Member(peer); known {
+		return
 	}
 	n.stats.unknownPeer.Add(1)
-	n.log.Warn("reliable message queued for a node no member has seen; it waits until that node joins, or is dropped with the outbox's drop command",
-		"peer", peer)
+	if _, warned := n.warnedPeers.LoadOrStore(peer, true); !warned {
+		n.log.Warn("reliable message queued for a node no member has seen; it waits until that node joins or its age runs out, or is dropped with the outbox's drop command",
+			"peer", peer)
+	}
 }
 
 func (n *Node) mapRelayErr(err error) error {

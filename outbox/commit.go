@@ -83,11 +83,11 @@ type qdelta struct {
 // applied only after it committed.
 type batch struct {
 	minDeadline int64 // earliest TTL deadline of a message stored by the batch (0 = none)
-	nowMs     int64
-	wallMs    int64
-	q         map[string]*qdelta
-	dlq       int
-	counters  struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
+	nowMs       int64
+	wallMs      int64
+	q           map[string]*qdelta
+	dlq         int
+	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 }
 
 func (b *batch) delta(r string) *qdelta {

@@ -83,8 +83,8 @@ type member struct {
 	name    string
 	dataDir string
 	clock   *outbox.AdjustableClock // the node's clock, kept across restarts (it is the device's)
-	n       *node.Node // nil when killed or stopped
-	boots   []string   // boot ids of every incarnation, in order
+	n       *node.Node              // nil when killed or stopped
+	boots   []string                // boot ids of every incarnation, in order
 }
 
 // New starts an n-node cluster for a test and closes it in tb.Cleanup. It
