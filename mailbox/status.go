@@ -68,12 +68,13 @@ type RemoteError struct {
 	Message string
 }
 
-// Error implements error.
+// Error implements error. It reads once: "remote no-such-actor" rather
+// than repeating a sentinel's text the remote side put in the message.
 func (e *RemoteError) Error() string {
-	if e.Message == "" {
-		return "mailbox: remote error: " + e.Code.String()
+	if e.Message == "" || (e.Unwrap() != nil && e.Message == e.Unwrap().Error()) {
+		return "remote " + e.Code.String()
 	}
-	return "mailbox: remote error: " + e.Code.String() + ": " + e.Message
+	return "remote " + e.Code.String() + ": " + e.Message
 }
 
 // Unwrap maps the code to a sentinel so errors.Is works across the wire:

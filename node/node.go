@@ -194,6 +194,16 @@ func (n *Node) advertiseQUIC() error {
 	return nil
 }
 
+// ReloadCertificate presents id's certificate on new connections from now
+// on (a renewed certificate, without a restart). A certificate for another
+// name or from another CA is refused and the current one kept.
+func (n *Node) ReloadCertificate(id transport.Identity) error {
+	if err := n.transport.ReloadCertificate(id); err != nil {
+		return fmt.Errorf("node: reload certificate: %w", err)
+	}
+	return nil
+}
+
 // Name returns the node's name.
 func (n *Node) Name() string { return n.name }
 
@@ -314,5 +324,10 @@ func (n *Node) onMemberEvent(ev mesh.Event) {
 	case mesh.EventJoin, mesh.EventAlive:
 		n.relay.NodeAlive(name)
 	}
-	n.log.Debug("member event", "peer", name, "event", ev.Kind.String())
+	switch ev.Kind {
+	case mesh.EventJoin, mesh.EventLeft, mesh.EventDead, mesh.EventRestart:
+		n.log.Info("member "+ev.Kind.String(), "peer", name)
+	default:
+		n.log.Debug("member event", "peer", name, "event", ev.Kind.String())
+	}
 }

@@ -19,7 +19,8 @@ import (
 // the message and counts it at the receiver. A peer known to be down gives
 // ErrUnreachable at once, without a dial.
 func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message) error {
-	if err := n.check(to); err != nil {
+	if err := n.check("tell", to); err != nil {
+		n.stats.tellFailed.Add(1)
 		return err
 	}
 	if to.Node != n.name {
@@ -67,7 +68,7 @@ func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp prot
 }
 
 func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp proto.Message) error {
-	if err := n.check(to); err != nil {
+	if err := n.check("ask", to); err != nil {
 		return err
 	}
 	if _, ok := ctx.Deadline(); !ok {
@@ -168,16 +169,17 @@ func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, 
 	}
 }
 
-// check validates a destination and refuses sends to dead peers at once.
-func (n *Node) check(to Address) error {
+// check validates a destination and refuses sends to dead peers at once
+// (and to every other node before Start); op names the send in errors.
+func (n *Node) check(op string, to Address) error {
 	if n.closed.Load() {
 		return ErrClosed
 	}
 	if err := to.Validate(); err != nil {
 		return err
 	}
-	if to.Node != n.name && !n.mesh.Alive(to.Node) {
-		return fmt.Errorf("node: send to %s: %w", to, ErrUnreachable)
+	if !n.alive(to.Node) {
+		return fmt.Errorf("node: %s %s: %w", op, to, ErrUnreachable)
 	}
 	return nil
 }

@@ -113,3 +113,48 @@ func TestOldProtocolRefusedClearly(t *testing.T) {
 		}
 	})
 }
+
+// A renewed certificate is presented on new connections without a
+// restart; one for another name is refused and the old one kept.
+func TestReloadCertificate(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	k := startNode(t, testConfig(t, ca, "srv"), r, &recorder{})
+	presented := func() string {
+		t.Helper()
+		id, err := ca.NewIdentity("probe")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc := &tls.Config{Certificates: []tls.Certificate{id.Cert}, RootCAs: id.Roots, ServerName: "srv",
+			NextProtos: []string{transport.ALPN}, MinVersion: tls.VersionTLS13}
+		qc, err := quic.DialAddr(ctxT(t, 5*time.Second), k.LocalAddr().String(), tc, &quic.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = qc.CloseWithError(0, "") }()
+		return qc.ConnectionState().TLS.PeerCertificates[0].SerialNumber.String()
+	}
+	before := presented()
+	next, err := ca.NewIdentity("srv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.ReloadCertificate(next); err != nil {
+		t.Fatal(err)
+	}
+	after := presented()
+	if after == before || after != next.Cert.Leaf.SerialNumber.String() {
+		t.Fatalf("serial before %s, after %s, want the new %s", before, after, next.Cert.Leaf.SerialNumber)
+	}
+	other, err := ca.NewIdentity("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.ReloadCertificate(other); !errors.Is(err, transport.ErrCertificateRefused) {
+		t.Fatalf("reload with another name: %v, want ErrCertificateRefused", err)
+	}
+	if got := presented(); got != after {
+		t.Fatal("a refused certificate replaced the current one")
+	}
+}

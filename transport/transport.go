@@ -89,6 +89,7 @@ type Transport struct {
 	qconf     *quic.Config
 	serverTLS *tls.Config
 	clientTLS *tls.Config
+	certs     *CertificateSource // the certificate presented at each handshake
 
 	ctx    context.Context // ends on Close; bounds dials and handshakes
 	cancel context.CancelFunc
@@ -148,18 +149,19 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 			MaxIncomingUniStreams: 2*maxLanes + 16, // a peer's lanes + control, whatever its Lanes setting
 		},
 	}
+	t.certs = NewCertificateSource(cfg.Identity)
 	t.serverTLS = &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cfg.Identity.Cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    cfg.Identity.Roots,
-		NextProtos:   append([]string{ALPN}, oldALPNs...),
+		MinVersion:     tls.VersionTLS13,
+		GetCertificate: t.certs.GetCertificate,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientCAs:      cfg.Identity.Roots,
+		NextProtos:     append([]string{ALPN}, oldALPNs...),
 	}
 	t.clientTLS = &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cfg.Identity.Cert},
-		RootCAs:      cfg.Identity.Roots,
-		NextProtos:   append([]string{ALPN}, oldALPNs...),
+		MinVersion:           tls.VersionTLS13,
+		GetClientCertificate: t.certs.GetClientCertificate,
+		RootCAs:              cfg.Identity.Roots,
+		NextProtos:           append([]string{ALPN}, oldALPNs...),
 	}
 	ln, err := t.qt.Listen(t.serverTLS, t.qconf)
 	if err != nil {
@@ -173,6 +175,12 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 	go t.acceptLoop()
 	return t, nil
 }
+
+// ReloadCertificate presents id's certificate from the next handshake on
+// (a renewed certificate, without a restart). It refuses, keeping the
+// current one, a certificate for another name or from another CA
+// (ErrCertificateRefused). Open connections keep theirs.
+func (t *Transport) ReloadCertificate(id Identity) error { return t.certs.Reload(id) }
 
 // LocalAddr is the UDP address the transport listens and dials on.
 func (t *Transport) LocalAddr() net.Addr { return t.udp.LocalAddr() }
@@ -564,7 +572,9 @@ func (t *Transport) ClosePeer(node, reason string) {
 	}
 	t.mu.Unlock()
 	if c != nil {
-		t.log.Info("closing peer connection", "peer", node, "reason", reason)
+		// Debug: membership already said why at Info (a peer left, died or
+		// restarted); the connection's end is a consequence.
+		t.log.Debug("closing peer connection", "peer", node, "reason", reason)
 		c.shutdown(CodeNormal, reason, ErrConnLost)
 	}
 }

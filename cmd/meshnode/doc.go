@@ -13,10 +13,10 @@
 //     TOML key is an error naming it.
 //   - SIGINT/SIGTERM: the admin API stops, the node leaves the cluster and
 //     closes (queued messages stay on disk), the inbox closes, exit 0.
-//   - SIGHUP: the configuration is loaded again; log_level and admin_token
-//     apply at once, certificate and gossip key files are checked and used
-//     from the next start, a configuration that does not load is logged and
-//     the running one kept.
+//   - SIGHUP: the configuration is loaded again; log_level, admin_token and
+//     the certificate apply at once (the certificate on new connections),
+//     the gossip key file is checked and used from the next start, a
+//     configuration that does not load is logged and the running one kept.
 //   - Every failure is one line "meshnode: ..." on stderr and a documented
 //     exit code (exitcode.go, README.md): 2 usage, 3 start-up, 4 refused,
 //     5 not found, 6 remote failure, 10-12 retryable.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/admin"
+	"github.com/meshnode/meshnode/node"
 )
 
 // daemon is what a reload may change; owned by runDaemon's loop.
@@ -14,13 +15,14 @@ type daemonState struct {
 	log   *slog.Logger
 	level *slog.LevelVar
 	srv   *admin.Server
+	node  *node.Node
 }
 
 // reload re-reads the configuration on SIGHUP and applies what can change
-// while running: the log level and the admin token. Certificate and gossip
-// key files are read and checked so that a bad renewal is reported now,
-// not at the next restart; they take effect at that restart. A bad
-// configuration is logged and the running one kept.
+// while running: the log level, the admin token and the node's certificate
+// (presented on new connections). The gossip key file is read and checked
+// so that a bad rotation is reported now; it takes effect at the next
+// restart. A bad configuration is logged and the running one kept.
 func (d *daemonState) reload(load func() (Config, error)) {
 	if err := sdNotify("RELOADING=1", monotonicUsec()); err != nil {
 		d.log.Warn("systemd notification failed", "err", err)
@@ -49,10 +51,12 @@ func (d *daemonState) reload(load func() (Config, error)) {
 		}
 	}
 	if id, err := loadIdentity(next); err != nil {
-		d.log.Error("reload: certificate files are not usable: the node keeps its current certificate; fix them before the next restart", "err", err)
+		d.log.Error("reload: certificate files are not usable: the node keeps its current certificate; fix them", "err", err)
+	} else if err := d.node.ReloadCertificate(id); err != nil {
+		d.log.Error("reload: certificate refused: the node keeps its current certificate", "err", err)
 	} else {
-		d.log.Info("reload: certificate files checked", "name", id.Name, "not_after", id.Cert.Leaf.NotAfter.Format(time.RFC3339),
-			"note", "the running node keeps presenting the certificate it started with until it restarts")
+		applied = append(applied, "certificate")
+		d.log.Info("reload: certificate presented on new connections", "name", id.Name, "not_after", id.Cert.Leaf.NotAfter.Format(time.RFC3339))
 	}
 	if next.GossipKeyFile != "" {
 		if _, err := readGossipKey(next.GossipKeyFile); err != nil {

@@ -25,8 +25,8 @@ renamed over the old one), so a daemon never reads half a file. With
 --within it renews only a certificate that expires within that long, and
 otherwise says so and exits 0: run it daily from cron or a systemd timer.
 
-The running daemon checks the new files on SIGHUP and presents them from its
-next start (systemctl restart meshnode).`,
+The running daemon loads the new files on SIGHUP (systemctl reload meshnode)
+and presents them on new connections from then on.`,
 		Example: `  meshnode cert renew --name n1 --ca-dir certs
   meshnode cert renew --name n1 --ca-dir /etc/meshnode/ca --out /etc/meshnode --within 720h`,
 		Args: cobra.NoArgs,

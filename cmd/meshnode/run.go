@@ -36,8 +36,9 @@ API on admin_addr, and on SIGINT or SIGTERM leaves the cluster gracefully,
 flushes and exits 0.
 
 SIGHUP re-reads the configuration (file, environment, flags) and applies what
-can change without a restart: log_level and admin_token. New certificate and
-gossip key files are checked and reported; they take effect at the next start.
+can change without a restart: log_level, admin_token and the node's
+certificate (presented on new connections). A new gossip key file is checked
+and reported; it takes effect at the next start.
 
 Under systemd (Type=notify) it reports READY=1 once it has joined the cluster
 (or started alone when no seed answers within join_wait).
@@ -234,7 +235,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 		"quic", n.QUICAddr(), "admin", l.Addr().String(), "inboxes", store.Inboxes(), "version", version.Get().Version)
 
 	notifyReady(ctx, logger, joined)
-	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv}
+	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv, node: n}
 	for {
 		select {
 		case <-ctx.Done():
