@@ -342,9 +342,9 @@ func (s *Store) applyEffects(b *batch) {
 		st.count += d.count
 		s.depth += d.count
 		st.headSeq, st.oldestMs = d.headSeq, d.oldestMs
-		if d.sendAt != 0 {
-			s.setSendAt(st, d.sendAt)
-		}
+		// A queue's in-memory send_at is set by Defer and WakeNode when
+		// they are called; the committed deferral only persists it. Setting
+		// it again here would undo a WakeNode made while the write waited.
 	}
 }
 

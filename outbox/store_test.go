@@ -676,3 +676,19 @@ func TestStreamState(t *testing.T) {
 		t.Fatalf("epoch of an empty stream lost: %d", ep)
 	}
 }
+
+// WakeNode cancels a deferral at once, even when the deferral's own
+// asynchronous write commits after it: the peer came back, its queue is
+// due now.
+func TestWakeNodeBeatsPendingDeferWrite(t *testing.T) {
+	e := open(t, nil)
+	e.send(t, "a@n1", "m")
+	release := stall(t, e.Store)
+	e.Defer("a@n1", e.ElapsedMs()+time.Hour.Milliseconds()) // its write waits for the committer
+	e.WakeNode("n1")
+	release()
+	sync_(t, e.Store)
+	if due, _ := e.DueRecipients(e.ElapsedMs(), nil, 10); !slices.Equal(due, []string{"a@n1"}) {
+		t.Fatalf("due %v after WakeNode: the deferral's late commit deferred the queue again", due)
+	}
+}
