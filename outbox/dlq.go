@@ -145,6 +145,9 @@ func (s *Store) Purge(f DLQFilter) (int, error) {
 }
 
 func (s *Store) dlqPages(kind opKind, f DLQFilter, ttl int64) (n, skipped int, err error) {
+	if err := s.closedErr(); err != nil {
+		return 0, 0, fmt.Errorf("outbox: %s: %w", kind, err)
+	}
 	if f.empty() && !f.All {
 		return 0, 0, fmt.Errorf("outbox: %s: %w", kind, ErrEmptyFilter)
 	}

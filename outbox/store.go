@@ -313,6 +313,9 @@ func (s *Store) Close() error {
 // high-water covering it is durable before it is returned (reserved in
 // blocks of Config.SequenceBlock, so one fsync serves many calls).
 func (s *Store) ReserveSequence() (uint64, error) {
+	if err := s.closedErr(); err != nil {
+		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
+	}
 	s.seqMu.Lock()
 	defer s.seqMu.Unlock()
 	if s.nextSeq > s.reservedSeq {

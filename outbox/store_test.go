@@ -692,3 +692,40 @@ func TestWakeNodeBeatsPendingDeferWrite(t *testing.T) {
 		t.Fatalf("due %v after WakeNode: the deferral's late commit deferred the queue again", due)
 	}
 }
+
+func TestClosed(t *testing.T) {
+	e := open(t, nil)
+	sm := e.msg(t, "a@n1", "m1")
+	e.put(t, sm)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	checks := map[string]error{"close": e.Close(), "ack": e.Ack("a@n1", []uint64{1})}
+	_, checks["enqueue"] = e.Enqueue(ctx, e.msgNoReserve("a@n1"))
+	_, _, checks["head"] = e.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 1})
+	_, _, checks["fail"] = e.Fail("a@n1", 1, outbox.Failure{Counts: true})
+	_, checks["expire"] = e.Expire("a@n1", []uint64{1}, outbox.ReasonExpired)
+	_, checks["reserve"] = e.ReserveSequence()
+	_, checks["replay"] = e.Replay(outbox.DLQFilter{All: true})
+	_, checks["purge"] = e.Purge(outbox.DLQFilter{All: true})
+	_, checks["list"] = e.DeadLetters(outbox.DLQFilter{})
+	_, checks["drop"] = e.DropQueue("a@n1", "x")
+	_, checks["watermark"] = e.Watermark([]byte("s"))
+	_, checks["key seen"] = e.KeySeen([]byte("k"))
+	checks["set epoch"] = e.SetEpoch("a@n1", 3)
+	checks["dead letter"] = e.DeadLetter(ctx, e.msgNoReserve("a@n1"), "x")
+	done := make(chan error, 1)
+	e.CommitStream(&outbox.StreamCommit{Stream: []byte("s"), Watermark: 1}, func(err error) { done <- err })
+	checks["commit stream"] = <-done
+	for name, err := range checks {
+		if !errors.Is(err, outbox.ErrClosed) {
+			t.Errorf("%s after Close = %v, want ErrClosed", name, err)
+		}
+	}
+	e.Defer("a@n1", 1) // must neither block nor panic
+}
+
+func (e *env) msgNoReserve(recipient string) *pb.StoredMessage {
+	return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: recipient, Sequence: 424242}}
+}
