@@ -471,6 +471,7 @@ func (s *Store) submitAsync(o *op) {
 	s.asyncMu.RLock()
 	defer s.asyncMu.RUnlock()
 	if s.closedErr() != nil {
+		s.forgetPendingKeys([]*op{o}) // nothing of o is stored: its keys are not seen
 		o.async(fmt.Errorf("outbox: %s: %w", o.kind, ErrClosed))
 		return
 	}

@@ -326,3 +326,20 @@ func TestDiskFootprint(t *testing.T) {
 		t.Errorf("%.0f bytes per key", kAlloc+aAlloc)
 	}
 }
+
+// After Close, CommitStream stores nothing and its keys must not count as
+// seen: a receiver asking KeySeen during shutdown would otherwise answer
+// DUPLICATE for a message that never ran, and its sender would drop it.
+func TestCommitStreamAfterCloseForgetsKeys(t *testing.T) {
+	e := open(t, nil)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	key := outbox.ScopedKey("n2", "actor", "k")
+	if err := commitStream(t, e.Store, &outbox.StreamCommit{Stream: []byte("s"), Watermark: 1, Keys: [][]byte{key}}); !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("CommitStream after Close: %v", err)
+	}
+	if seen, err := e.KeySeen(key); seen || !errors.Is(err, outbox.ErrClosed) {
+		t.Fatalf("KeySeen after Close = %v, %v; want false, ErrClosed", seen, err)
+	}
+}
