@@ -49,6 +49,7 @@ type op struct {
 	ids       [][]byte            // opReplay, opPurge: dead-letter keys
 	replayTTL int64               // opReplay: TTL override in ms (-1 = keep)
 	stream    *StreamCommit       // opStream
+	bytes     int                 // opEnqueue: marshalled size of msgs, bounded per transaction by MaxBatchBytes
 	async     func(error)         // called after the commit instead of closing done
 
 	err     error    // whole-op result
@@ -99,11 +100,12 @@ func (b *batch) delta(r string) *qdelta {
 }
 
 // run is the committer goroutine: it owns every write transaction. It
-// takes what is queued (up to MaxBatch records), applies it in one
-// db.Update (one fsync) and then releases every waiting caller.
+// takes what is queued (up to MaxBatch records and MaxBatchBytes message
+// bytes), applies it in one db.Update (one fsync) and then releases every
+// waiting caller.
 func (s *Store) run() {
 	defer close(s.stopped)
-	buf := make([]*op, 0, 256)
+	g := &gathered{ops: make([]*op, 0, 256)}
 	released := 0 // callers released by the previous commit
 	backlog := 0  // ops queued when the previous commit ended
 	linger := time.NewTimer(time.Hour)
@@ -112,38 +114,41 @@ func (s *Store) run() {
 	idle := time.NewTimer(s.cfg.CheckpointInterval)
 	defer idle.Stop()
 	for {
-		var first *op
-		select {
-		case first = <-s.ops:
-		case <-idle.C:
-			// Nothing committed for a while: persist the elapsed clock so a
-			// crash does not lose the time the store was idle.
-			first = &op{kind: opCheckpoint, async: func(error) {}}
-		case <-s.closing:
-			// Commit what callers already handed over, then stop.
-			for {
-				buf, _ = s.gather(buf[:0], 0)
-				if len(buf) == 0 {
-					return
+		g.reset() // an op carried over from the last batch opens this one
+		if len(g.ops) == 0 {
+			select {
+			case o := <-s.ops:
+				s.add(g, o)
+			case <-idle.C:
+				// Nothing committed for a while: persist the elapsed clock so
+				// a crash does not lose the time the store was idle.
+				s.add(g, &op{kind: opCheckpoint, async: func(error) {}})
+			case <-s.closing:
+				// Commit what callers already handed over, then stop.
+				for {
+					g.reset()
+					s.gather(g)
+					if len(g.ops) == 0 {
+						return
+					}
+					s.commit(g.ops)
 				}
-				s.commit(buf)
 			}
 		}
-		buf, n := s.gather(append(buf[:0], first), first.weight())
+		s.gather(g)
 		// Linger: the callers the last commit released are likely to come
 		// straight back (a sender loop, an actor committing its next
 		// watermark). Waiting a little for them lets one fsync carry all
 		// the callers instead of alternating between two half batches.
 		// want estimates the concurrent callers: those released plus those
 		// that queued up during the last commit.
-		if want := released + backlog; s.cfg.CommitLinger > 0 && len(buf) < want && n < s.cfg.MaxBatch {
+		if want := released + backlog; s.cfg.CommitLinger > 0 && len(g.ops) < want && s.room(g) {
 			linger.Reset(s.cfg.CommitLinger)
 		wait:
-			for len(buf) < want && n < s.cfg.MaxBatch {
+			for len(g.ops) < want && s.room(g) {
 				select {
 				case o := <-s.ops:
-					buf = append(buf, o)
-					n += o.weight()
+					s.add(g, o)
 				case <-linger.C:
 					break wait
 				case <-s.closing:
@@ -157,10 +162,9 @@ func (s *Store) run() {
 				}
 			}
 		}
-		released = len(buf)
-		s.commit(buf)
+		released = len(g.ops)
+		s.commit(g.ops)
 		backlog = len(s.ops)
-		clear(buf)
 		if !idle.Stop() {
 			select {
 			case <-idle.C:
@@ -171,19 +175,56 @@ func (s *Store) run() {
 	}
 }
 
-// gather appends the ops already queued to buf, without waiting, until the
-// batch weighs MaxBatch; n is the weight buf already has.
-func (s *Store) gather(buf []*op, n int) ([]*op, int) {
-	for n < s.cfg.MaxBatch {
+// gathered is the batch the committer is filling. Owned by run.
+type gathered struct {
+	ops   []*op
+	n     int // records (op weights)
+	bytes int // message bytes
+	// carry was taken from s.ops but would have taken the batch over
+	// MaxBatchBytes: it opens the next batch.
+	carry *op
+}
+
+// reset empties g for the next batch, keeping its carried op.
+func (g *gathered) reset() {
+	clear(g.ops)
+	if g.carry != nil {
+		g.ops, g.n, g.bytes = append(g.ops[:0], g.carry), g.carry.weight(), g.carry.bytes
+		g.carry = nil
+		return
+	}
+	g.ops, g.n, g.bytes = g.ops[:0], 0, 0
+}
+
+// room reports whether g may take another op.
+func (s *Store) room(g *gathered) bool {
+	return g.carry == nil && g.n < s.cfg.MaxBatch && g.bytes < s.cfg.MaxBatchBytes
+}
+
+// add puts o into g, or carries it to the next batch when its message
+// bytes would take a non-empty batch over MaxBatchBytes (one op alone is
+// never refused: EnqueueBatch already cut it to size).
+func (s *Store) add(g *gathered, o *op) {
+	if len(g.ops) > 0 && g.bytes+o.bytes > s.cfg.MaxBatchBytes {
+		g.carry = o
+		return
+	}
+	g.ops = append(g.ops, o)
+	g.n += o.weight()
+	g.bytes += o.bytes
+}
+
+// gather adds the ops already queued to g, without waiting, while it has
+// room.
+func (s *Store) gather(g *gathered) {
+	for s.room(g) {
 		select {
 		case o := <-s.ops:
-			buf = append(buf, o)
-			n += o.weight()
+			s.add(g, o)
 		default:
-			return buf, n
+			return
 		}
 	}
-	return buf, n
 }
 
 // commit applies ops in one transaction.

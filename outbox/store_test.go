@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -728,4 +729,42 @@ func TestClosed(t *testing.T) {
 
 func (e *env) msgNoReserve(recipient string) *pb.StoredMessage {
 	return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: recipient, Sequence: 424242}}
+}
+
+// MaxBatchBytes bounds a transaction, not only one caller's group: byte-
+// heavy groups of several callers queued together are not gathered into
+// one transaction either.
+func TestCommitterBoundsBytesAcrossCallers(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.MaxBatchBytes = 1 << 20 })
+	body := &anypb.Any{Value: make([]byte, 900<<10)}
+	const callers = 4
+	msgs := make([]*pb.StoredMessage, callers)
+	for i := range msgs {
+		msgs[i] = e.msg(t, fmt.Sprintf("a%d@n1", i), "big")
+		msgs[i].Envelope.Body = body
+	}
+	release := stall(t, e.Store)
+	before := e.Stats().Fsyncs
+	var wg sync.WaitGroup
+	for _, sm := range msgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, errs := e.EnqueueBatch(context.Background(), []*pb.StoredMessage{sm}); errs[0] != nil {
+				t.Error(errs[0])
+			}
+		}()
+	}
+	waitQueued(t, e.Store, callers)
+	release()
+	wg.Wait()
+	if commits := e.Stats().Fsyncs - before; commits < callers {
+		t.Fatalf("%d callers of 900 KiB each committed in %d transactions; MaxBatchBytes is 1 MiB", callers, commits)
+	}
+}
+
+// waitQueued waits until n operations wait for the (stalled) committer.
+func waitQueued(tb testing.TB, s *outbox.Store, n int) {
+	tb.Helper()
+	testutil.WaitFor(tb, 10*time.Second, fmt.Sprintf("%d operations queued", n), func() bool { return outbox.QueuedOps(s) >= n })
 }
