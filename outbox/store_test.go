@@ -768,3 +768,37 @@ func waitQueued(tb testing.TB, s *outbox.Store, n int) {
 	tb.Helper()
 	testutil.WaitFor(tb, 10*time.Second, fmt.Sprintf("%d operations queued", n), func() bool { return outbox.QueuedOps(s) >= n })
 }
+
+// DropQueue and Replay rewrite every record they move: like a fan-out,
+// they are cut into transactions of at most MaxBatchBytes.
+func TestDropAndReplayBoundedByBytes(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.MaxBatchBytes = 1 << 20 })
+	body := &anypb.Any{Value: make([]byte, 64<<10)}
+	const n = 64 // 4 MiB in all
+	msgs := make([]*pb.StoredMessage, n)
+	for i := range msgs {
+		msgs[i] = e.msg(t, "a@n1", fmt.Sprint(i))
+		msgs[i].Envelope.Body = body
+	}
+	if _, errs := e.EnqueueBatch(context.Background(), msgs); errors.Join(errs...) != nil {
+		t.Fatal(errors.Join(errs...))
+	}
+	for _, step := range []struct {
+		name string
+		run  func() (int, error)
+	}{
+		{"drop", func() (int, error) { return e.DropQueue("a@n1", "x") }},
+		{"replay", func() (int, error) { return e.Replay(outbox.DLQFilter{Recipient: "a@n1"}) }},
+	} {
+		before := e.Stats().Fsyncs
+		if got, err := step.run(); got != n || err != nil {
+			t.Fatalf("%s: %d %v", step.name, got, err)
+		}
+		if commits := e.Stats().Fsyncs - before; commits < 4 {
+			t.Fatalf("%s of 4 MiB in %d transactions; MaxBatchBytes is 1 MiB", step.name, commits)
+		}
+	}
+	if got := e.types(t, "a@n1"); len(got) != n || got[0] != "0" || got[n-1] != fmt.Sprint(n-1) {
+		t.Fatalf("after drop and replay: %d messages, %v...", len(got), got[:3])
+	}
+}
