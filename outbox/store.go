@@ -178,6 +178,12 @@ func (s *Store) load() error {
 			}
 		}
 		if format < formatVersion {
+			// The first format kept no elapsed clock, so it would start at
+			// zero and the migrated messages and keys, stored up to MaxAge
+			// or KeyWindow ago, would get negative times: the expiry and
+			// key-age indexes, ordered by their unsigned bytes, would sort
+			// them last, where the sweeper and the pruning never look.
+			s.clock.base = max(s.clock.base, max(s.cfg.MaxAge(), s.cfg.KeyWindow).Milliseconds()+1)
 			if err := s.migrate(tx); err != nil {
 				return fmt.Errorf("migrate from format %d: %w", format, err)
 			}
