@@ -188,6 +188,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		rc = rcs[0]
 	}
 	v := r.judge(st, wire, rc, derr, 0, seen)
+	if v.capacity {
+		lim.OnCapacity()
+	}
 	defer func() {
 		st.mu.Lock()
 		st.direct = false
@@ -495,13 +498,21 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 // The first non-positive outcome decides what happens next; messages after
 // it that did not come back positive stay queued, uncounted.
 func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
-	decided := false
+	decided, congested := false, false
+	defer func() {
+		if congested {
+			// One congestion event per emission, however many of its
+			// messages were refused: the limit halves once.
+			r.Limiter(st.node).OnCapacity()
+		}
+	}()
 	for i, e := range envs {
 		var rc *pb.Receipt
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
 		v := r.judge(st, e, rc, derr, i, seen)
+		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())
 			continue
@@ -541,12 +552,13 @@ type verdict struct {
 	kind       verdictKind
 	reason     string
 	retryAfter time.Duration
-	capacity   bool // the peer (or the local send queue) is full: AIMD halves
+	capacity   bool // the peer (or the local send queue) is full: AIMD halves, once per emission
 }
 
 // judge turns the outcome of one message of an emission (index i) into a
-// verdict, and feeds the peer's limiter. seen is the stream's emitted
-// high-water before the emission.
+// verdict, and feeds the peer's limiter its successes (the caller halves
+// it, once per emission, on a verdict marked capacity). seen is the
+// stream's emitted high-water before the emission.
 //
 // Only the receiver's verdict on the message itself counts toward
 // MaxAttempts: a handler failure, or NO_SUCH_ACTOR from a node past its
@@ -568,7 +580,6 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		case r.ctx.Err() != nil:
 			return verdict{kind: vClosing}
 		case errors.Is(derr, ErrCongested):
-			lim.OnCapacity()
 			return verdict{kind: vDefer, reason: "local send queue full", capacity: true}
 		case !r.d.Alive(st.node):
 			return verdict{kind: vDown}
@@ -603,7 +614,6 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vResend, reason: "out of order"}
 	case pb.Receipt_CAPACITY:
-		lim.OnCapacity()
 		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
 	case pb.Receipt_EXPIRED:
 		return verdict{kind: vExpired, reason: outbox.ReasonExpired}

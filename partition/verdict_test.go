@@ -345,3 +345,46 @@ func TestDuplicateWithinEmittedIsAck(t *testing.T) {
 		t.Fatalf("receipts %v, want 3 duplicates", c)
 	}
 }
+
+// The AIMD limit halves once per congestion event (an emission answered
+// CAPACITY, or refused by a full local send queue), not once per message
+// of it, and grows by one per message processed.
+func TestCapacityHalvesLimitOncePerEmission(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error)
+	}{
+		{"capacity", every(pb.Receipt_CAPACITY, 1, 0)},
+		{"local send queue full", func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+			return nil, partition.ErrCongested
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rg := newRig(t, nil, func(c *partition.Config) {
+				c.BatchSize = 8
+				c.Limiter = partition.LimiterConfig{Initial: 64, Min: 1, Max: 64}
+			})
+			gate := make(chan struct{})
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(ctx context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if n == 0 {
+						rcs, err := tt.answer(ctx, envs)
+						return rcs, err, true
+					}
+					<-gate // hold the second emission: the limit is read meanwhile
+					return nil, nil, false
+				}
+			})
+			rg.queue(t, "a@n1", names("m", 8)...)
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "second emission", func() bool { return rg.fake.callCount() == 2 })
+			got := rg.relay.Stats().LimitByPeer["n1"]
+			close(gate)
+			if got != 32 {
+				t.Fatalf("limit %d after one congested emission of 8 messages, want 64/2 = 32", got)
+			}
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+		})
+	}
+}
