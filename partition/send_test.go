@@ -229,3 +229,33 @@ func TestSendAfterClose(t *testing.T) {
 		t.Fatal("stored after Close")
 	}
 }
+
+// A direct attempt's wire TTL is what the message has left, counted from
+// its creation on the store's elapsed clock, also when the caller leaves
+// CreatedElapsedMs to Send (zero means now, as in Enqueue).
+func TestSendDirectTTL(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	rg := newRig(t, func(c *outbox.Config) { c.Clock = clk }, nil)
+	rg.relay.Start()
+	clk.Advance(time.Hour) // the elapsed clock is far from zero
+	sm := rg.msg("a@n1", "with-created")
+	sm.Envelope.TtlMs = 60_000
+	clk.Advance(10 * time.Second)
+	if _, err := rg.relay.Send(context.Background(), sm, true); err != nil {
+		t.Fatal(err)
+	}
+	bare := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "b@n1", Type: "bare", TtlMs: 60_000}}
+	if _, err := rg.relay.Send(context.Background(), bare, true); err != nil {
+		t.Fatal(err)
+	}
+	calls := rg.fake.callsSnapshot()
+	if len(calls) != 2 {
+		t.Fatalf("%d calls", len(calls))
+	}
+	if got := calls[0].envs[0].GetTtlMs(); got != 50_000 {
+		t.Fatalf("wire TTL %d, want the 50 s left", got)
+	}
+	if got := calls[1].envs[0].GetTtlMs(); got != 60_000 {
+		t.Fatalf("wire TTL %d for a message created now, want 60000", got)
+	}
+}

@@ -142,6 +142,11 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	if r.ctx.Err() != nil {
 		return Sent{}, ErrClosed
 	}
+	if sm.GetCreatedElapsedMs() == 0 {
+		// Zero means now, as in Enqueue; the direct attempt's wire TTL is
+		// counted from it before the store ever sees the message.
+		sm.CreatedElapsedMs = r.store.ElapsedMs()
+	}
 	rcpt := sm.GetEnvelope().GetRecipient()
 	st, err := r.stream(rcpt)
 	if err != nil {
