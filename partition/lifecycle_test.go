@@ -155,3 +155,36 @@ func TestConcurrentSendsKeepStreamsExact(t *testing.T) {
 		}
 	}
 }
+
+// A direct attempt is an emission too: Close cancels it, and Send stores
+// its message (uncounted) instead of holding the caller for
+// DirectTimeout.
+func TestCloseCancelsDirectAttempt(t *testing.T) {
+	rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 1 }, func(c *partition.Config) { c.DirectTimeout = time.Minute })
+	rg.fake.set(func(f *fake) { f.intercept = blockUntilCancelled })
+	rg.relay.Start()
+	type result struct {
+		res partition.Sent
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		res, err := rg.relay.Send(context.Background(), rg.msg("a@n1", "x"), true)
+		done <- result{res, err}
+	}()
+	testutil.WaitFor(t, wait, "direct attempt out", func() bool { return rg.fake.callCount() == 1 })
+	_ = rg.relay.Close()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(wait):
+		t.Fatal("Close did not cancel the direct attempt: Send still waits")
+	}
+	if r.err != nil || r.res.Outcome != partition.Queued {
+		t.Fatalf("send: %+v %v, want Queued", r.res, r.err)
+	}
+	msgs, _, _ := rg.store.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 1})
+	if len(msgs) != 1 || msgs[0].GetAttempts() != 0 {
+		t.Fatalf("stored %+v, want the message, uncounted", msgs)
+	}
+}

@@ -185,7 +185,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	}
 	r.direct.Add(1)
 	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
+	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
 	rcs, derr := r.d.Deliver(dctx, st.node, []*pb.Envelope{wire})
+	stop()
 	cancel()
 	lim.Release(1)
 	var rc *pb.Receipt
