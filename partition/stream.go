@@ -42,6 +42,10 @@ type stream struct {
 	// committed: nothing at or above the lowest may be sent, since it may
 	// still appear below messages that were.
 	storing []uint64
+	// waitStoring: the last emission found nothing to send below
+	// storing[0]; the stream waits for doneStoring instead of the loop
+	// trying again at once (which would spin until the commit).
+	waitStoring bool
 	// acking lists, ascending, sequences positively receipted whose Ack is
 	// still committing; ackBatches counts those Acks.
 	acking     []uint64
@@ -59,7 +63,7 @@ func (st *stream) settled() bool {
 
 // updateBlocked recomputes blocked. Caller holds st.mu.
 func (st *stream) updateBlocked(maxAck int) {
-	st.blocked.Store(st.direct || st.sending || st.ackBatches >= maxAck)
+	st.blocked.Store(st.direct || st.sending || st.ackBatches >= maxAck || st.waitStoring)
 }
 
 // idle reports that the relay holds nothing of the stream in memory that
@@ -303,6 +307,8 @@ func (r *Relay) doneStoring(st *stream, seq uint64) {
 	if i := slices.Index(st.storing, seq); i >= 0 {
 		st.storing = slices.Delete(st.storing, i, i+1)
 	}
+	st.waitStoring = false
+	st.updateBlocked(r.cfg.MaxAckPending)
 	st.mu.Unlock()
 	r.Notify(st.rcpt)
 }
@@ -377,7 +383,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	lim := r.Limiter(node)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending {
+	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
 	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-len(st.acking))
@@ -437,10 +443,19 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		return
 	}
 	if len(msgs) == 0 {
-		if waitUntil > 0 {
+		switch {
+		case waitUntil > 0:
 			// The head ran out of TTL after it was sent: it can be neither
 			// sent nor given up before waitUntil; the stream waits with it.
 			r.store.Defer(st.rcpt, waitUntil)
+		case req.Below != 0:
+			// Everything queued is above a sequence still committing: wait
+			// for its doneStoring, unless it came while Head ran.
+			st.mu.Lock()
+			if len(st.storing) > 0 && st.storing[0] <= req.Below {
+				st.waitStoring = true
+			}
+			st.mu.Unlock()
 		}
 		return
 	}
