@@ -86,7 +86,9 @@ type part struct {
 	wake chan struct{} // cap 1: a pending wake-up
 
 	// mu guards the field below. It is held only for map operations. Lock
-	// order: part.mu before stream.mu before the store's own locks.
+	// order: stream.mu, then the store's own locks, then part.mu: the
+	// loop's keep filter takes part.mu under the store's read lock, and
+	// Send and dispatch ask the store while holding their stream.
 	mu      sync.Mutex
 	streams map[string]*stream
 }

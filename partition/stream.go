@@ -105,11 +105,14 @@ func (r *Relay) forget(st *stream) {
 		return
 	}
 	p := r.part(st.rcpt)
+	st.mu.Lock() // the stream before the partition: see part.mu
+	defer st.mu.Unlock()
+	if !st.idle() {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.idle() && p.streams[st.rcpt] == st {
+	if p.streams[st.rcpt] == st {
 		delete(p.streams, st.rcpt)
 	}
 }

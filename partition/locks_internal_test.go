@@ -1,0 +1,126 @@
+package partition
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// nopDeliverer answers every message PROCESSED.
+type nopDeliverer struct{}
+
+func (nopDeliverer) Alive(string) bool { return true }
+func (nopDeliverer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	rcs := make([]*pb.Receipt, len(envs))
+	for i, e := range envs {
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED}
+	}
+	return rcs, nil
+}
+
+func newTestRelay(tb testing.TB) *Relay {
+	tb.Helper()
+	scfg := outbox.DefaultConfig(filepath.Join(tb.TempDir(), "outbox.db"))
+	scfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := outbox.Open(scfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Partitions = 1
+	cfg.Logger = scfg.Logger
+	r, err := New(cfg, s, nopDeliverer{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		_ = r.Close()
+		_ = s.Close()
+	})
+	return r
+}
+
+// waitBlocked waits until some goroutine is blocked on a lock with fn on
+// its stack, or done is closed (it did not have to wait). It reads the
+// goroutine dump: the only way to know that a goroutine is waiting, not
+// just about to.
+func waitBlocked(tb testing.TB, fn string, done <-chan struct{}) {
+	tb.Helper()
+	testutil.WaitFor(tb, 10*time.Second, "a goroutine blocked in "+fn, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range bytes.Split(buf, []byte("\n\n")) {
+			s := string(g)
+			if strings.Contains(s, fn) && (strings.Contains(s, "sync.(*Mutex).Lock") || strings.Contains(s, "sync.(*RWMutex)")) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+// The relay's locks are taken in one order everywhere: a stream's mutex
+// before the store's, and the store's before a partition's (the loop's
+// keep filter runs under the store's read lock and looks the stream up).
+// forget once took the partition's mutex before the stream's, which closes
+// a cycle: a Send holding the stream asks the store (Pending), a store
+// writer waits for the loop's read lock, the loop waits for the partition
+// held by forget, and forget waits for the stream. Here each of the four
+// is put in place in that order, as the scheduler may; Send's call must
+// still return.
+func TestLockOrderForgetSendLoop(t *testing.T) {
+	r := newTestRelay(t)
+	ctx := context.Background()
+	// A queue in the partition, so the loop's filter has work.
+	if _, err := r.Send(ctx, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "other@n1"}}, false); err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.stream("a@n1") // idle: forget may drop it
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.part("a@n1")
+
+	st.mu.Lock() // Send: holds the stream...
+	forgot := make(chan struct{})
+	go func() { r.forget(st); close(forgot) }()
+	waitBlocked(t, "partition.(*Relay).forget", forgot)
+	inKeep := make(chan struct{})
+	var once sync.Once
+	go r.store.DueRecipients(r.store.ElapsedMs()+1e9, func(rc string) bool {
+		once.Do(func() { close(inKeep) })
+		return p.lookup(rc) == nil // the loop's filter, under the store's read lock
+	}, 10)
+	<-inKeep
+	woke := make(chan struct{})
+	go func() { r.store.WakeNode("n9"); close(woke) }() // a store writer
+	waitBlocked(t, "outbox.(*Store).WakeNode", woke)
+	asked := make(chan struct{})
+	go func() {
+		r.store.Pending("a@n1") // ...and asks the store, as Send and dispatch do
+		close(asked)
+	}()
+	select {
+	case <-asked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("deadlock: forget holds the partition while waiting for the stream")
+	}
+	st.mu.Unlock()
+	<-forgot
+	<-woke
+}
