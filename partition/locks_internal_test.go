@@ -28,7 +28,7 @@ func (nopDeliverer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([
 	return rcs, nil
 }
 
-func newTestRelay(tb testing.TB) *Relay {
+func newTestRelay(tb testing.TB, d Deliverer) *Relay {
 	tb.Helper()
 	scfg := outbox.DefaultConfig(filepath.Join(tb.TempDir(), "outbox.db"))
 	scfg.Logger = slog.New(slog.DiscardHandler)
@@ -39,7 +39,7 @@ func newTestRelay(tb testing.TB) *Relay {
 	cfg := DefaultConfig()
 	cfg.Partitions = 1
 	cfg.Logger = scfg.Logger
-	r, err := New(cfg, s, nopDeliverer{})
+	r, err := New(cfg, s, d)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func waitBlocked(tb testing.TB, fn string, done <-chan struct{}) {
 // is put in place in that order, as the scheduler may; Send's call must
 // still return.
 func TestLockOrderForgetSendLoop(t *testing.T) {
-	r := newTestRelay(t)
+	r := newTestRelay(t, nopDeliverer{})
 	ctx := context.Background()
 	// A queue in the partition, so the loop's filter has work.
 	if _, err := r.Send(ctx, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "other@n1"}}, false); err != nil {
@@ -123,4 +123,78 @@ func TestLockOrderForgetSendLoop(t *testing.T) {
 	st.mu.Unlock()
 	<-forgot
 	<-woke
+}
+
+// gatedDeliverer holds every Deliver until gate is closed and records how
+// many were out at once.
+type gatedDeliverer struct {
+	gate chan struct{}
+	// mu guards the fields below.
+	mu         sync.Mutex
+	calls, out int
+	maxOut     int
+}
+
+func (d *gatedDeliverer) Alive(string) bool { return true }
+func (d *gatedDeliverer) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	d.mu.Lock()
+	d.calls++
+	d.out++
+	d.maxOut = max(d.maxOut, d.out)
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.out--
+		d.mu.Unlock()
+	}()
+	select {
+	case <-d.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return nopDeliverer{}.Deliver(ctx, node, envs)
+}
+
+func (d *gatedDeliverer) count() (calls, maxOut int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.calls, d.maxOut
+}
+
+// A stream forgotten between a caller finding it and locking it (an
+// emission ended and found it idle) must not be used: a second stream
+// object for the same recipient would let two direct attempts, or a
+// direct attempt and an emission, go out at once and run out of order.
+func TestForgottenStreamIsNotUsed(t *testing.T) {
+	d := &gatedDeliverer{gate: make(chan struct{})}
+	r := newTestRelay(t, d)
+	st, err := r.stream("a@n1") // in memory and idle, as after an emission
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	r.afterLookup = func(string) { once.Do(func() { r.forget(st) }) }
+	r.Start()
+	ctx := context.Background()
+	first := make(chan Sent, 1)
+	go func() {
+		res, err := r.Send(ctx, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Type: "m0"}}, true)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- res
+	}()
+	testutil.WaitFor(t, 10*time.Second, "direct attempt out", func() bool { c, _ := d.count(); return c == 1 })
+	res, err := r.Send(ctx, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Type: "m1"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, maxOut := d.count()
+	close(d.gate)
+	if res.Outcome != Queued || maxOut != 1 {
+		t.Fatalf("second send %v with %d attempts out at once: the first used a forgotten stream", res.Outcome, maxOut)
+	}
+	if res := <-first; res.Outcome != Delivered {
+		t.Fatalf("first send %+v", res)
+	}
 }

@@ -76,6 +76,10 @@ type Relay struct {
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
 
+	// afterLookup, set only by tests before Start, runs in lockStream
+	// between finding a stream and locking it.
+	afterLookup func(rcpt string)
+
 	iterations, batches, direct, delivered, failed atomic.Uint64
 	deferred, outOfOrder, restores                 atomic.Uint64
 }

@@ -53,6 +53,9 @@ type stream struct {
 	// deferrals counts deferrals since the last positive receipt: the
 	// backoff exponent for delays nobody is charged for.
 	deferrals int
+	// gone: forget dropped the stream from its partition; whoever still
+	// holds it must look the recipient up again (lockStream).
+	gone bool
 }
 
 // settled reports that nothing of the stream is unresolved: a direct
@@ -114,6 +117,28 @@ func (r *Relay) forget(st *stream) {
 	defer p.mu.Unlock()
 	if p.streams[st.rcpt] == st {
 		delete(p.streams, st.rcpt)
+		st.gone = true
+	}
+}
+
+// lockStream returns rcpt's stream with its mutex held. A caller that
+// found the stream just before forget dropped it would otherwise work on
+// an object nobody else sees, beside the new one the next caller gets:
+// two direct attempts, or an attempt and an emission, at once.
+func (r *Relay) lockStream(rcpt string) (*stream, error) {
+	for {
+		st, err := r.stream(rcpt)
+		if err != nil {
+			return nil, err
+		}
+		if r.afterLookup != nil {
+			r.afterLookup(rcpt)
+		}
+		st.mu.Lock()
+		if !st.gone {
+			return st, nil
+		}
+		st.mu.Unlock()
 	}
 }
 
@@ -155,12 +180,11 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		sm.CreatedElapsedMs = r.store.ElapsedMs()
 	}
 	rcpt := sm.GetEnvelope().GetRecipient()
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
 	}
 	lim := r.Limiter(st.node)
-	st.mu.Lock()
 	seq, err := r.store.ReserveSequence()
 	if err != nil {
 		st.mu.Unlock()
@@ -258,12 +282,11 @@ func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
 	var idx []int
 	for i, sm := range sms {
 		rcpt := sm.GetEnvelope().GetRecipient()
-		st, err := r.stream(rcpt)
+		st, err := r.lockStream(rcpt)
 		if err != nil {
 			errs[i] = fmt.Errorf("partition: store for %s: %w", rcpt, err)
 			continue
 		}
-		st.mu.Lock()
 		seq, err := r.store.ReserveSequence()
 		if err == nil {
 			sm.GetEnvelope().Sequence = seq
@@ -288,11 +311,10 @@ func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
 // Reserve is outbox.Sequencer: the store's Replay takes its sequences
 // here, so they are registered as storing like Send's.
 func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		return 0, nil, err
 	}
-	st.mu.Lock()
 	seq, err := r.store.ReserveSequence()
 	if err == nil {
 		st.storing = append(st.storing, seq)
@@ -378,14 +400,13 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 		r.deferDown(rcpt, node)
 		return false
 	}
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		r.cfg.Logger.Warn("relay: stream state", "recipient", rcpt, "err", err)
 		return false
 	}
-	lim := r.Limiter(node)
-	st.mu.Lock()
 	defer st.mu.Unlock()
+	lim := r.Limiter(node)
 	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
