@@ -3,6 +3,7 @@ package partition
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"runtime"
@@ -196,5 +197,33 @@ func TestForgottenStreamIsNotUsed(t *testing.T) {
 	}
 	if res := <-first; res.Outcome != Delivered {
 		t.Fatalf("first send %+v", res)
+	}
+}
+
+// streamsInMemory counts the streams the relay holds.
+func (r *Relay) streamsInMemory() int {
+	n := 0
+	for _, p := range r.parts {
+		p.mu.Lock()
+		n += len(p.streams)
+		p.mu.Unlock()
+	}
+	return n
+}
+
+// A stream is kept in memory only while something of it is unresolved:
+// a node sending directly to many actors, one message each, does not
+// accumulate one stream object per actor ever addressed.
+func TestDirectSendsDoNotAccumulateStreams(t *testing.T) {
+	r := newTestRelay(t, nopDeliverer{})
+	r.Start()
+	for i := range 200 {
+		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: fmt.Sprintf("actor%d@n1", i)}}
+		if res, err := r.Send(context.Background(), sm, true); err != nil || res.Outcome != Delivered {
+			t.Fatalf("send %d: %+v %v", i, res, err)
+		}
+	}
+	if n := r.streamsInMemory(); n != 0 {
+		t.Fatalf("%d streams in memory after 200 settled direct sends", n)
 	}
 }

@@ -235,6 +235,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		st.updateBlocked(r.cfg.MaxAckPending)
 		st.mu.Unlock()
 		r.Notify(rcpt)
+		r.forget(st) // a settled stream is reloaded from the store when needed
 	}()
 	switch v.kind {
 	case vPositive:
