@@ -27,11 +27,12 @@ const (
 	opEpoch
 	opDrop
 	opCheckpoint
+	opVersion
 )
 
 func (k opKind) String() string {
 	return [...]string{"enqueue", "ack", "fail", "expire", "reserve", "stream", "replay", "purge",
-		"dead-letter", "defer", "epoch", "drop", "checkpoint"}[k]
+		"dead-letter", "defer", "epoch", "drop", "checkpoint", "version"}[k]
 }
 
 // op is one caller's request to the committer. The committer fills the
@@ -40,12 +41,12 @@ func (k opKind) String() string {
 type op struct {
 	kind      opKind
 	msgs      []*pb.StoredMessage // opEnqueue, opDeadLetter
-	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop
+	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop, opVersion
 	seqs      []uint64            // opAck, opExpire, opReplay (new sequences); opFail uses seqs[0]
-	seq       uint64              // opReserve: new high-water; opEpoch: the epoch
+	seq       uint64              // opReserve: new high-water; opEpoch: the epoch; opVersion: the version
 	at        int64               // opDefer: send_at (elapsed ms)
 	failure   Failure             // opFail
-	reason    string              // opExpire, opDeadLetter, opDrop
+	reason    string              // opExpire, opDeadLetter, opDrop; opVersion: the coalesce key
 	ids       [][]byte            // opReplay, opPurge: dead-letter keys
 	replayTTL int64               // opReplay: TTL override in ms (-1 = keep)
 	stream    *StreamCommit       // opStream
@@ -458,6 +459,12 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		d.epoch, d.setEpoch = o.seq, true
 	case opDrop:
 		return s.applyDrop(tx, b, o)
+	case opVersion:
+		co := tx.Bucket(bucketCoalesce)
+		ck := coalesceKey(o.recipient, o.reason)
+		if v := co.Get(ck); len(v) < 8 || seqOf(v) < o.seq {
+			return co.Put(ck, coalesceVal(o.seq, b.nowMs))
+		}
 	case opCheckpoint:
 	}
 	return nil

@@ -338,6 +338,19 @@ func (s *Store) Defer(recipient string, atMs int64) {
 	}
 }
 
+// RecordVersion notes that version seq of recipient's OVERWRITE coalesce
+// key was delivered without ever being stored (a direct attempt), so that
+// older versions are refused from then on as if it had gone through the
+// queue: a replayed dead letter, or an older one enqueued late. It is
+// persisted asynchronously, like Defer; operations submitted after it see
+// it.
+func (s *Store) RecordVersion(recipient, coalesceKey string, seq uint64) {
+	if coalesceKey == "" || len(coalesceKey) > MaxKeyLen || checkRecipient(recipient) != nil {
+		return
+	}
+	s.submitAsync(&op{kind: opVersion, recipient: recipient, reason: coalesceKey, seq: seq, async: func(error) {}})
+}
+
 // WakeNode makes every recipient "…@node" due now (the peer came back),
 // cancelling backoff and deferrals in memory.
 func (s *Store) WakeNode(node string) {

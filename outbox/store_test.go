@@ -802,3 +802,26 @@ func TestDropAndReplayBoundedByBytes(t *testing.T) {
 		t.Fatalf("after drop and replay: %d messages, %v...", len(got), got[:3])
 	}
 }
+
+// RecordVersion makes a version delivered without being stored (a direct
+// attempt) count in the coalesce index: older versions are refused.
+func TestRecordVersion(t *testing.T) {
+	e := open(t, nil)
+	lo, _ := e.ReserveSequence()
+	mid, _ := e.ReserveSequence()
+	hi, _ := e.ReserveSequence()
+	e.RecordVersion("a@n1", "k", mid)
+	e.RecordVersion("a@n1", "k", lo) // never lowers it
+	e.RecordVersion("bad", "k", hi)  // ignored
+	sync_(t, e.Store)
+	e.reopen(t, nil)
+	ow := func(seq uint64) *pb.StoredMessage {
+		return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: seq, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}}
+	}
+	if r := e.put(t, ow(lo)); r != outbox.Superseded {
+		t.Fatalf("older than the recorded version: %v, want Superseded", r)
+	}
+	if r := e.put(t, ow(hi)); r != outbox.Queued {
+		t.Fatalf("newer than the recorded version: %v, want Queued", r)
+	}
+}

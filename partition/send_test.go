@@ -259,3 +259,36 @@ func TestSendDirectTTL(t *testing.T) {
 		t.Fatalf("wire TTL %d for a message created now, want 60000", got)
 	}
 }
+
+// A newer OVERWRITE version delivered by a direct attempt supersedes the
+// older ones as one delivered from the store does: an older version in the
+// dead-letter queue is not replayed over it.
+func TestDirectOverwriteSupersedesOlderVersions(t *testing.T) {
+	rg := newRig(t, nil, nil)
+	rg.fake.set(func(f *fake) {
+		f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+			if e.GetType() == "v1" {
+				return code(pb.Receipt_REJECTED, 0)(e)
+			}
+			return nil
+		}
+	})
+	rg.relay.Start()
+	ow := func(typ string) *pb.StoredMessage {
+		sm := rg.msg("a@n1", typ)
+		sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "price"
+		return sm
+	}
+	if res, err := rg.relay.Send(context.Background(), ow("v1"), true); err != nil || res.Outcome != partition.DeadLettered {
+		t.Fatalf("v1: %+v %v", res, err)
+	}
+	if res, err := rg.relay.Send(context.Background(), ow("v2"), true); err != nil || res.Outcome != partition.Delivered {
+		t.Fatalf("v2: %+v %v", res, err)
+	}
+	if n, err := rg.store.Replay(outbox.DLQFilter{Recipient: "a@n1"}); n != 0 || !errors.Is(err, outbox.ErrSuperseded) {
+		t.Fatalf("replay of v1 after v2 was delivered directly: %d %v, want ErrSuperseded", n, err)
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"v2"}) {
+		t.Fatalf("ran %v", got)
+	}
+}

@@ -239,6 +239,11 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	}()
 	switch v.kind {
 	case vPositive:
+		if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+			// Never stored, so the store's coalesce index has not seen this
+			// version: tell it, or an older one could be replayed over it.
+			r.store.RecordVersion(rcpt, env.GetCoalesceKey(), seq)
+		}
 		return Sent{Outcome: Delivered}, nil
 	case vPoison, vExpired:
 		sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
