@@ -251,13 +251,16 @@ func (rg *rig) msg(recipient, typ string) *pb.StoredMessage {
 }
 
 // queue stores messages for recipient through the relay (no direct
-// attempt), in order.
+// attempt), in order, in one commit.
 func (rg *rig) queue(tb testing.TB, recipient string, typs ...string) {
 	tb.Helper()
-	for _, t := range typs {
-		res, err := rg.relay.Send(context.Background(), rg.msg(recipient, t), false)
-		if err != nil || res.Outcome != partition.Queued {
-			tb.Fatalf("send %s: %+v %v", t, res, err)
+	sms := make([]*pb.StoredMessage, len(typs))
+	for i, t := range typs {
+		sms[i] = rg.msg(recipient, t)
+	}
+	for i, err := range rg.relay.Store(context.Background(), sms) {
+		if err != nil {
+			tb.Fatalf("store %s: %v", typs[i], err)
 		}
 	}
 }
