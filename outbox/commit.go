@@ -473,20 +473,36 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 // applyEnqueue stores sm at its sequence. An OVERWRITE message with a
 // coalesce key replaces the waiting older version of the same (recipient,
 // key), and is dropped as superseded if a newer version was stored.
+//
+// Every check that can refuse sm (its sequence taken, the record not
+// encodable) comes before the first write: a refused message fails alone
+// in a transaction that still commits, so it must leave nothing behind.
 func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Result, error) {
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
+	if qb := tx.Bucket(bucketQueues).Bucket([]byte(r)); qb != nil && qb.Get(seqKey(seq)) != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
+	}
+	coalesce := env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != ""
+	var flags byte
+	if coalesce {
+		flags |= flagCoalesce
+	}
+	var giveUp int64
+	if t := env.GetTtlMs(); t > 0 {
+		giveUp = sm.GetCreatedElapsedMs() + t + s.cfg.MaxClockSkew.Milliseconds()
+	}
+	val, err := encodeRecord(sm, giveUp, flags)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
+	}
 	qb, err := tx.Bucket(bucketQueues).CreateBucketIfNotExists([]byte(r))
 	if err != nil {
 		return 0, err
 	}
-	if qb.Get(seqKey(seq)) != nil {
-		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
-	}
 	d := b.delta(r)
 	res := Queued
-	var flags byte
-	if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+	if coalesce {
 		co := tx.Bucket(bucketCoalesce)
 		ck := coalesceKey(r, env.GetCoalesceKey())
 		if v := co.Get(ck); len(v) >= 8 {
@@ -506,18 +522,11 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 		if err := co.Put(ck, coalesceVal(seq, b.nowMs)); err != nil {
 			return 0, err
 		}
-		flags |= flagCoalesce
 	}
-	var giveUp int64
-	if t := env.GetTtlMs(); t > 0 {
-		giveUp = sm.GetCreatedElapsedMs() + t + s.cfg.MaxClockSkew.Milliseconds()
+	if giveUp != 0 {
 		if err := tx.Bucket(bucketExpiry).Put(expiryKey(giveUp, seq, r), nil); err != nil {
 			return 0, err
 		}
-	}
-	val, err := encodeRecord(sm, giveUp, flags)
-	if err != nil {
-		return 0, err
 	}
 	if err := qb.Put(seqKey(seq), val); err != nil {
 		return 0, err

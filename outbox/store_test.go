@@ -825,3 +825,32 @@ func TestRecordVersion(t *testing.T) {
 		t.Fatalf("newer than the recorded version: %v, want Queued", r)
 	}
 }
+
+// A message the committer cannot encode (a string field that is not
+// UTF-8, which protobuf refuses to marshal) fails alone and leaves
+// nothing behind: no expiry index entry for the sweeper to chase, no
+// coalesce version to supersede later messages, no replaced message lost.
+func TestUnencodableMessageLeavesNothingBehind(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.MaxClockSkew = 0 })
+	v1 := e.msg(t, "a@n1", "v1")
+	v1.Envelope.Conflict, v1.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "k"
+	e.put(t, v1)
+	bad := e.msg(t, "a@n1", "bad\xff")
+	bad.Envelope.TtlMs = 1000
+	bad.Envelope.Conflict, bad.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "k"
+	if _, err := e.Enqueue(context.Background(), bad); err == nil {
+		t.Fatal("a message protobuf cannot marshal was stored")
+	}
+	if got := e.types(t, "a@n1"); !slices.Equal(got, []string{"v1"}) {
+		t.Fatalf("queue %v: the waiting version was replaced by one that was never stored", got)
+	}
+	e.clk.Advance(2 * time.Second)
+	if c, _, err := e.ExpiryCandidates(e.ElapsedMs(), 10); err != nil || len(c) != 0 {
+		t.Fatalf("expiry candidates %+v (%v): the failed message left an index entry", c, err)
+	}
+	v2 := e.msg(t, "a@n1", "v2")
+	v2.Envelope.Conflict, v2.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "k"
+	if r := e.put(t, v2); r != outbox.Replaced {
+		t.Fatalf("next version: %v, want Replaced (of v1)", r)
+	}
+}
