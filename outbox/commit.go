@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -410,7 +411,12 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	case opDeadLetter:
 		sm := o.msgs[0]
 		sm.LastError = o.reason
-		return s.putDeadLetter(tx, b, sm, o.reason)
+		err := s.putDeadLetter(tx, b, sm, o.reason)
+		if errors.Is(err, ErrBadMessage) {
+			o.err = err // nothing written: it fails alone
+			return nil
+		}
+		return err
 	case opAck:
 		qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
 		if qb == nil {
@@ -639,7 +645,7 @@ func (s *Store) putDeadLetter(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, reaso
 	sm.DeadLetterReason = reason
 	val, err := proto.Marshal(sm)
 	if err != nil {
-		return fmt.Errorf("marshal dead letter: %w", err)
+		return fmt.Errorf("%w: marshal dead letter: %w", ErrBadMessage, err)
 	}
 	dlq := tx.Bucket(bucketDLQ)
 	id, err := dlq.NextSequence()

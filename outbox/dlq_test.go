@@ -382,3 +382,34 @@ func TestDeadLetterDirect(t *testing.T) {
 		t.Fatalf("an expired dead letter is not counted as expired: %+v", st)
 	}
 }
+
+// A dead letter that cannot be encoded fails alone: the operations that
+// share its commit still commit.
+func TestUnencodableDeadLetterFailsAlone(t *testing.T) {
+	e := open(t, nil)
+	good := e.msg(t, "a@n1", "good")
+	release := stall(t, e.Store)
+	errs := make(chan error, 2)
+	go func() {
+		bad := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Type: "bad\xff"}}
+		errs <- e.DeadLetter(context.Background(), bad, "rejected: poison")
+	}()
+	go func() {
+		_, err := e.Enqueue(context.Background(), good)
+		errs <- err
+	}()
+	waitQueued(t, e.Store, 2) // both in the next commit
+	release()
+	var failed int
+	for range 2 {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, outbox.ErrBadMessage) {
+				t.Fatalf("error %v, want ErrBadMessage for the bad dead letter only", err)
+			}
+			failed++
+		}
+	}
+	if failed != 1 || e.Pending("a@n1") != 1 {
+		t.Fatalf("%d failed, %d queued: the good message shared the bad one's fate", failed, e.Pending("a@n1"))
+	}
+}
