@@ -292,3 +292,46 @@ func TestDirectOverwriteSupersedesOlderVersions(t *testing.T) {
 		t.Fatalf("ran %v", got)
 	}
 }
+
+// No direct attempt while the stream has an emission out or an Ack
+// committing: the message is stored behind them, and runs after them.
+func TestSendStoresWhileSendingOrAcking(t *testing.T) {
+	t.Run("sending", func(t *testing.T) {
+		rg := newRig(t, nil, nil)
+		gate := make(chan struct{})
+		rg.fake.set(func(f *fake) {
+			f.intercept = func(ctx context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+				<-gate
+				return nil, nil, false
+			}
+		})
+		rg.queue(t, "a@n1", "m0")
+		rg.relay.Start()
+		testutil.WaitFor(t, wait, "emission out", func() bool { return rg.fake.callCount() == 1 })
+		res := rg.send(t, "a@n1", "m1")
+		close(gate)
+		if res.Outcome != partition.Queued || rg.relay.Stats().Direct != 0 {
+			t.Fatalf("send during an emission: %+v, %d direct", res, rg.relay.Stats().Direct)
+		}
+		testutil.WaitFor(t, wait, "both ran", func() bool { return rg.fake.ranCount("a@n1") == 2 })
+		if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"m0", "m1"}) {
+			t.Fatalf("ran %v", got)
+		}
+	})
+	t.Run("acking", func(t *testing.T) {
+		rg := newRig(t, nil, nil)
+		rg.queue(t, "a@n1", "m0")
+		release := stall(t, rg.store)
+		rg.relay.Start()
+		testutil.WaitFor(t, wait, "m0 ran, its ack waits", func() bool { return rg.fake.ranCount("a@n1") == 1 })
+		done := make(chan partition.Sent, 1)
+		go func() { done <- rg.send(t, "a@n1", "m1") }() // stored: waits for the committer too
+		waitQueued := func() bool { return rg.relay.Stats().Direct == 0 && rg.fake.callCount() == 1 }
+		testutil.WaitFor(t, wait, "m1 handed to the store, not sent", waitQueued)
+		release()
+		if res := <-done; res.Outcome != partition.Queued || rg.relay.Stats().Direct != 0 {
+			t.Fatalf("send while an ack commits: %+v, %d direct", res, rg.relay.Stats().Direct)
+		}
+		testutil.WaitFor(t, wait, "m1 ran", func() bool { return rg.fake.ranCount("a@n1") == 2 })
+	})
+}
