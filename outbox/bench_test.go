@@ -11,33 +11,37 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 )
 
-// payload128 is the DESIGN benchmark payload size.
+// payload128 is a typical small message body.
 var payload128 = string(make([]byte, 128))
 
-// BenchmarkEnqueue measures fsynced enqueues with 1, 8 and 64 concurrent
-// callers (group commit shares fsyncs among them).
-// Linger 0 is the committer without CommitLinger, for comparison.
+// BenchmarkEnqueue measures fsynced enqueues (sequence reserved by the
+// caller, as the relay does) with 1, 8 and 64 concurrent callers; group
+// commit shares fsyncs among them. linger=0 is the committer without
+// CommitLinger, for comparison.
 func BenchmarkEnqueue(b *testing.B) {
 	def := outbox.DefaultConfig("")
 	for _, tc := range []struct {
 		callers int
 		linger  time.Duration
-	}{{1, 0}, {1, def.CommitLinger}, {8, 0}, {8, def.CommitLinger}, {64, 0}, {64, def.CommitLinger}} {
-		callers := tc.callers
-		b.Run(fmt.Sprintf("callers=%d/linger=%v", callers, tc.linger), func(b *testing.B) {
-			s, _ := openTemp(b, func(c *outbox.Config) { c.CommitLinger = tc.linger })
+	}{{1, 0}, {8, 0}, {8, def.CommitLinger}, {64, 0}, {64, def.CommitLinger}} {
+		b.Run(fmt.Sprintf("callers=%d/linger=%v", tc.callers, tc.linger), func(b *testing.B) {
+			e := open(b, func(c *outbox.Config) { c.CommitLinger = tc.linger })
 			b.ReportAllocs()
-			before := s.Stats().Fsyncs
+			before := e.Stats().Fsyncs
+			per := (b.N + tc.callers - 1) / tc.callers
 			b.ResetTimer()
 			var wg sync.WaitGroup
-			per := (b.N + callers - 1) / callers
-			for c := range callers {
+			for c := range tc.callers {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					r := fmt.Sprintf("a%d@n1", c%16)
 					for range per {
-						if err := s.Enqueue(context.Background(), &pb.Envelope{Recipient: r, Type: payload128}); err != nil {
+						seq, err := e.ReserveSequence()
+						if err == nil {
+							_, err = e.Enqueue(context.Background(), &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: r, Type: payload128, Sequence: seq}})
+						}
+						if err != nil {
 							b.Error(err)
 							return
 						}
@@ -46,30 +50,38 @@ func BenchmarkEnqueue(b *testing.B) {
 			}
 			wg.Wait()
 			b.StopTimer()
-			n := float64(per * callers)
+			n := float64(per * tc.callers)
 			b.ReportMetric(n/b.Elapsed().Seconds(), "msgs/s")
-			b.ReportMetric(float64(s.Stats().Fsyncs-before)/n, "fsyncs/msg")
+			b.ReportMetric(float64(e.Stats().Fsyncs-before)/n, "fsyncs/msg")
 		})
 	}
 }
 
-// BenchmarkAckDrain measures Head + Ack of a preloaded backlog in batches
-// of 128, the store side of a relay drain.
-func BenchmarkAckDrain(b *testing.B) {
-	s, _ := openTemp(b, nil)
-	const recipients = 16
-	envs := make([]*pb.Envelope, 0, 4096)
-	for i := 0; i < b.N; i++ {
-		envs = append(envs, &pb.Envelope{Recipient: fmt.Sprintf("a%d@n1", i%recipients), Type: payload128})
-		if len(envs) == cap(envs) || i == b.N-1 {
-			for _, err := range s.EnqueueBatch(context.Background(), envs) {
-				if err != nil {
-					b.Fatal(err)
-				}
+// preload stores n messages over recipients queues in batches.
+func preload(b *testing.B, e *env, n, recipients int) {
+	b.Helper()
+	batch := make([]*pb.StoredMessage, 0, 4096)
+	for i := range n {
+		seq, err := e.ReserveSequence()
+		if err != nil {
+			b.Fatal(err)
+		}
+		batch = append(batch, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: fmt.Sprintf("a%d@n1", i%recipients), Type: payload128, Sequence: seq}})
+		if len(batch) == cap(batch) || i == n-1 {
+			if _, errs := e.EnqueueBatch(context.Background(), batch); errs[0] != nil {
+				b.Fatal(errs[0])
 			}
-			envs = envs[:0]
+			batch = batch[:0]
 		}
 	}
+}
+
+// BenchmarkAckDrain measures Head + Ack of a preloaded backlog in batches
+// of 128 over 16 recipients: the store's side of a relay drain.
+func BenchmarkAckDrain(b *testing.B) {
+	e := open(b, nil)
+	const recipients = 16
+	preload(b, e, b.N, recipients)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var wg sync.WaitGroup
@@ -79,7 +91,7 @@ func BenchmarkAckDrain(b *testing.B) {
 			defer wg.Done()
 			r := fmt.Sprintf("a%d@n1", i)
 			for {
-				msgs, err := s.Head(r, 128)
+				msgs, _, err := e.Head(outbox.HeadRequest{Recipient: r, Max: 128})
 				if err != nil || len(msgs) == 0 {
 					return
 				}
@@ -87,7 +99,7 @@ func BenchmarkAckDrain(b *testing.B) {
 				for j, m := range msgs {
 					sq[j] = m.GetEnvelope().GetSequence()
 				}
-				if err := s.Ack(r, sq); err != nil {
+				if err := e.Ack(r, sq); err != nil {
 					b.Error(err)
 					return
 				}
@@ -96,8 +108,39 @@ func BenchmarkAckDrain(b *testing.B) {
 	}
 	wg.Wait()
 	b.StopTimer()
-	if d := s.Stats().Depth; d != 0 {
+	if d := e.Stats().Depth; d != 0 {
 		b.Fatalf("depth %d after drain", d)
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// BenchmarkCommitStream measures the receiver's durable watermark and key
+// updates, one CommitStream per message from 64 concurrent streams.
+func BenchmarkCommitStream(b *testing.B) {
+	e := open(b, nil)
+	const streams = 64
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := (b.N + streams - 1) / streams
+	for i := range streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sk := outbox.StreamKey("n2", [16]byte{}, 1, fmt.Sprint("actor", i))
+			done := make(chan error, 1)
+			for j := range per {
+				c := &outbox.StreamCommit{Stream: sk, Watermark: uint64(j + 1),
+					Keys: [][]byte{outbox.ScopedKey("n2", fmt.Sprint("actor", i), fmt.Sprint("key", j))}}
+				e.CommitStream(c, func(err error) { done <- err })
+				if err := <-done; err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(per*streams)/b.Elapsed().Seconds(), "commits/s")
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
@@ -27,11 +28,12 @@ const (
 	opEpoch
 	opDrop
 	opCheckpoint
+	opVersion
 )
 
 func (k opKind) String() string {
 	return [...]string{"enqueue", "ack", "fail", "expire", "reserve", "stream", "replay", "purge",
-		"dead-letter", "defer", "epoch", "drop", "checkpoint"}[k]
+		"dead-letter", "defer", "epoch", "drop", "checkpoint", "version"}[k]
 }
 
 // op is one caller's request to the committer. The committer fills the
@@ -40,15 +42,16 @@ func (k opKind) String() string {
 type op struct {
 	kind      opKind
 	msgs      []*pb.StoredMessage // opEnqueue, opDeadLetter
-	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop
+	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop, opVersion
 	seqs      []uint64            // opAck, opExpire, opReplay (new sequences); opFail uses seqs[0]
-	seq       uint64              // opReserve: new high-water; opEpoch: the epoch
+	seq       uint64              // opReserve: new high-water; opEpoch: the epoch; opVersion: the version
 	at        int64               // opDefer: send_at (elapsed ms)
 	failure   Failure             // opFail
-	reason    string              // opExpire, opDeadLetter, opDrop
+	reason    string              // opExpire, opDeadLetter, opDrop; opVersion: the coalesce key
 	ids       [][]byte            // opReplay, opPurge: dead-letter keys
 	replayTTL int64               // opReplay: TTL override in ms (-1 = keep)
 	stream    *StreamCommit       // opStream
+	bytes     int                 // opEnqueue: marshalled size of msgs, bounded per transaction by MaxBatchBytes
 	async     func(error)         // called after the commit instead of closing done
 
 	err     error    // whole-op result
@@ -100,11 +103,12 @@ func (b *batch) delta(r string) *qdelta {
 }
 
 // run is the committer goroutine: it owns every write transaction. It
-// takes what is queued (up to MaxBatch records), applies it in one
-// db.Update (one fsync) and then releases every waiting caller.
+// takes what is queued (up to MaxBatch records and MaxBatchBytes message
+// bytes), applies it in one db.Update (one fsync) and then releases every
+// waiting caller.
 func (s *Store) run() {
 	defer close(s.stopped)
-	buf := make([]*op, 0, 256)
+	g := &gathered{ops: make([]*op, 0, 256)}
 	released := 0 // callers released by the previous commit
 	backlog := 0  // ops queued when the previous commit ended
 	linger := time.NewTimer(time.Hour)
@@ -113,38 +117,41 @@ func (s *Store) run() {
 	idle := time.NewTimer(s.cfg.CheckpointInterval)
 	defer idle.Stop()
 	for {
-		var first *op
-		select {
-		case first = <-s.ops:
-		case <-idle.C:
-			// Nothing committed for a while: persist the elapsed clock so a
-			// crash does not lose the time the store was idle.
-			first = &op{kind: opCheckpoint, async: func(error) {}}
-		case <-s.closing:
-			// Commit what callers already handed over, then stop.
-			for {
-				buf, _ = s.gather(buf[:0], 0)
-				if len(buf) == 0 {
-					return
+		g.reset() // an op carried over from the last batch opens this one
+		if len(g.ops) == 0 {
+			select {
+			case o := <-s.ops:
+				s.add(g, o)
+			case <-idle.C:
+				// Nothing committed for a while: persist the elapsed clock so
+				// a crash does not lose the time the store was idle.
+				s.add(g, &op{kind: opCheckpoint, async: func(error) {}})
+			case <-s.closing:
+				// Commit what callers already handed over, then stop.
+				for {
+					g.reset()
+					s.gather(g)
+					if len(g.ops) == 0 {
+						return
+					}
+					s.commit(g.ops)
 				}
-				s.commit(buf)
 			}
 		}
-		buf, n := s.gather(append(buf[:0], first), first.weight())
+		s.gather(g)
 		// Linger: the callers the last commit released are likely to come
 		// straight back (a sender loop, an actor committing its next
 		// watermark). Waiting a little for them lets one fsync carry all
 		// the callers instead of alternating between two half batches.
 		// want estimates the concurrent callers: those released plus those
 		// that queued up during the last commit.
-		if want := released + backlog; s.cfg.CommitLinger > 0 && len(buf) < want && n < s.cfg.MaxBatch {
+		if want := released + backlog; s.cfg.CommitLinger > 0 && len(g.ops) < want && s.room(g) {
 			linger.Reset(s.cfg.CommitLinger)
 		wait:
-			for len(buf) < want && n < s.cfg.MaxBatch {
+			for len(g.ops) < want && s.room(g) {
 				select {
 				case o := <-s.ops:
-					buf = append(buf, o)
-					n += o.weight()
+					s.add(g, o)
 				case <-linger.C:
 					break wait
 				case <-s.closing:
@@ -158,10 +165,9 @@ func (s *Store) run() {
 				}
 			}
 		}
-		released = len(buf)
-		s.commit(buf)
+		released = len(g.ops)
+		s.commit(g.ops)
 		backlog = len(s.ops)
-		clear(buf)
 		if !idle.Stop() {
 			select {
 			case <-idle.C:
@@ -172,19 +178,56 @@ func (s *Store) run() {
 	}
 }
 
-// gather appends the ops already queued to buf, without waiting, until the
-// batch weighs MaxBatch; n is the weight buf already has.
-func (s *Store) gather(buf []*op, n int) ([]*op, int) {
-	for n < s.cfg.MaxBatch {
+// gathered is the batch the committer is filling. Owned by run.
+type gathered struct {
+	ops   []*op
+	n     int // records (op weights)
+	bytes int // message bytes
+	// carry was taken from s.ops but would have taken the batch over
+	// MaxBatchBytes: it opens the next batch.
+	carry *op
+}
+
+// reset empties g for the next batch, keeping its carried op.
+func (g *gathered) reset() {
+	clear(g.ops)
+	if g.carry != nil {
+		g.ops, g.n, g.bytes = append(g.ops[:0], g.carry), g.carry.weight(), g.carry.bytes
+		g.carry = nil
+		return
+	}
+	g.ops, g.n, g.bytes = g.ops[:0], 0, 0
+}
+
+// room reports whether g may take another op.
+func (s *Store) room(g *gathered) bool {
+	return g.carry == nil && g.n < s.cfg.MaxBatch && g.bytes < s.cfg.MaxBatchBytes
+}
+
+// add puts o into g, or carries it to the next batch when its message
+// bytes would take a non-empty batch over MaxBatchBytes (one op alone is
+// never refused: EnqueueBatch already cut it to size).
+func (s *Store) add(g *gathered, o *op) {
+	if len(g.ops) > 0 && g.bytes+o.bytes > s.cfg.MaxBatchBytes {
+		g.carry = o
+		return
+	}
+	g.ops = append(g.ops, o)
+	g.n += o.weight()
+	g.bytes += o.bytes
+}
+
+// gather adds the ops already queued to g, without waiting, while it has
+// room.
+func (s *Store) gather(g *gathered) {
+	for s.room(g) {
 		select {
 		case o := <-s.ops:
-			buf = append(buf, o)
-			n += o.weight()
+			s.add(g, o)
 		default:
-			return buf, n
+			return
 		}
 	}
-	return buf, n
 }
 
 // commit applies ops in one transaction.
@@ -346,9 +389,9 @@ func (s *Store) applyEffects(b *batch) {
 		st.count += d.count
 		s.depth += d.count
 		st.headSeq, st.oldestMs = d.headSeq, d.oldestMs
-		if d.sendAt != 0 {
-			s.setSendAt(st, d.sendAt)
-		}
+		// A queue's in-memory send_at is set by Defer and WakeNode when
+		// they are called; the committed deferral only persists it. Setting
+		// it again here would undo a WakeNode made while the write waited.
 	}
 }
 
@@ -372,7 +415,12 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	case opDeadLetter:
 		sm := o.msgs[0]
 		sm.LastError = o.reason
-		return s.putDeadLetter(tx, b, sm, o.reason)
+		err := s.putDeadLetter(tx, b, sm, o.reason)
+		if errors.Is(err, ErrBadMessage) {
+			o.err = err // nothing written: it fails alone
+			return nil
+		}
+		return err
 	case opAck:
 		qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
 		if qb == nil {
@@ -421,6 +469,12 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		d.epoch, d.setEpoch = o.seq, true
 	case opDrop:
 		return s.applyDrop(tx, b, o)
+	case opVersion:
+		co := tx.Bucket(bucketCoalesce)
+		ck := coalesceKey(o.recipient, o.reason)
+		if v := co.Get(ck); len(v) < 8 || seqOf(v) < o.seq {
+			return co.Put(ck, coalesceVal(o.seq, b.nowMs))
+		}
 	case opCheckpoint:
 	}
 	return nil
@@ -429,20 +483,36 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 // applyEnqueue stores sm at its sequence. An OVERWRITE message with a
 // coalesce key replaces the waiting older version of the same (recipient,
 // key), and is dropped as superseded if a newer version was stored.
+//
+// Every check that can refuse sm (its sequence taken, the record not
+// encodable) comes before the first write: a refused message fails alone
+// in a transaction that still commits, so it must leave nothing behind.
 func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Result, error) {
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
+	if qb := tx.Bucket(bucketQueues).Bucket([]byte(r)); qb != nil && qb.Get(seqKey(seq)) != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
+	}
+	coalesce := env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != ""
+	var flags byte
+	if coalesce {
+		flags |= flagCoalesce
+	}
+	var deadline int64
+	if t := env.GetTtlMs(); t > 0 {
+		deadline = sm.GetCreatedElapsedMs() + t
+	}
+	val, err := encodeRecord(sm, deadline, flags)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
+	}
 	qb, err := tx.Bucket(bucketQueues).CreateBucketIfNotExists([]byte(r))
 	if err != nil {
 		return 0, err
 	}
-	if qb.Get(seqKey(seq)) != nil {
-		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
-	}
 	d := b.delta(r)
 	res := Queued
-	var flags byte
-	if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+	if coalesce {
 		co := tx.Bucket(bucketCoalesce)
 		ck := coalesceKey(r, env.GetCoalesceKey())
 		if v := co.Get(ck); len(v) >= 8 {
@@ -462,21 +532,14 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 		if err := co.Put(ck, coalesceVal(seq, b.nowMs)); err != nil {
 			return 0, err
 		}
-		flags |= flagCoalesce
 	}
-	var deadline int64
-	if t := env.GetTtlMs(); t > 0 {
-		deadline = sm.GetCreatedElapsedMs() + t
+	if deadline != 0 {
 		if b.minDeadline == 0 || deadline < b.minDeadline {
 			b.minDeadline = deadline
 		}
 		if err := tx.Bucket(bucketExpiry).Put(expiryKey(deadline, seq, r), nil); err != nil {
 			return 0, err
 		}
-	}
-	val, err := encodeRecord(sm, deadline, flags)
-	if err != nil {
-		return 0, err
 	}
 	if err := qb.Put(seqKey(seq), val); err != nil {
 		return 0, err
@@ -589,7 +652,7 @@ func (s *Store) putDeadLetter(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, reaso
 	sm.DeadLetterReason = reason
 	val, err := proto.Marshal(sm)
 	if err != nil {
-		return fmt.Errorf("marshal dead letter: %w", err)
+		return fmt.Errorf("%w: marshal dead letter: %w", ErrBadMessage, err)
 	}
 	dlq := tx.Bucket(bucketDLQ)
 	id, err := dlq.NextSequence()

@@ -117,7 +117,7 @@ func ReplayTTL(ttl time.Duration) ReplayOption {
 // counting again from now. An OVERWRITE dead letter whose coalesce key has
 // a newer version stays in the dead-letter queue (see ErrSuperseded). It
 // returns how many were replayed; an empty filter needs f.All. Replay works
-// in short transactions of a few hundred records.
+// in short transactions of a few hundred records and at most MaxBatchBytes.
 func (s *Store) Replay(f DLQFilter, opts ...ReplayOption) (int, error) {
 	o := replayOptions{ttl: -1}
 	for _, opt := range opts {
@@ -145,6 +145,9 @@ func (s *Store) Purge(f DLQFilter) (int, error) {
 }
 
 func (s *Store) dlqPages(kind opKind, f DLQFilter, ttl int64) (n, skipped int, err error) {
+	if err := s.closedErr(); err != nil {
+		return 0, 0, fmt.Errorf("outbox: %s: %w", kind, err)
+	}
 	if f.empty() && !f.All {
 		return 0, 0, fmt.Errorf("outbox: %s: %w", kind, ErrEmptyFilter)
 	}
@@ -154,7 +157,11 @@ func (s *Store) dlqPages(kind opKind, f DLQFilter, ttl int64) (n, skipped int, e
 		if f.Limit > 0 {
 			page = min(page, f.Limit-n)
 		}
-		ids, rcpts, last, err := s.matchIDs(f, after, page, kind == opPurge)
+		maxBytes := 0 // a purge only deletes
+		if kind == opReplay {
+			maxBytes = s.cfg.MaxBatchBytes // replayed records are rewritten
+		}
+		ids, rcpts, last, err := s.matchIDs(f, after, page, maxBytes, kind == opPurge)
 		if err != nil {
 			return n, skipped, fmt.Errorf("outbox: %s: %w", kind, err)
 		}
@@ -216,9 +223,11 @@ func (s *Store) reserveFor(recipient string) (uint64, func(), error) {
 }
 
 // matchIDs returns up to limit keys of matching dead letters after the key
-// after, and the last key it looked at. Corrupt records match only a purge
-// by id or with All.
-func (s *Store) matchIDs(f DLQFilter, after []byte, limit int, purge bool) (ids [][]byte, rcpts []string, last []byte, err error) {
+// after, of at most maxBytes of records (0 = any; never fewer than one),
+// and the last key it looked at. Corrupt records match only a purge by id
+// or with All.
+func (s *Store) matchIDs(f DLQFilter, after []byte, limit, maxBytes int, purge bool) (ids [][]byte, rcpts []string, last []byte, err error) {
+	size := 0
 	now := s.cfg.Clock.Now()
 	err = s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketDLQ).Cursor()
@@ -230,6 +239,9 @@ func (s *Store) matchIDs(f DLQFilter, after []byte, limit int, purge bool) (ids 
 			}
 		}
 		for ; k != nil && len(ids) < limit; k, v = c.Next() {
+			if maxBytes > 0 && len(ids) > 0 && size+len(v) > maxBytes {
+				break // this one opens the next page
+			}
 			last = bytes.Clone(k)
 			sm := &pb.StoredMessage{}
 			if err := proto.Unmarshal(v, sm); err != nil {
@@ -240,6 +252,7 @@ func (s *Store) matchIDs(f DLQFilter, after []byte, limit int, purge bool) (ids 
 			}
 			if f.match(dlqID(k), sm, now) {
 				ids, rcpts = append(ids, last), append(rcpts, sm.GetEnvelope().GetRecipient())
+				size += len(v)
 			}
 		}
 		return nil

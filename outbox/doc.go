@@ -1,86 +1,126 @@
-// Package outbox is meshnode's durable store for reliable messages: one
-// bbolt file holding per-recipient FIFO queues, the coalescing index, the
-// dead-letter queue and the receiver's dedupe window, plus the per-node
-// AIMD Limiter and the full-jitter backoff policy used by the relay
-// (package partition).
+// Package outbox is meshnode's durable store for reliable streams, one
+// bbolt file per node holding both ends of them: on the sending side the
+// per-recipient queues, the coalescing index, the expiry index and the
+// dead-letter queue; on the receiving side one watermark per stream and
+// the window of application idempotency keys.
+//
+// The store executes; it decides nothing about delivery. What is due,
+// whether a failure counts, when a message has expired and which sequence
+// a message gets are decided by the relay (package partition), which calls
+// Head, Ack, Fail, Expire, Defer and Sequencer.Reserve accordingly.
 //
 // # Guarantees
 //
-//   - Enqueue returns only after the transaction holding the message was
-//     fsynced. Concurrent callers share one transaction (group commit): a
-//     single committer goroutine owns every write transaction. NoSync is
-//     never used.
-//   - Per-recipient FIFO: a new message always goes behind the waiting ones
-//     (rule 1), even if its caller-chosen sequence is lower (it is
-//     then re-sequenced).
-//   - A message leaves its queue only by Ack (positive receipt), by being
-//     dead-lettered (expired, permanent failure, MaxAttempts counted
-//     attempts), or by being replaced by a newer OVERWRITE message. A crash
-//     at any point loses nothing that Enqueue reported stored (rule 5).
-//   - Expired messages are never returned by Head; they go to the DLQ with
-//     reason "expired" (rule 8).
-//   - Memory holds only small per-recipient state (count, head, send_at)
-//     and the dedupe keys of the window, never message bodies.
+//   - Every write returns only after the transaction holding it was
+//     fsynced. One committer goroutine owns every write transaction and
+//     lets concurrent callers share one (group commit); NoSync is never
+//     used. A transaction holds at most MaxBatch records and about
+//     MaxBatchBytes of message bytes: fan-outs, drops and replays are cut
+//     into several, and the dead-letter queue is replayed or purged in
+//     pages of a few hundred records.
+//   - ReserveSequence returns sequences above every sequence this file
+//     ever handed out, across crashes and whatever the wall clock does:
+//     the high-water is reserved durably in blocks of SequenceBlock before
+//     any of a block is returned.
+//   - A message is stored at its envelope's sequence and never renumbered;
+//     a queue is ordered by sequence, also when a lower sequence is stored
+//     after a higher one. It leaves its queue only by Ack, by replacement
+//     with a newer OVERWRITE version, or into the dead-letter queue (Fail,
+//     Expire, DropQueue, or Head giving it up for age).
+//   - Head never returns a message whose TTL or age has run out.
+//   - A receiver's watermark never goes back, and is durable together
+//     with the keys that took effect with it (one transaction).
+//   - Memory holds small per-queue state (count, head, send_at) and the
+//     keys of stream commits not yet committed; never message bodies,
+//     watermarks or the key window.
 //
 // # Usage
 //
 //	s, err := outbox.Open(outbox.DefaultConfig(filepath.Join(dir, "outbox.db")))
-//	if err != nil { ... }            // errors.Is(err, outbox.ErrLocked): another node owns the file
+//	if err != nil { ... }         // errors.Is(err, outbox.ErrLocked): another node owns the file
 //	defer s.Close()
-//	err = s.Enqueue(ctx, env)         // durable when it returns nil
-//	due, next := s.DueRecipients(time.Now(), keep, 64)
-//	msgs, _ := s.Head(due[0], 32)     // deliver them, then:
-//	_ = s.Ack(due[0], []uint64{msgs[0].Envelope.Sequence})
+//	seq, _ := s.ReserveSequence()
+//	sm.Envelope.Sequence = seq
+//	_, err = s.Enqueue(ctx, sm)    // durable when it returns nil
+//	msgs, _, _ := s.Head(outbox.HeadRequest{Recipient: r, Max: 64})
+//	_ = s.Ack(r, []uint64{msgs[0].GetEnvelope().GetSequence()})
 //
 // # Layout of the file
 //
-//	q/<recipient>   nested bucket: big-endian sequence -> 8-byte first_enqueued ms + StoredMessage
-//	coalesce        recipient\x00key -> highest sequence seen for an OVERWRITE key
-//	dlq             big-endian id -> StoredMessage (dead-letter fields set)
-//	dedupe          sender\x00key -> recorded unix ms
-//	meta            "seq" -> sequence high-water
+//	meta              "format" (2), "seq" (reserved high-water), "outbox_id" (16 random bytes),
+//	                  "clock" (elapsed ms and wall ms of the last checkpoint)
+//	q/<recipient>     nested bucket: 8-byte sequence -> 17-byte header + StoredMessage; the
+//	                  header (created elapsed ms, TTL deadline elapsed ms, flags) lets the committer
+//	                  keep its indexes without decoding the message
+//	out               recipient -> OutStream (epoch, high-water, persisted send_at)
+//	exp               TTL deadline ms | sequence | recipient -> nothing: the expiry index
+//	coalesce          recipient NUL coalesce key -> newest version's sequence | last change ms
+//	dlq               8-byte id -> StoredMessage with the dead-letter fields set
+//	in                StreamKey -> watermark | last change ms
+//	keys              ScopedKey -> recorded ms;  keyage: recorded ms | ScopedKey -> nothing
 //
-// # Decisions (the architecture and its numbered rules: docs/architecture.md)
+// Every time in the file is on the elapsed clock except the fields named
+// unix_ms, which are for operators.
 //
-//   - Coalescing (rule 7): a newer OVERWRITE message deletes the waiting one
-//     and is appended at the tail (it does not take the old one's place).
-//     The coalesce index keeps the highest sequence per (recipient, key) even
-//     after delivery, so an older message arriving after a newer one was
-//     delivered is still dropped as superseded (EnqueueResult reports it).
-//     Its entries are never pruned (one small disk record per distinct key).
-//   - If a message being delivered is replaced meanwhile, the old one may
-//     still arrive; its Ack is a no-op. OVERWRITE promises "the newest
-//     wins", not "exactly one".
-//   - Sequences are the queue keys. A zero env.Sequence is assigned at
-//     commit time, so the FIFO order of concurrent callers is their commit
-//     order; Enqueue writes the final sequence back into env.Sequence.
-//   - If ctx ends while a caller waits for its commit, the message may still
-//     be stored; retrying with the same idempotency key is safe.
-//   - Defer and send_at are in memory only: after a restart every queue is
-//     due at once, which is what a restarted sender should do anyway.
-//   - Expiry is checked at Enqueue and when a message reaches Head. A queue
-//     for a peer that is down keeps its expired messages until it is
-//     looked at again; they are never delivered.
-//   - DLQFilter.Reason matches by prefix; Replay and Purge with a zero Limit
-//     act on every match and refuse an empty filter unless All is set (for
-//     Replay too, for symmetry). Replay appends at the tail with a fresh
-//     sequence and does not take part in coalescing.
-//   - RecordAsync makes a key pending in memory at once (Seen is true for
-//     it), joins the next group commit, and calls done from the committer
-//     after that commit; a failed commit forgets the pending key. It is how
-//     a receiver records keys without a goroutine per message.
-//   - HeadSkip passes over given sequences (the relay's positively
-//     receipted messages whose Ack is still committing), so the relay can
-//     send the next batch without waiting for that fsync.
-//   - Group commit lingers: after a commit the committer waits up to
-//     CommitLinger (200µs) for as many callers as the last commit released
-//     plus those that queued meanwhile, so looping concurrent callers share
-//     one fsync instead of alternating between two half batches. It never
-//     waits when there was only one caller.
+// # Decisions
+//
+//   - Time: ages, TTLs, deferrals, the key window and stream retention are
+//     measured on an elapsed clock: the monotonic clock while the store is
+//     open, and across a restart the wall-clock difference clamped to
+//     [0, MaxDowntime]. A wall clock stepped by years neither expires every
+//     message nor stops ages from counting. It is checkpointed with every
+//     commit and every CheckpointInterval while idle.
+//   - Expiry: a message whose TTL ran out and that was never on the wire
+//     (sequence above HeadRequest.EmittedHW) is given up at once; one that
+//     may have been is given up only after TTL + MaxClockSkew, since the
+//     receiver counts the TTL from the arrival of a copy. Meanwhile Head
+//     stops before it and returns when to look again, so nothing behind
+//     it overtakes it. A message older than MaxAge (StreamRetention -
+//     RetentionMargin) is given up too, so no sender holds a message for
+//     a stream its receiver may already have forgotten. ExpiryCandidates
+//     serves the relay's sweeper, which expires messages of queues nobody
+//     reads (a peer that is down): it lists each at its TTL deadline, and
+//     the relay gives up one never sent at once and one that was sent
+//     MaxClockSkew later.
+//   - Coalescing: a newer OVERWRITE version replaces the waiting one and
+//     sits at its own (newer) sequence; an older version arriving later is
+//     dropped as Superseded. The index entry outlives the delivery (and
+//     RecordVersion adds versions delivered without being stored), so an
+//     older version stays refused, also by Replay, for MaxAge after the
+//     newest last changed; then entries pointing at nothing are pruned.
+//   - Failures: Fail counts an attempt only when the relay says the
+//     failure counts; at MaxAttempts the message is dead-lettered with
+//     reason "max attempts: <reason>", a permanent failure at once.
+//   - Dead letters: Replay makes each a new message (a new sequence from
+//     the installed Sequencer, attempts reset, TTL counting again from the
+//     replay or ReplayTTL's) at the tail of its queue; it refuses an
+//     OVERWRITE dead letter that a newer version superseded. Replay and
+//     Purge refuse a filter that selects everything unless All is set.
+//   - Deferrals: Defer and WakeNode change send_at in memory at once; Defer
+//     persists it asynchronously, so a restart keeps a deferral, and the
+//     late write never undoes a WakeNode. Persisted send_at and high-water
+//     are dropped when a queue empties; a non-zero epoch is kept.
+//   - Receiver: CommitStream makes its keys seen at once (pending) and
+//     durable with the watermark after the commit, and forgets them if the
+//     commit fails. Each commit also prunes, a bounded amount, keys older
+//     than KeyWindow and streams idle longer than StreamRetention.
+//     StreamKey and ScopedKey length-prefix every name, so no two tuples
+//     share a key whatever characters names contain.
+//   - A message refused by the committer (sequence taken, not encodable)
+//     fails alone, before anything of it is written; the others of its
+//     transaction commit.
+//   - A file of the first format (no "format" key) is migrated at Open in
+//     the transaction that opens it: records get the new header, absolute
+//     expiries become TTLs relative to when each message was stored, an
+//     OVERWRITE message's idempotency key becomes its coalesce key, the old
+//     coalesce index is kept, and the dedupe window becomes the key window.
+//     The elapsed clock then starts late enough that every migrated time
+//     is positive. A newer format is refused with ErrFormat.
 //   - bbolt runs with NoFreelistSync and the hashmap freelist: every commit
-//     is still fsynced, the freelist is rebuilt by scanning the file at
-//     Open (slower Open for a very large file, fewer pages per commit).
-//   - Close is idempotent: the first call commits what callers already
-//     handed to the committer and closes the file; later calls return
-//     ErrClosed, as does every other method.
+//     is still fsynced; the freelist is rebuilt by scanning the file at
+//     Open (a slower Open for a large file, fewer pages per commit).
+//   - A caller whose ctx ends while it waits for its commit gets an error
+//     although the operation may still commit. Close commits what callers
+//     already handed over, then closes the file; every later call returns
+//     ErrClosed.
 package outbox

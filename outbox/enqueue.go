@@ -46,6 +46,7 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 	if o.errs[0] = s.precheck(sm); o.errs[0] != nil {
 		return 0, o.errs[0]
 	}
+	o.bytes = proto.Size(sm)
 	if err := s.submit(ctx, o); err != nil {
 		return 0, err
 	}
@@ -56,9 +57,10 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 }
 
 // EnqueueBatch stores msgs and returns one Result and one error per
-// message. Messages are committed in groups of at most MaxBatchBytes, so a
-// fan-out of big bodies never becomes one huge transaction: a failure may
-// then leave some groups stored and others not (each error says which).
+// message. Messages are committed in groups of at most MaxBatchBytes (the
+// committer does not join groups beyond it either), so a fan-out of big
+// bodies never becomes one huge transaction: a failure may then leave some
+// groups stored and others not (each error says which).
 func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]Result, []error) {
 	results, errs := make([]Result, len(msgs)), make([]error, len(msgs))
 	var group []int
@@ -67,7 +69,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]R
 		if len(group) == 0 {
 			return
 		}
-		o := &op{kind: opEnqueue, msgs: make([]*pb.StoredMessage, len(group)), results: make([]Result, len(group)), errs: make([]error, len(group))}
+		o := &op{kind: opEnqueue, msgs: make([]*pb.StoredMessage, len(group)), results: make([]Result, len(group)), errs: make([]error, len(group)), bytes: bytes}
 		for j, i := range group {
 			o.msgs[j] = msgs[i]
 		}

@@ -19,7 +19,8 @@ import (
 //   - queue records get the new header, an absolute expiry becomes a TTL
 //     counted from when the message was first stored, an OVERWRITE
 //     message's key becomes its coalesce key, and the expiry, coalesce and
-//     stream indexes are rebuilt;
+//     stream indexes are rebuilt (the coalesce index keeps the newest
+//     versions already delivered);
 //   - dead letters get the same envelope conversion;
 //   - the receiver's dedupe keys become the new key window (those whose
 //     scope names one sender and one actor unambiguously), so messages the
@@ -47,6 +48,22 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 		return err
 	}
 	b := &batch{nowMs: nowMs, wallMs: nowWall, q: make(map[string]*qdelta)}
+	// The old coalesce index (same keys, an 8-byte sequence) also names
+	// the newest versions already delivered: kept, so an older version
+	// (a dead letter, say) is still refused after the upgrade.
+	type version struct {
+		key []byte
+		seq uint64
+	}
+	var versions []version
+	if err := tx.Bucket(bucketCoalesce).ForEach(func(k, v []byte) error {
+		if len(v) >= 8 {
+			versions = append(versions, version{bytes.Clone(k), seqOf(v)})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
 	if err := tx.DeleteBucket(bucketCoalesce); err != nil {
 		return err
 	}
@@ -92,6 +109,14 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 	}
 	if err := s.finishQueues(tx, b); err != nil {
 		return err
+	}
+	co := tx.Bucket(bucketCoalesce)
+	for _, v := range versions {
+		if cur := co.Get(v.key); len(cur) < 8 || seqOf(cur) < v.seq {
+			if err := co.Put(v.key, coalesceVal(v.seq, nowMs)); err != nil {
+				return err
+			}
+		}
 	}
 	dlq := tx.Bucket(bucketDLQ)
 	if err := dlq.ForEach(func(k, v []byte) error {

@@ -14,17 +14,58 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 )
 
+// mitem is the model of one message.
 type mitem struct {
-	typ     string
-	seq     uint64
-	expires int64 // unix ms, 0 = never
-	tries   int
+	typ       string
+	recipient string
+	seq       uint64
+	key       string // OVERWRITE coalesce key ("" = APPEND)
+	created   int64  // elapsed ms
+	ttl       int64  // ms, 0 = none
+	tries     int
 }
 
-// TestPropertyModel drives the store with random enqueue / ack / fail /
-// expire / overwrite / reopen sequences and checks it against a model:
-// per-recipient order holds and nothing is lost (every message is queued,
-// delivered, superseded or dead-lettered).
+// model is what the store should hold.
+type model struct {
+	queues map[string][]mitem // by recipient, in sequence order
+	dlq    []mitem
+	newest map[string]uint64 // recipient NUL key -> newest version's sequence
+}
+
+func (m *model) insert(it mitem) {
+	q := append(m.queues[it.recipient], it)
+	slices.SortFunc(q, func(a, b mitem) int { return cmpU64(a.seq, b.seq) })
+	m.queues[it.recipient] = q
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// expire moves every message whose TTL ran out at now to the DLQ, as Head
+// does for messages never sent.
+func (m *model) expire(r string, now int64) {
+	m.queues[r] = slices.DeleteFunc(m.queues[r], func(it mitem) bool {
+		if it.ttl > 0 && it.created+it.ttl <= now {
+			m.dlq = append(m.dlq, it)
+			return true
+		}
+		return false
+	})
+}
+
+// TestPropertyModel drives the store with random sequences of enqueues
+// (sequences reserved and used out of order), overwrites (newer and
+// older), acks, counted, uncounted and permanent failures, time passing
+// (TTLs), drops, replays and restarts, and checks it against a model:
+// every queue in sequence order, nothing lost, nothing duplicated, every
+// message queued, delivered, superseded or dead-lettered.
 func TestPropertyModel(t *testing.T) {
 	recipients := []string{"a@n1", "b@n1", "c@n2"}
 	keys := []string{"k1", "k2"}
@@ -33,144 +74,232 @@ func TestPropertyModel(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		run++
 		path := filepath.Join(dir, fmt.Sprintf("p%d.db", run))
-		clk := newClock()
-		mut := func(c *outbox.Config) { c.Now = clk.Now; c.MaxAttempts = 3 }
-		s := openRapid(rt, path, mut)
+		clk := outbox.NewManualClock(epoch0)
+		mut := func(c *outbox.Config) { c.MaxAttempts = 3; c.SequenceBlock = 8 }
+		s, err := outbox.Open(config(path, clk, mut))
+		if err != nil {
+			rt.Fatal(err)
+		}
 		defer func() { _ = s.Close() }()
 		ctx := context.Background()
-		model := map[string][]mitem{}
-		newest := map[string]uint64{} // recipient\x00key -> newest sequence seen
-		dead, delivered, next := 0, 0, 0
-		steps := rapid.IntRange(1, 25).Draw(rt, "steps")
+		m := &model{queues: map[string][]mitem{}, newest: map[string]uint64{}}
+		var held []uint64 // reserved, not yet used: stored later, below higher ones
+		next := 0
+		reserve := func() uint64 {
+			seq, err := s.ReserveSequence()
+			if err != nil {
+				rt.Fatal(err)
+			}
+			return seq
+		}
+		steps := rapid.IntRange(1, 30).Draw(rt, "steps")
 		for range steps {
 			r := rapid.SampledFrom(recipients).Draw(rt, "recipient")
-			switch rapid.IntRange(0, 6).Draw(rt, "action") {
-			case 0, 1: // plain enqueue, sometimes with a short TTL
+			now := s.ElapsedMs()
+			switch action := rapid.IntRange(0, 9).Draw(rt, "action"); action {
+			case 0, 1, 2: // enqueue, sometimes at a held (lower) sequence, sometimes an OVERWRITE
 				next++
-				e := &pb.Envelope{Recipient: r, Type: fmt.Sprint("m", next)}
+				it := mitem{typ: fmt.Sprint("m", next), recipient: r, created: now}
+				if len(held) > 0 && rapid.Bool().Draw(rt, "use held") {
+					it.seq, held = held[0], held[1:]
+				} else {
+					it.seq = reserve()
+				}
 				if rapid.Bool().Draw(rt, "ttl") {
-					e.ExpiresAtUnixMs = clk.Now().Add(time.Second).UnixMilli()
+					it.ttl = rapid.Int64Range(1000, 4000).Draw(rt, "ttl ms")
 				}
-				if err := s.Enqueue(ctx, e); err != nil {
-					rt.Fatal(err)
+				if action == 2 {
+					it.key = rapid.SampledFrom(keys).Draw(rt, "key")
 				}
-				model[r] = append(model[r], mitem{typ: e.Type, seq: e.Sequence, expires: e.ExpiresAtUnixMs})
-			case 2: // overwrite, newer or older
-				next++
-				k := rapid.SampledFrom(keys).Draw(rt, "key")
-				e := &pb.Envelope{Recipient: r, Type: fmt.Sprint("o", next), IdempotencyKey: k, Conflict: pb.Envelope_OVERWRITE}
-				nk := r + "\x00" + k
-				older := newest[nk] > 1 && rapid.Bool().Draw(rt, "older")
-				if older {
-					e.Sequence = newest[nk] - 1
+				sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: r, Type: it.typ, Sequence: it.seq, TtlMs: it.ttl}}
+				if it.key != "" {
+					sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, it.key
 				}
-				res, err := s.EnqueueResult(ctx, e)
+				res, err := s.Enqueue(ctx, sm)
 				if err != nil {
 					rt.Fatal(err)
 				}
-				if older {
-					if res != outbox.Superseded {
-						rt.Fatalf("older overwrite result %v", res)
+				want := outbox.Queued
+				if it.key != "" {
+					nk := r + "\x00" + it.key
+					old := m.newest[nk]
+					switch {
+					case old >= it.seq:
+						want = outbox.Superseded
+					case slices.ContainsFunc(m.queues[r], func(x mitem) bool { return x.seq == old }):
+						want = outbox.Replaced
+						m.queues[r] = slices.DeleteFunc(m.queues[r], func(x mitem) bool { return x.seq == old })
 					}
-					continue
+					if want != outbox.Superseded {
+						m.newest[nk] = it.seq
+					}
 				}
-				if old := newest[nk]; old != 0 {
-					model[r] = slices.DeleteFunc(model[r], func(m mitem) bool { return m.seq == old })
+				if res != want {
+					rt.Fatalf("enqueue %s seq %d: %v, want %v", it.typ, it.seq, res, want)
 				}
-				newest[nk] = e.Sequence
-				model[r] = append(model[r], mitem{typ: e.Type, seq: e.Sequence})
-			case 3: // ack some of the head
-				n := rapid.IntRange(1, 3).Draw(rt, "n")
-				msgs, err := s.Head(r, n)
+				if want != outbox.Superseded {
+					m.insert(it)
+				}
+			case 3: // hold a sequence for later
+				held = append(held, reserve())
+			case 4: // ack some of the head
+				m.expire(r, now)
+				msgs, _, err := s.Head(outbox.HeadRequest{Recipient: r, Max: rapid.IntRange(1, 3).Draw(rt, "n")})
 				if err != nil {
 					rt.Fatal(err)
 				}
-				dead += expireModel(model, r, clk.Now().UnixMilli())
 				var sq []uint64
-				for _, m := range msgs {
-					sq = append(sq, m.GetEnvelope().GetSequence())
+				for _, x := range msgs {
+					sq = append(sq, x.GetEnvelope().GetSequence())
 				}
 				if err := s.Ack(r, sq); err != nil {
 					rt.Fatal(err)
 				}
-				model[r] = model[r][len(sq):]
-				delivered += len(sq)
-			case 4: // counted or permanent failure of the head
-				msgs, err := s.Head(r, 1)
+				m.queues[r] = m.queues[r][len(sq):]
+			case 5: // a verdict on the head
+				m.expire(r, now)
+				msgs, _, err := s.Head(outbox.HeadRequest{Recipient: r, Max: 1})
 				if err != nil {
 					rt.Fatal(err)
 				}
-				dead += expireModel(model, r, clk.Now().UnixMilli())
 				if len(msgs) == 0 {
 					continue
 				}
-				perm := rapid.Bool().Draw(rt, "permanent")
-				gone, err := s.Fail(r, msgs[0].GetEnvelope().GetSequence(), outbox.Failure{Reason: "x", Counts: true, Permanent: perm})
+				f := outbox.Failure{Reason: "x"}
+				switch rapid.IntRange(0, 2).Draw(rt, "verdict") {
+				case 0:
+					f.Counts = true
+				case 1:
+					f.Permanent = true
+				}
+				_, dead, err := s.Fail(r, msgs[0].GetEnvelope().GetSequence(), f)
 				if err != nil {
 					rt.Fatal(err)
 				}
-				model[r][0].tries++
-				wantGone := perm || model[r][0].tries >= 3
-				if gone != wantGone {
-					rt.Fatalf("dead-lettered %v, want %v", gone, wantGone)
+				if f.Counts {
+					m.queues[r][0].tries++
 				}
-				if gone {
-					model[r] = model[r][1:]
-					dead++
+				if wantDead := f.Permanent || m.queues[r][0].tries >= 3; dead != wantDead {
+					rt.Fatalf("dead-lettered %v, want %v", dead, wantDead)
 				}
-			case 5: // time passes: TTLs expire
-				clk.Advance(2 * time.Second)
-			case 6: // restart
+				if dead {
+					m.dlq = append(m.dlq, m.queues[r][0])
+					m.queues[r] = m.queues[r][1:]
+				}
+			case 6: // time passes
+				clk.Advance(time.Duration(rapid.IntRange(0, 3000).Draw(rt, "advance ms")) * time.Millisecond)
+			case 7: // restart, some time passing while closed
 				if err := s.Close(); err != nil {
 					rt.Fatal(err)
 				}
-				s = openRapid(rt, path, mut)
-			}
-			// Check every queue against the model.
-			for _, rc := range recipients {
-				msgs, err := s.Head(rc, 1000)
+				clk.Advance(time.Duration(rapid.IntRange(0, 3000).Draw(rt, "down ms")) * time.Millisecond)
+				if s, err = outbox.Open(config(path, clk, mut)); err != nil {
+					rt.Fatal(err)
+				}
+			case 8: // drop a queue
+				m.expire(r, now)
+				if _, err := s.DropQueue(r, "x"); err != nil {
+					rt.Fatal(err)
+				}
+				m.dlq = append(m.dlq, m.queues[r]...)
+				m.queues[r] = nil
+			case 9: // replay every dead letter, in the store's DLQ order
+				dl, err := s.DeadLetters(outbox.DLQFilter{Limit: 10000})
 				if err != nil {
 					rt.Fatal(err)
 				}
-				dead += expireModel(model, rc, clk.Now().UnixMilli())
-				var got, want []string
-				for _, m := range msgs {
-					got = append(got, m.GetEnvelope().GetType())
+				n, err := s.Replay(outbox.DLQFilter{All: true})
+				if err != nil && n > 0 {
+					rt.Fatal(err)
 				}
-				for _, m := range model[rc] {
-					want = append(want, m.typ)
+				replayed, _ := s.DeadLetters(outbox.DLQFilter{Limit: 10000})
+				left := map[string]bool{}
+				for _, d := range replayed {
+					left[d.Message.GetEnvelope().GetType()] = true
 				}
-				if !slices.Equal(got, want) {
-					rt.Fatalf("%s: store %v, model %v", rc, got, want)
+				// The new sequences: read back from the queues.
+				seqOf := map[string]uint64{}
+				for _, rc := range recipients {
+					msgs, _, err := s.Head(outbox.HeadRequest{Recipient: rc, Max: 1000})
+					if err != nil {
+						rt.Fatal(err)
+					}
+					for _, x := range msgs {
+						seqOf[x.GetEnvelope().GetType()] = x.GetEnvelope().GetSequence()
+					}
 				}
-				if s.Pending(rc) != len(want) {
-					rt.Fatalf("%s: pending %d, model %d", rc, s.Pending(rc), len(want))
+				for _, d := range dl {
+					typ := d.Message.GetEnvelope().GetType()
+					i := slices.IndexFunc(m.dlq, func(x mitem) bool { return x.typ == typ })
+					if i < 0 {
+						rt.Fatalf("dead letter %s not in the model", typ)
+					}
+					it := m.dlq[i]
+					nk := it.recipient + "\x00" + it.key
+					superseded := it.key != "" && m.newest[nk] > it.seq
+					if superseded != left[typ] {
+						rt.Fatalf("dead letter %s: left in the DLQ %v, want %v", typ, left[typ], superseded)
+					}
+					if superseded {
+						continue
+					}
+					m.dlq = slices.Delete(m.dlq, i, i+1)
+					if seqOf[typ] <= it.seq {
+						rt.Fatalf("replayed %s at sequence %d, not above its old %d", typ, seqOf[typ], it.seq)
+					}
+					it.seq, it.tries, it.created = seqOf[typ], 0, now
+					if it.key != "" {
+						m.newest[nk] = it.seq
+					}
+					m.insert(it)
 				}
 			}
-			st := s.Stats()
-			if st.DLQDepth != dead {
-				rt.Fatalf("dlq %d, model %d", st.DLQDepth, dead)
-			}
+			check(rt, s, m, recipients)
 		}
 	})
 }
 
-// expireModel drops expired items of r from the model (Head dead-letters
-// them) and returns how many.
-func expireModel(model map[string][]mitem, r string, nowMs int64) int {
-	before := len(model[r])
-	model[r] = slices.DeleteFunc(model[r], func(m mitem) bool { return m.expires != 0 && m.expires <= nowMs })
-	return before - len(model[r])
-}
-
-// openRapid is openAt for *rapid.T, which is not a testing.TB.
-func openRapid(rt *rapid.T, path string, mut func(*outbox.Config)) *outbox.Store {
-	cfg := outbox.DefaultConfig(path)
-	cfg.LockTimeout = 200 * time.Millisecond
-	mut(&cfg)
-	s, err := outbox.Open(cfg)
-	if err != nil {
-		rt.Fatalf("open %s: %v", path, err)
+func check(rt *rapid.T, s *outbox.Store, m *model, recipients []string) {
+	now := s.ElapsedMs()
+	depth := 0
+	for _, r := range recipients {
+		m.expire(r, now)
+		msgs, _, err := s.Head(outbox.HeadRequest{Recipient: r, Max: 1000})
+		if err != nil {
+			rt.Fatal(err)
+		}
+		var got, want []string
+		for _, x := range msgs {
+			got = append(got, fmt.Sprintf("%s/%d/%d", x.GetEnvelope().GetType(), x.GetEnvelope().GetSequence(), x.GetAttempts()))
+		}
+		for _, it := range m.queues[r] {
+			want = append(want, fmt.Sprintf("%s/%d/%d", it.typ, it.seq, it.tries))
+		}
+		if !slices.Equal(got, want) {
+			rt.Fatalf("%s: store %v, model %v", r, got, want)
+		}
+		if s.Pending(r) != len(want) {
+			rt.Fatalf("%s: pending %d, model %d", r, s.Pending(r), len(want))
+		}
+		depth += len(want)
 	}
-	return s
+	dl, err := s.DeadLetters(outbox.DLQFilter{Limit: 10000})
+	if err != nil {
+		rt.Fatal(err)
+	}
+	var got, want []string
+	for _, d := range dl {
+		got = append(got, d.Message.GetEnvelope().GetType())
+	}
+	for _, it := range m.dlq {
+		want = append(want, it.typ)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		rt.Fatalf("dlq: store %v, model %v", got, want)
+	}
+	if st := s.Stats(); st.Depth != depth || st.DLQDepth != len(want) {
+		rt.Fatalf("stats depth %d dlq %d, model %d %d", st.Depth, st.DLQDepth, depth, len(want))
+	}
 }

@@ -342,6 +342,19 @@ func (s *Store) Defer(recipient string, atMs int64) {
 	}
 }
 
+// RecordVersion notes that version seq of recipient's OVERWRITE coalesce
+// key was delivered without ever being stored (a direct attempt), so that
+// older versions are refused from then on as if it had gone through the
+// queue: a replayed dead letter, or an older one enqueued late. It is
+// persisted asynchronously, like Defer; operations submitted after it see
+// it.
+func (s *Store) RecordVersion(recipient, coalesceKey string, seq uint64) {
+	if coalesceKey == "" || len(coalesceKey) > MaxKeyLen || checkRecipient(recipient) != nil {
+		return
+	}
+	s.submitAsync(&op{kind: opVersion, recipient: recipient, reason: coalesceKey, seq: seq, async: func(error) {}})
+}
+
 // WakeNode makes every recipient "…@node" due now (the peer came back),
 // cancelling backoff and deferrals in memory.
 func (s *Store) WakeNode(node string) {
@@ -380,7 +393,8 @@ func (s *Store) SetEpoch(recipient string, epoch uint64) error {
 
 // DropQueue moves every message queued for recipient (an "actor@node"
 // address) or, given a bare node name, for every actor of that node, to the
-// dead-letter queue with reason "dropped: <why>", in bounded transactions.
+// dead-letter queue with reason "dropped: <why>", in transactions bounded
+// by MaxBatch and MaxBatchBytes.
 // It returns how many it moved; Replay brings them back.
 func (s *Store) DropQueue(target, why string) (int, error) {
 	var rcpts []string
@@ -414,13 +428,15 @@ func (s *Store) applyDrop(tx *bolt.Tx, b *batch, o *op) error {
 		return nil
 	}
 	var seqs []uint64
+	size := 0
 	c := qb.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		if len(seqs) == s.cfg.MaxBatch {
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(seqs) == s.cfg.MaxBatch || (len(seqs) > 0 && size+len(v) > s.cfg.MaxBatchBytes) {
 			o.more = true
 			break
 		}
 		seqs = append(seqs, seqOf(k))
+		size += len(v)
 	}
 	for _, sq := range seqs {
 		if err := s.deadLetter(tx, b, o.recipient, qb, sq, qb.Get(seqKey(sq)), o.reason, nil); err != nil {

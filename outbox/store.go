@@ -179,6 +179,12 @@ func (s *Store) load() error {
 			}
 		}
 		if format < formatVersion {
+			// The first format kept no elapsed clock, so it would start at
+			// zero and the migrated messages and keys, stored up to MaxAge
+			// or KeyWindow ago, would get negative times: the expiry and
+			// key-age indexes, ordered by their unsigned bytes, would sort
+			// them last, where the sweeper and the pruning never look.
+			s.clock.base = max(s.clock.base, max(s.cfg.MaxAge(), s.cfg.KeyWindow).Milliseconds()+1)
 			if err := s.migrate(tx); err != nil {
 				return fmt.Errorf("migrate from format %d: %w", format, err)
 			}
@@ -314,6 +320,9 @@ func (s *Store) Close() error {
 // high-water covering it is durable before it is returned (reserved in
 // blocks of Config.SequenceBlock, so one fsync serves many calls).
 func (s *Store) ReserveSequence() (uint64, error) {
+	if err := s.closedErr(); err != nil {
+		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
+	}
 	s.seqMu.Lock()
 	defer s.seqMu.Unlock()
 	if s.nextSeq > s.reservedSeq {
@@ -480,6 +489,7 @@ func (s *Store) submitAsync(o *op) {
 	s.asyncMu.RLock()
 	defer s.asyncMu.RUnlock()
 	if s.closedErr() != nil {
+		s.forgetPendingKeys([]*op{o}) // nothing of o is stored: its keys are not seen
 		o.async(fmt.Errorf("outbox: %s: %w", o.kind, ErrClosed))
 		return
 	}

@@ -1,20 +1,58 @@
-// Package partition routes outbox recipients to relay partitions (FNV-1a)
-// and runs the partitioned relay that drains the outbox through a
-// Deliverer.
+// Package partition is the sending side of meshnode's reliable streams:
+// the Relay, which owns every decision about a reliable message between
+// the caller and the receiver's verdict, over the durable store of package
+// outbox and a Deliverer (the network).
+//
+// A stream is the ordered flow of reliable messages from this node's
+// outbox to one recipient actor. The relay numbers its messages (sequences
+// from the store), chooses between a direct attempt and the outbox, sends
+// each stream in order, reads the receiver's verdicts, decides what counts
+// against a message, and paces every peer node with an AIMD limiter.
+// Recipients are spread over Partitions loops by FNV-1a (PartitionOf).
 //
 // # Guarantees
 //
-//   - Each partition has one loop; it sleeps on a timer until the earliest
-//     send_at of its recipients or a wake-up (enqueue, peer alive, a
-//     finished delivery) and never busy-polls: an idle relay runs no
-//     iterations (Stats.Iterations).
-//   - At most one batch per recipient is awaiting receipts, so
-//     per-recipient FIFO holds; recipients never wait for each other (one
-//     goroutine per batch). Up to MaxAckPending fully positive batches per
-//     recipient may still be committing their Ack meanwhile (pipelining).
-//   - Deliveries to one node are bounded by its AIMD outbox.Limiter: +1 per
-//     positive receipt, ÷2 on CAPACITY.
-//   - Messages are acked only after PROCESSED or DUPLICATE receipts (rule 5).
+//   - Per-stream order: a stream's messages are sent in sequence order, in
+//     emissions (one Deliver call each) whose first message has
+//     prev_sequence 0 and whose others name the message before them, so
+//     the receiver never runs a message after a later one. A sequence still
+//     being stored holds back every higher one of its stream
+//     (HeadRequest.Below); the stream waits for that commit rather than
+//     polling.
+//   - At most one emission per stream awaits its receipts. When all its
+//     receipts are positive, the next emission may go while its Ack still
+//     commits (up to MaxAckPending of them), starting after the acked
+//     messages; otherwise the stream waits until the verdict and the acks
+//     are recorded and starts again from its frontier.
+//   - Send makes a direct attempt only when the stream is settled: nothing
+//     of it stored, being stored, sent or being acked. Meanwhile later
+//     Sends of the stream are stored and nothing of it is emitted. An
+//     attempt without a final verdict stores the message under the same
+//     sequence, so the receiver recognises a copy that already ran.
+//   - Only the receiver's verdict on the message itself counts toward
+//     MaxAttempts: TRANSIENT (the handler failed) and NO_SUCH_ACTOR without
+//     retry_after. Capacity, a lost receipt or connection, a full local
+//     send queue (ErrCongested), a down peer, OUT_OF_ORDER (sent again at
+//     once from the frontier), NO_SUCH_ACTOR within the spawn grace, and
+//     codes this build does not know are deferred and never counted: a
+//     healthy message does not reach the dead-letter queue.
+//   - PROCESSED and DUPLICATE ack. REJECTED and an envelope the Deliverer
+//     could not put on the wire (*UnsendableError: only that one; the rest
+//     of the emission is sent) are dead-lettered as poison; EXPIRED as
+//     expired.
+//   - A DUPLICATE or OUT_OF_ORDER whose watermark is above both everything
+//     the stream emitted before and the message itself means this sender's
+//     state went back (a restored backup): the stream starts a new random
+//     epoch (Stats.Restores) and nothing more of that emission is acked.
+//   - Messages in flight to a node never exceed its AIMD limit: +1 per
+//     positive receipt, halved once per emission refused for capacity.
+//   - An idle relay does no work (Stats.Iterations stays flat): loops sleep
+//     until the earliest send_at or a wake-up (enqueue, NodeAlive, the end
+//     of an emission or of a commit they wait for). A sweeper gives up
+//     expired messages also while their peer is down.
+//   - Close cancels emissions and direct attempts in flight and waits for
+//     the relay's goroutines; their messages stay queued with nothing
+//     counted against them. It does not close the store.
 //
 // # Usage
 //
@@ -22,48 +60,33 @@
 //	if err != nil { ... }
 //	r.Start()
 //	defer r.Close()
-//	// from membership: r.NodeAlive("n2")
+//	res, err := r.Send(ctx, sm, true) // Delivered, Queued or DeadLettered
+//	// from membership: r.NodeAlive("n2"), r.ForgetPeer("n3")
 //
-// # Decisions (the architecture and its numbered rules: docs/architecture.md)
+// # Decisions
 //
-//   - Peer down (Alive false): the recipient is deferred by DownRecheck
-//     (10s) without counting anything (rule 3). NodeAlive wakes it at once
-//     (rule 4); the recheck only covers a missed membership event.
-//   - A batch that did not come back (nil receipt / error) while membership
-//     still says the peer is alive counts as a transient failure of its
-//     first message (backoff, counts toward MaxAttempts): an alive peer that
-//     keeps losing batches is indistinguishable from a failing handler, and
-//     not counting it could retry forever. If membership says the peer is
-//     down by then, it is deferred uncounted instead.
-//   - CAPACITY without retry_after_ms defers by 100ms.
-//   - ACCEPTED or unknown receipt codes are treated as TRANSIENT: only
-//     PROCESSED proves the handler ran.
-//   - The first negative receipt of a batch decides; messages after it that
-//     nevertheless came back PROCESSED/DUPLICATE are acked too, the others
-//     stay queued uncounted.
-//   - AIMD slots are released as soon as a batch's receipts are back, not
-//     after its ack fsync: the limiter measures load on the peer.
-//   - Ack pipelining: when every receipt of a batch is positive, the
-//     recipient may send its next batch before that Ack has committed. The
-//     acked sequences are kept in memory per recipient and skipped by
-//     outbox.Store.HeadSkip; if the Ack fails they become deliverable again
-//     and are redelivered (the receiver's dedupe answers DUPLICATE, since
-//     it recorded their keys before sending PROCESSED). After any
-//     non-positive receipt or a lost batch the recipient waits, as before,
-//     until the failure and the acks are recorded, so the next batch starts
-//     with the failed message and PrevSequence 0.
-//   - No second unreceipted batch per recipient, even chained: the
-//     receiver's chain rule detects a failed predecessor, not a missing
-//     one. If batch k is lost with a broken connection and batch k+1
-//     (PrevSequence = last of k) arrives on a new one, nothing marks the
-//     chain broken and k+1 would be processed before k. Order would not be
-//     provable, so the depth of unreceipted batches is fixed at one.
-//   - The AIMD limit (default max 100 in-flight messages per node) bounds
-//     a single recipient's drain to about 100 messages per round trip,
-//     where a round trip includes the receiver's dedupe fsync (about 4.5
-//     ms on the 2-core test machine: ~22k msgs/s). 100k msgs/s to one
-//     recipient would need about 450 messages in flight (rate × round
-//     trip); the default maximum of 100 is kept, so that is not reached.
-//   - Close cancels in-flight deliveries; their messages stay queued. Close
-//     does not close the store and always returns nil.
+//   - One owner per decision: a stream's mutex serialises its sequence
+//     reservations, the choice of path and the start of its emissions;
+//     verdicts are judged in one place (judge) from the receipts alone.
+//     Replay in the store takes its sequences from the relay (it is the
+//     store's Sequencer), so a replayed message is held back and holds
+//     back like any other being stored.
+//   - The receiver decides duplicates and order from its persisted
+//     watermark; the sender keeps only what it needs to chain emissions and
+//     to recognise a watermark it cannot have caused (the emitted
+//     high-water, reloaded from the store's stream record after a
+//     restart). A stream is kept in memory only while something of it is
+//     unresolved or deferred.
+//   - A peer that membership reports down is deferred by DownRecheck;
+//     NodeAlive makes its queues due at once. Other deferrals back off with
+//     full jitter (Backoff), at least retry_after when the receiver gave one;
+//     the first deferral after progress waits only the receiver's hint when
+//     it gave one (the AIMD limit has halved already).
+//   - AIMD slots are released when an emission's receipts are back, not
+//     after its Ack's fsync: the limiter measures load on the peer.
+//   - DeliverTimeout bounds an emission's wait for receipts, so a receipt
+//     lost on a live connection cannot hold a stream (and its peer's slots)
+//     for ever; DirectTimeout bounds the caller's wait in Send.
+//   - Lock order: stream.mu, then the store's locks, then part.mu (the
+//     loops' filter runs under the store's read lock and looks streams up).
 package partition

@@ -82,6 +82,10 @@ type Relay struct {
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
 
+	// afterLookup, set only by tests before Start, runs in lockStream
+	// between finding a stream and locking it.
+	afterLookup func(rcpt string)
+
 	iterations, batches, direct, delivered, failed atomic.Uint64
 	deferred, outOfOrder, restores                 atomic.Uint64
 }
@@ -92,7 +96,9 @@ type part struct {
 	wake chan struct{} // cap 1: a pending wake-up
 
 	// mu guards the field below. It is held only for map operations. Lock
-	// order: part.mu before stream.mu before the store's own locks.
+	// order: stream.mu, then the store's own locks, then part.mu: the
+	// loop's keep filter takes part.mu under the store's read lock, and
+	// Send and dispatch ask the store while holding their stream.
 	mu      sync.Mutex
 	streams map[string]*stream
 }

@@ -42,6 +42,10 @@ type stream struct {
 	// committed: nothing at or above the lowest may be sent, since it may
 	// still appear below messages that were.
 	storing []uint64
+	// waitStoring: the last emission found nothing to send below
+	// storing[0]; the stream waits for doneStoring instead of the loop
+	// trying again at once (which would spin until the commit).
+	waitStoring bool
 	// acking lists, ascending, sequences positively receipted whose Ack is
 	// still committing; ackBatches counts those Acks.
 	acking     []uint64
@@ -49,6 +53,9 @@ type stream struct {
 	// deferrals counts deferrals since the last positive receipt: the
 	// backoff exponent for delays nobody is charged for.
 	deferrals int
+	// gone: forget dropped the stream from its partition; whoever still
+	// holds it must look the recipient up again (lockStream).
+	gone bool
 }
 
 // settled reports that nothing of the stream is unresolved: a direct
@@ -59,7 +66,7 @@ func (st *stream) settled() bool {
 
 // updateBlocked recomputes blocked. Caller holds st.mu.
 func (st *stream) updateBlocked(maxAck int) {
-	st.blocked.Store(st.direct || st.sending || st.ackBatches >= maxAck)
+	st.blocked.Store(st.direct || st.sending || st.ackBatches >= maxAck || st.waitStoring)
 }
 
 // idle reports that the relay holds nothing of the stream in memory that
@@ -101,12 +108,37 @@ func (r *Relay) forget(st *stream) {
 		return
 	}
 	p := r.part(st.rcpt)
+	st.mu.Lock() // the stream before the partition: see part.mu
+	defer st.mu.Unlock()
+	if !st.idle() {
+		return
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.idle() && p.streams[st.rcpt] == st {
+	if p.streams[st.rcpt] == st {
 		delete(p.streams, st.rcpt)
+		st.gone = true
+	}
+}
+
+// lockStream returns rcpt's stream with its mutex held. A caller that
+// found the stream just before forget dropped it would otherwise work on
+// an object nobody else sees, beside the new one the next caller gets:
+// two direct attempts, or an attempt and an emission, at once.
+func (r *Relay) lockStream(rcpt string) (*stream, error) {
+	for {
+		st, err := r.stream(rcpt)
+		if err != nil {
+			return nil, err
+		}
+		if r.afterLookup != nil {
+			r.afterLookup(rcpt)
+		}
+		st.mu.Lock()
+		if !st.gone {
+			return st, nil
+		}
+		st.mu.Unlock()
 	}
 }
 
@@ -142,13 +174,17 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	if r.ctx.Err() != nil {
 		return Sent{}, ErrClosed
 	}
+	if sm.GetCreatedElapsedMs() == 0 {
+		// Zero means now, as in Enqueue; the direct attempt's wire TTL is
+		// counted from it before the store ever sees the message.
+		sm.CreatedElapsedMs = r.store.ElapsedMs()
+	}
 	rcpt := sm.GetEnvelope().GetRecipient()
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
 	}
 	lim := r.Limiter(st.node)
-	st.mu.Lock()
 	seq, err := r.store.ReserveSequence()
 	if err != nil {
 		st.mu.Unlock()
@@ -180,7 +216,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	}
 	r.direct.Add(1)
 	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
+	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
 	rcs, derr := r.d.Deliver(dctx, st.node, []*pb.Envelope{wire})
+	stop()
 	cancel()
 	lim.Release(1)
 	var rc *pb.Receipt
@@ -188,15 +226,24 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		rc = rcs[0]
 	}
 	v := r.judge(st, wire, rc, derr, 0, seen)
+	if v.capacity {
+		lim.OnCapacity()
+	}
 	defer func() {
 		st.mu.Lock()
 		st.direct = false
 		st.updateBlocked(r.cfg.MaxAckPending)
 		st.mu.Unlock()
 		r.Notify(rcpt)
+		r.forget(st) // a settled stream is reloaded from the store when needed
 	}()
 	switch v.kind {
 	case vPositive:
+		if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+			// Never stored, so the store's coalesce index has not seen this
+			// version: tell it, or an older one could be replayed over it.
+			r.store.RecordVersion(rcpt, env.GetCoalesceKey(), seq)
+		}
 		return Sent{Outcome: Delivered}, nil
 	case vPoison, vExpired:
 		sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
@@ -241,12 +288,11 @@ func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
 	var idx []int
 	for i, sm := range sms {
 		rcpt := sm.GetEnvelope().GetRecipient()
-		st, err := r.stream(rcpt)
+		st, err := r.lockStream(rcpt)
 		if err != nil {
 			errs[i] = fmt.Errorf("partition: store for %s: %w", rcpt, err)
 			continue
 		}
-		st.mu.Lock()
 		seq, err := r.store.ReserveSequence()
 		if err == nil {
 			sm.GetEnvelope().Sequence = seq
@@ -271,11 +317,10 @@ func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
 // Reserve is outbox.Sequencer: the store's Replay takes its sequences
 // here, so they are registered as storing like Send's.
 func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		return 0, nil, err
 	}
-	st.mu.Lock()
 	seq, err := r.store.ReserveSequence()
 	if err == nil {
 		st.storing = append(st.storing, seq)
@@ -293,6 +338,8 @@ func (r *Relay) doneStoring(st *stream, seq uint64) {
 	if i := slices.Index(st.storing, seq); i >= 0 {
 		st.storing = slices.Delete(st.storing, i, i+1)
 	}
+	st.waitStoring = false
+	st.updateBlocked(r.cfg.MaxAckPending)
 	st.mu.Unlock()
 	r.Notify(st.rcpt)
 }
@@ -359,15 +406,14 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 		r.deferDown(rcpt, node)
 		return false
 	}
-	st, err := r.stream(rcpt)
+	st, err := r.lockStream(rcpt)
 	if err != nil {
 		r.cfg.Logger.Warn("relay: stream state", "recipient", rcpt, "err", err)
 		return false
 	}
-	lim := r.Limiter(node)
-	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending {
+	lim := r.Limiter(node)
+	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
 	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-len(st.acking))
@@ -427,10 +473,19 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		return
 	}
 	if len(msgs) == 0 {
-		if waitUntil > 0 {
+		switch {
+		case waitUntil > 0:
 			// The head ran out of TTL after it was sent: it can be neither
 			// sent nor given up before waitUntil; the stream waits with it.
 			r.store.Defer(st.rcpt, waitUntil)
+		case req.Below != 0:
+			// Everything queued is above a sequence still committing: wait
+			// for its doneStoring, unless it came while Head ran.
+			st.mu.Lock()
+			if len(st.storing) > 0 && st.storing[0] <= req.Below {
+				st.waitStoring = true
+			}
+			st.mu.Unlock()
 		}
 		return
 	}
@@ -495,13 +550,21 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 // The first non-positive outcome decides what happens next; messages after
 // it that did not come back positive stay queued, uncounted.
 func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
-	decided := false
+	decided, congested := false, false
+	defer func() {
+		if congested {
+			// One congestion event per emission, however many of its
+			// messages were refused: the limit halves once.
+			r.Limiter(st.node).OnCapacity()
+		}
+	}()
 	for i, e := range envs {
 		var rc *pb.Receipt
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
 		v := r.judge(st, e, rc, derr, i, seen)
+		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())
 			continue
@@ -541,12 +604,13 @@ type verdict struct {
 	kind       verdictKind
 	reason     string
 	retryAfter time.Duration
-	capacity   bool // the peer (or the local send queue) is full: AIMD halves
+	capacity   bool // the peer (or the local send queue) is full: AIMD halves, once per emission
 }
 
 // judge turns the outcome of one message of an emission (index i) into a
-// verdict, and feeds the peer's limiter. seen is the stream's emitted
-// high-water before the emission.
+// verdict, and feeds the peer's limiter its successes (the caller halves
+// it, once per emission, on a verdict marked capacity). seen is the
+// stream's emitted high-water before the emission.
 //
 // Only the receiver's verdict on the message itself counts toward
 // MaxAttempts: a handler failure, or NO_SUCH_ACTOR from a node past its
@@ -639,11 +703,6 @@ func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts i
 	case vResend:
 		r.Notify(st.rcpt) // from the frontier, at once
 	case vDefer:
-		if v.capacity {
-			// One halving per emission, however many of its messages were
-			// refused: it is one congestion event.
-			r.Limiter(st.node).OnCapacity()
-		}
 		st.mu.Lock()
 		first := st.deferrals == 0
 		st.deferrals++

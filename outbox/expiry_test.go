@@ -1,0 +1,180 @@
+package outbox_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// withTTL enqueues a message with a TTL and returns its sequence.
+func (e *env) withTTL(tb testing.TB, recipient, typ string, ttl time.Duration) uint64 {
+	tb.Helper()
+	sm := e.msg(tb, recipient, typ)
+	sm.Envelope.TtlMs = ttl.Milliseconds()
+	e.put(tb, sm)
+	return sm.GetEnvelope().GetSequence()
+}
+
+func (e *env) deadReasons(tb testing.TB) map[string]string {
+	tb.Helper()
+	dl, err := e.DeadLetters(outbox.DLQFilter{Limit: 1000})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, d := range dl {
+		out[d.Message.GetEnvelope().GetType()] = d.Reason
+	}
+	return out
+}
+
+// A message whose TTL ran out and that was never on the wire (sequence
+// above EmittedHW) is given up at once; the ones behind it flow.
+func TestExpiredNeverSentGivenUpAtOnce(t *testing.T) {
+	e := open(t, nil)
+	e.withTTL(t, "a@n1", "short", 10*time.Second)
+	e.withTTL(t, "a@n1", "long", time.Hour)
+	e.send(t, "a@n1", "none")
+	e.clk.Advance(10 * time.Second) // exactly the TTL: expired
+	msgs, wait, err := e.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 10})
+	if err != nil || wait != 0 {
+		t.Fatalf("head: %v wait %d", err, wait)
+	}
+	if got := typesOf(msgs); !slices.Equal(got, []string{"long", "none"}) {
+		t.Fatalf("head %v", got)
+	}
+	if r := e.deadReasons(t); r["short"] != outbox.ReasonExpired {
+		t.Fatalf("dead letters %v", r)
+	}
+	if st := e.Stats(); st.Expired != 1 || st.Depth != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A message that was on the wire may still run at the receiver until its
+// TTL has passed there too: it is given up only after TTL + MaxClockSkew,
+// and Head stops before it meanwhile (returning when to look again), so
+// nothing behind it overtakes it.
+func TestExpiredAfterSendWaitsForSkew(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.MaxClockSkew = time.Minute })
+	created := e.ElapsedMs()
+	first := e.send(t, "a@n1", "before")
+	seq := e.withTTL(t, "a@n1", "sent", 10*time.Second)
+	e.send(t, "a@n1", "after")
+	e.clk.Advance(30 * time.Second)
+	req := outbox.HeadRequest{Recipient: "a@n1", Max: 10, EmittedHW: seq}
+	msgs, wait, err := e.Head(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := typesOf(msgs); !slices.Equal(got, []string{"before"}) {
+		t.Fatalf("head %v, want only the message before the expired one", got)
+	}
+	if want := created + (10 * time.Second).Milliseconds() + time.Minute.Milliseconds(); wait != want {
+		t.Fatalf("waitUntil %d, want TTL + skew = %d", wait, want)
+	}
+	req.Skip = first // the one before is being acked: the head is the expired one
+	if msgs, wait2, _ := e.Head(req); len(msgs) != 0 || wait2 != wait {
+		t.Fatalf("head %v wait %d, want nothing until %d", typesOf(msgs), wait2, wait)
+	}
+	e.clk.Advance(time.Duration(wait-e.ElapsedMs()) * time.Millisecond)
+	msgs, wait, err = e.Head(req)
+	if err != nil || wait != 0 {
+		t.Fatalf("head: %v wait %d", err, wait)
+	}
+	if got := typesOf(msgs); !slices.Equal(got, []string{"after"}) {
+		t.Fatalf("head %v after TTL + skew", got)
+	}
+	if r := e.deadReasons(t); r["sent"] != outbox.ReasonExpiredUnknown {
+		t.Fatalf("dead letters %v", r)
+	}
+}
+
+// A message is given up once it is older than MaxAge (StreamRetention -
+// RetentionMargin), TTL or not, sent or not.
+func TestTooOldGivenUp(t *testing.T) {
+	e := open(t, func(c *outbox.Config) {
+		c.StreamRetention = 10 * time.Hour
+		c.RetentionMargin = 2 * time.Hour
+	})
+	s := e.send(t, "a@n1", "old")
+	e.clk.Advance(time.Hour)
+	e.send(t, "a@n1", "young")
+	e.clk.Advance(7 * time.Hour) // "old" is 8 h old: MaxAge
+	msgs, _, err := e.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 10, EmittedHW: s[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := typesOf(msgs); !slices.Equal(got, []string{"young"}) {
+		t.Fatalf("head %v", got)
+	}
+	if r := e.deadReasons(t); r["old"] != outbox.ReasonTooOld {
+		t.Fatalf("dead letters %v", r)
+	}
+}
+
+// ExpiryCandidates lists what the sweeper should look at while nobody
+// reads the queue: messages past their TTL deadline (the relay, which
+// knows what was sent, adds the skew for those) and queue heads past
+// MaxAge, with the time of the next one.
+func TestExpiryCandidates(t *testing.T) {
+	e := open(t, func(c *outbox.Config) {
+		c.MaxClockSkew = time.Minute
+		c.StreamRetention = 10 * time.Hour
+		c.RetentionMargin = 2 * time.Hour
+	})
+	t0 := e.ElapsedMs()
+	a := e.withTTL(t, "a@n1", "a-10s", 10*time.Second)
+	b := e.withTTL(t, "b@n2", "b-20s", 20*time.Second)
+	e.send(t, "c@n3", "c-none")
+	now := e.ElapsedMs()
+	if c, next, err := e.ExpiryCandidates(now, 10); err != nil || len(c) != 0 || next != t0+10_000 {
+		t.Fatalf("before: %v next %d (%v), want none and next %d", c, next, err, t0+10_000)
+	}
+	e.clk.Advance(15 * time.Second)
+	c, next, err := e.ExpiryCandidates(e.ElapsedMs(), 10)
+	if err != nil || len(c) != 1 || c[0] != (outbox.Expiring{Recipient: "a@n1", Seq: a, DeadlineMs: t0 + 10_000}) || next != t0+20_000 {
+		t.Fatalf("after 15s: %+v next %d (%v)", c, next, err)
+	}
+	e.clk.Advance(8 * time.Hour)
+	c, _, err = e.ExpiryCandidates(e.ElapsedMs(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ttl, old int
+	for _, x := range c {
+		if x.DeadlineMs != 0 {
+			ttl++
+		} else {
+			old++
+		}
+	}
+	if ttl != 2 || old != 3 {
+		t.Fatalf("after 8h: %+v, want 2 TTL candidates and 3 too-old heads", c)
+	}
+	// The limit bounds the answer and says more are due now.
+	c, next, _ = e.ExpiryCandidates(e.ElapsedMs(), 1)
+	if len(c) != 1 || next != e.ElapsedMs() {
+		t.Fatalf("limit 1: %+v next %d, want one and next = now", c, next)
+	}
+	if n, err := e.Expire("b@n2", []uint64{b, b + 1000}, outbox.ReasonExpiredUnknown); n != 1 || err != nil {
+		t.Fatalf("expire: %d %v", n, err)
+	}
+	c, _, _ = e.ExpiryCandidates(e.ElapsedMs(), 10)
+	for _, x := range c {
+		if x.Recipient == "b@n2" {
+			t.Fatalf("expired message still a candidate: %+v", c)
+		}
+	}
+}
+
+func typesOf(msgs []*pb.StoredMessage) []string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, m.GetEnvelope().GetType())
+	}
+	return out
+}

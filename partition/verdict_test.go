@@ -1,0 +1,390 @@
+package partition_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
+)
+
+// refuse answers the first `times` emissions of every stream with what
+// answer returns, then lets the fake receiver take over.
+func refuse(times int, answer func(ctx context.Context, envs []*pb.Envelope) ([]*pb.Receipt, error)) func(context.Context, int, []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+	var n atomic.Int64
+	return func(ctx context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+		if n.Add(1) > int64(times) {
+			return nil, nil, false
+		}
+		rcs, err := answer(ctx, envs)
+		return rcs, err, true
+	}
+}
+
+func every(c pb.Receipt_Code, retryMs, watermark int64) func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+	return func(_ context.Context, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+		rcs := make([]*pb.Receipt, len(envs))
+		for i, e := range envs {
+			rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: c, RetryAfterMs: retryMs, Watermark: uint64(watermark)}
+		}
+		return rcs, nil
+	}
+}
+
+// Nothing that is the network's, the sender's or the peer's load's doing
+// counts toward MaxAttempts: with MaxAttempts 1, a single counted attempt
+// would dead-letter a message, yet every message gets through, in order,
+// after several emissions of each such outcome.
+func TestUncountedOutcomesNeverDeadLetter(t *testing.T) {
+	lost := func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) { return nil, errUnreachable }
+	tests := []struct {
+		name   string
+		answer func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error)
+		rcfg   func(*partition.Config)
+	}{
+		{"capacity", every(pb.Receipt_CAPACITY, 1, 0), nil},
+		{"capacity without retry_after", every(pb.Receipt_CAPACITY, 0, 0), nil},
+		{"no such actor within spawn grace", every(pb.Receipt_NO_SUCH_ACTOR, 1, 0), nil},
+		{"out of order", every(pb.Receipt_OUT_OF_ORDER, 0, 0), nil},
+		{"accepted", every(pb.Receipt_ACCEPTED, 0, 0), nil},
+		{"unknown code", every(pb.Receipt_Code(99), 0, 0), nil},
+		{"unspecified code", every(pb.Receipt_CODE_UNSPECIFIED, 0, 0), nil},
+		{"lost receipts", lost, nil},
+		{"fewer receipts than messages", func(_ context.Context, envs []*pb.Envelope) ([]*pb.Receipt, error) { return nil, nil }, nil},
+		{"local send queue full", func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+			return nil, fmt.Errorf("transport: queue to n1: %w", partition.ErrCongested)
+		}, nil},
+		{"deliver timeout", func(ctx context.Context, _ []*pb.Envelope) ([]*pb.Receipt, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}, func(c *partition.Config) { c.DeliverTimeout = 20 * time.Millisecond }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 1 }, func(c *partition.Config) {
+				c.BatchSize = 4
+				if tt.rcfg != nil {
+					tt.rcfg(c)
+				}
+			})
+			rg.fake.set(func(f *fake) { f.intercept = refuse(3, tt.answer) })
+			msgs := names("m", 10)
+			rg.queue(t, "a@n1", msgs...)
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "all delivered", func() bool { return rg.store.Stats().Depth == 0 })
+			if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+				t.Fatalf("ran %v", got)
+			}
+			if st := rg.store.Stats(); st.DLQDepth != 0 || st.Retries != 0 {
+				t.Fatalf("store stats %+v: an uncounted outcome was counted", st)
+			}
+			for _, c := range rg.fake.callsSnapshot() {
+				for _, e := range c.envs {
+					if e.GetAttempt() != 1 {
+						t.Fatalf("wire attempt %d: counted", e.GetAttempt())
+					}
+				}
+			}
+		})
+	}
+}
+
+// The same for a peer that goes down mid-emission and comes back.
+func TestPeerGoingDownNeverDeadLetters(t *testing.T) {
+	rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 1 }, func(c *partition.Config) { c.DownRecheck = time.Hour })
+	rg.fake.set(func(f *fake) {
+		f.intercept = refuse(1, func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+			f.mu.Lock()
+			f.down["n1"] = true
+			f.mu.Unlock()
+			return nil, errUnreachable
+		})
+	})
+	msgs := names("m", 5)
+	rg.queue(t, "a@n1", msgs...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "deferred while down", func() bool { return rg.relay.Stats().Deferred > 0 })
+	rg.fake.set(func(f *fake) { f.down["n1"] = false })
+	rg.relay.NodeAlive("n1")
+	testutil.WaitFor(t, wait, "all delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+		t.Fatalf("ran %v", got)
+	}
+	if st := rg.store.Stats(); st.DLQDepth != 0 || st.Retries != 0 {
+		t.Fatalf("store stats %+v", st)
+	}
+}
+
+// Only the receiver's verdict on the message itself counts: a handler
+// failure (TRANSIENT) and NO_SUCH_ACTOR past the spawn grace. At
+// MaxAttempts the message goes to the DLQ and the stream moves on.
+func TestCountedOutcomes(t *testing.T) {
+	tests := []struct {
+		name   string
+		code   pb.Receipt_Code
+		reason string
+	}{
+		{"handler failure", pb.Receipt_TRANSIENT, "max attempts: fake TRANSIENT"},
+		{"no such actor", pb.Receipt_NO_SUCH_ACTOR, "max attempts: no such actor: fake NO_SUCH_ACTOR"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 3 }, nil)
+			rg.fake.set(func(f *fake) {
+				f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+					if e.GetType() == "poison" {
+						return code(tt.code, 0)(e)
+					}
+					return nil
+				}
+			})
+			rg.queue(t, "a@n1", "before", "poison", "after1", "after2")
+			rg.queue(t, "b@n1", names("b", 20)...)
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "poison dead-lettered, the rest delivered", func() bool {
+				return rg.store.Stats().Depth == 0 && rg.store.Stats().DLQDepth == 1
+			})
+			if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"before", "after1", "after2"}) {
+				t.Fatalf("ran %v", got)
+			}
+			if rg.fake.ranCount("b@n1") != 20 {
+				t.Fatal("another stream was held up")
+			}
+			dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
+			if dl[0].Reason != tt.reason || dl[0].Message.GetAttempts() != 3 {
+				t.Fatalf("dead letter %q attempts %d, want %q and 3", dl[0].Reason, dl[0].Message.GetAttempts(), tt.reason)
+			}
+			var attempts []uint32
+			for _, c := range rg.fake.callsSnapshot() {
+				for _, e := range c.envs {
+					if e.GetType() == "poison" {
+						attempts = append(attempts, e.GetAttempt())
+					}
+				}
+			}
+			if !slices.Equal(attempts[:3], []uint32{1, 2, 3}) {
+				t.Fatalf("poison's wire attempts %v, want 1 2 3", attempts)
+			}
+		})
+	}
+}
+
+// REJECTED and EXPIRED settle a message at once.
+func TestFinalReceipts(t *testing.T) {
+	tests := []struct {
+		code   pb.Receipt_Code
+		reason string
+	}{
+		{pb.Receipt_REJECTED, "rejected: fake REJECTED"},
+		{pb.Receipt_EXPIRED, outbox.ReasonExpired},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code.String(), func(t *testing.T) {
+			rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 5 }, nil)
+			rg.fake.set(func(f *fake) {
+				f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+					if e.GetType() == "bad" {
+						return code(tt.code, 0)(e)
+					}
+					return nil
+				}
+			})
+			rg.queue(t, "a@n1", "bad", "good")
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "settled", func() bool { return rg.store.Stats().Depth == 0 })
+			dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
+			if len(dl) != 1 || dl[0].Reason != tt.reason || dl[0].Message.GetAttempts() != 0 {
+				t.Fatalf("dead letters %+v", dl)
+			}
+			if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"good"}) {
+				t.Fatalf("ran %v", got)
+			}
+			if n := rg.fake.callCount(); n > 3 {
+				t.Fatalf("%d emissions: the final receipt was retried", n)
+			}
+		})
+	}
+}
+
+// An envelope that cannot be put on the wire is dead-lettered alone; the
+// others of its emission are sent, and the stream carries on.
+func TestUnsendableDeadLettersOnlyItself(t *testing.T) {
+	rg := newRig(t, func(c *outbox.Config) { c.MaxAttempts = 1 }, nil)
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			un := &partition.UnsendableError{Errs: map[int]error{}}
+			rcs := make([]*pb.Receipt, len(envs))
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for i, e := range envs {
+				if e.GetType() == "huge" {
+					un.Errs[i] = errors.New("frame too large")
+					continue
+				}
+				rcs[i] = f.receive(e)
+			}
+			if len(un.Errs) == 0 {
+				return rcs, nil, true
+			}
+			return rcs, fmt.Errorf("fake: %w", un), true
+		}
+	})
+	rg.queue(t, "a@n1", "m0", "huge", "m2", "m3")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "settled", func() bool { return rg.store.Stats().Depth == 0 })
+	dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
+	if len(dl) != 1 || dl[0].Message.GetEnvelope().GetType() != "huge" || !strings.HasPrefix(dl[0].Reason, "rejected: cannot be sent: frame too large") {
+		t.Fatalf("dead letters %+v", dl)
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"m0", "m2", "m3"}) {
+		t.Fatalf("ran %v", got)
+	}
+	if st := rg.store.Stats(); st.Retries != 0 {
+		t.Fatalf("counted: %+v", st)
+	}
+}
+
+// A DUPLICATE or OUT_OF_ORDER receipt whose watermark is above everything
+// this sender ever emitted on the stream (and above the message itself)
+// means the sender's state went back: a new, random epoch starts, nothing
+// more of the emission is acked, and the messages run in the new epoch.
+func TestRestoredSenderStartsNewEpoch(t *testing.T) {
+	for _, c := range []pb.Receipt_Code{pb.Receipt_DUPLICATE, pb.Receipt_OUT_OF_ORDER} {
+		t.Run(c.String(), func(t *testing.T) {
+			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if n > 0 {
+						return nil, nil, false
+					}
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					// m0 runs; then the receiver shows a watermark far above
+					// anything sent (a backup of the sender was restored).
+					rcs := []*pb.Receipt{f.receive(envs[0])}
+					for _, e := range envs[1:] {
+						rcs = append(rcs, &pb.Receipt{MsgId: e.GetMsgId(), Code: c, Watermark: 1 << 40})
+					}
+					rcs[3] = &pb.Receipt{MsgId: envs[3].GetMsgId(), Code: pb.Receipt_PROCESSED} // not acked either
+					return rcs, nil, true
+				}
+			})
+			msgs := names("m", 4)
+			rg.queue(t, "a@n1", msgs...)
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+			if st := rg.relay.Stats(); st.Restores != 1 {
+				t.Fatalf("restores %d", st.Restores)
+			}
+			epoch, _, err := rg.store.StreamState("a@n1")
+			if err != nil || epoch == 0 {
+				t.Fatalf("epoch %d (%v), want a new one", epoch, err)
+			}
+			if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+				t.Fatalf("ran %v", got)
+			}
+			calls := rg.fake.callsSnapshot()
+			last := calls[len(calls)-1]
+			if last.envs[0].GetStreamEpoch() != epoch || last.envs[0].GetType() != "m001" || last.envs[0].GetPrevSequence() != 0 {
+				t.Fatalf("resend %+v, want m001 first, in epoch %d", last.envs[0], epoch)
+			}
+		})
+	}
+	// Another stream restored gets a different random epoch.
+	rg := newRig(t, nil, nil)
+	rg.fake.set(func(f *fake) { f.intercept = refuse(2, every(pb.Receipt_DUPLICATE, 0, 1<<40)) })
+	rg.queue(t, "a@n1", "x")
+	rg.queue(t, "b@n1", "y")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	ea, _, _ := rg.store.StreamState("a@n1")
+	eb, _, _ := rg.store.StreamState("b@n1")
+	if ea == 0 || eb == 0 || ea == eb {
+		t.Fatalf("epochs %d and %d, want two different random ones", ea, eb)
+	}
+}
+
+// A DUPLICATE whose watermark this sender may have caused (a resend after
+// a lost receipt) is a positive receipt, not a restore.
+func TestDuplicateWithinEmittedIsAck(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3 })
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if n > 0 {
+				return nil, nil, false
+			}
+			f.mu.Lock()
+			for _, e := range envs {
+				f.receive(e) // all run, every receipt is lost
+			}
+			f.mu.Unlock()
+			return nil, errUnreachable, true
+		}
+	})
+	rg.queue(t, "a@n1", names("m", 5)...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if st := rg.relay.Stats(); st.Restores != 0 {
+		t.Fatalf("restores %d", st.Restores)
+	}
+	if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
+		t.Fatalf("epoch changed to %d", e)
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, names("m", 5)) {
+		t.Fatalf("ran %v", got)
+	}
+	if c := rg.fake.codes(); c[pb.Receipt_DUPLICATE] != 3 {
+		t.Fatalf("receipts %v, want 3 duplicates", c)
+	}
+}
+
+// The AIMD limit halves once per congestion event (an emission answered
+// CAPACITY, or refused by a full local send queue), not once per message
+// of it, and grows by one per message processed.
+func TestCapacityHalvesLimitOncePerEmission(t *testing.T) {
+	tests := []struct {
+		name   string
+		answer func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error)
+	}{
+		{"capacity", every(pb.Receipt_CAPACITY, 1, 0)},
+		{"local send queue full", func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+			return nil, partition.ErrCongested
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rg := newRig(t, nil, func(c *partition.Config) {
+				c.BatchSize = 8
+				c.Limiter = partition.LimiterConfig{Initial: 64, Min: 1, Max: 64}
+			})
+			gate := make(chan struct{})
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(ctx context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if n == 0 {
+						rcs, err := tt.answer(ctx, envs)
+						return rcs, err, true
+					}
+					<-gate // hold the second emission: the limit is read meanwhile
+					return nil, nil, false
+				}
+			})
+			rg.queue(t, "a@n1", names("m", 8)...)
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "second emission", func() bool { return rg.fake.callCount() == 2 })
+			got := rg.relay.Stats().LimitByPeer["n1"]
+			close(gate)
+			if got != 32 {
+				t.Fatalf("limit %d after one congested emission of 8 messages, want 64/2 = 32", got)
+			}
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+		})
+	}
+}
