@@ -196,11 +196,12 @@ func (a *actor) handle(d *delivery) {
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
 	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
-	st, err := n.in.get(d.stream)
+	st, err := n.in.acquire(d.stream)
 	if err != nil {
 		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		return
 	}
+	defer n.in.release(st)
 	positive := func(code pb.Receipt_Code) func(error, uint64) {
 		return func(err error, w uint64) {
 			if err != nil {

@@ -70,8 +70,15 @@
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".
 //   - Across a restart, a wall-clock difference counts as elapsed time only
-//     up to Outbox.MaxDowntime (a day by default): a node off for a week
-//     counts a day of it against its messages' TTLs.
+//     up to Outbox.MaxDowntime (a day by default), so that a clock stepped
+//     by years neither expires every message nor keeps them for ever: a
+//     node off for a week counts a day of it against its messages' TTLs
+//     (and logs a warning). If a sender really was off longer than
+//     MaxDowntime plus the outbox's RetentionMargin (8 days by default), a
+//     message it had sent just before it stopped, whose receipt was lost,
+//     may run again at a receiver that forgot the stream (receivers forget
+//     a stream 30 days after its last message). Devices that keep good
+//     time may raise MaxDowntime.
 //
 // # Decisions
 //

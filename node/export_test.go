@@ -1,6 +1,8 @@
 package node
 
 import (
+	"time"
+
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
 )
@@ -15,3 +17,7 @@ func (n *Node) DeliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 
 // OutboxID returns the node's outbox id.
 func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
+
+// EvictIdleStreams runs the receiver's stream-cache eviction now, with the
+// given idle time, and returns how many streams it forgot.
+func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }

@@ -56,6 +56,10 @@ type inStream struct {
 	durable atomic.Uint64
 	// lastUse is the store's elapsed clock at the last lookup (eviction).
 	lastUse atomic.Int64
+	// users counts actors deciding on or running a message of the stream
+	// now (acquire/release); a stream in use is never evicted. Guarded by
+	// inbound.mu.
+	users int32
 
 	// cmu guards the field below: at most one commit of the stream is with
 	// the store, and what waits for durability meanwhile is gathered in
@@ -103,15 +107,38 @@ func (in *inbound) get(id StreamID) (*inStream, error) {
 	return st, nil
 }
 
-// evictIdle forgets cached streams unused for idleMs whose watermark is
-// durable and that wait for nothing: their state is on disk.
+// acquire is get for the stream's owner: the stream stays cached until
+// release, however long its handler runs.
+func (in *inbound) acquire(id StreamID) (*inStream, error) {
+	st, err := in.get(id)
+	if err != nil {
+		return nil, err
+	}
+	in.mu.Lock()
+	st.users++
+	in.mu.Unlock()
+	return st, nil
+}
+
+// release ends an acquire.
+func (in *inbound) release(st *inStream) {
+	now := in.store.ElapsedMs()
+	in.mu.Lock()
+	st.users--
+	st.lastUse.Store(now)
+	in.mu.Unlock()
+}
+
+// evictIdle forgets cached streams unused for idleMs, in use by no actor,
+// whose watermark is durable and that wait for nothing: their state is on
+// disk.
 func (in *inbound) evictIdle(idleMs int64) int {
 	cutoff := in.store.ElapsedMs() - idleMs
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	n := 0
 	for k, st := range in.streams {
-		if st.lastUse.Load() > cutoff || st.durable.Load() != st.w.Load() {
+		if st.users > 0 || st.lastUse.Load() > cutoff || st.durable.Load() != st.w.Load() {
 			continue
 		}
 		st.cmu.Lock()

@@ -92,16 +92,19 @@ type elapsed struct {
 }
 
 // resume starts the elapsed clock from a checkpoint (elapsed ms and wall ms
-// persisted together); a missing checkpoint starts it at zero.
-func resume(clock Clock, checkpoint []byte, maxDowntime time.Duration) elapsed {
-	e := elapsed{clock: clock, monoOpen: clock.Monotonic()}
+// persisted together); a missing checkpoint starts it at zero. down is the
+// wall-clock difference since the checkpoint, of which only [0,
+// maxDowntime] was counted.
+func resume(clock Clock, checkpoint []byte, maxDowntime time.Duration) (e elapsed, down time.Duration) {
+	e = elapsed{clock: clock, monoOpen: clock.Monotonic()}
 	if len(checkpoint) == 16 {
 		last := int64(binary.BigEndian.Uint64(checkpoint[:8]))
 		lastWall := int64(binary.BigEndian.Uint64(checkpoint[8:]))
-		down := clock.Now().UnixMilli() - lastWall
-		e.base = last + min(max(down, 0), maxDowntime.Milliseconds())
+		d := clock.Now().UnixMilli() - lastWall
+		e.base = last + min(max(d, 0), maxDowntime.Milliseconds())
+		down = time.Duration(d) * time.Millisecond
 	}
-	return e
+	return e, down
 }
 
 // nowMs returns the elapsed clock in milliseconds.

@@ -115,7 +115,8 @@ func ReplayTTL(ttl time.Duration) ReplayOption {
 // Replay moves matching dead letters back to the tail of their recipient's
 // queue as new messages: a new sequence, attempts reset, and their TTL
 // counting again from now. An OVERWRITE dead letter whose coalesce key has
-// a newer version stays in the dead-letter queue (see ErrSuperseded). It
+// a newer version stays in the dead-letter queue (see ErrSuperseded), as
+// does one older than MaxAge, for which that can no longer be told. It
 // returns how many were replayed; an empty filter needs f.All. Replay works
 // in short transactions of a few hundred records and at most MaxBatchBytes.
 func (s *Store) Replay(f DLQFilter, opts ...ReplayOption) (int, error) {
@@ -274,8 +275,15 @@ func (s *Store) applyReplay(tx *bolt.Tx, b *batch, o *op) error {
 		}
 		env := sm.GetEnvelope()
 		if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
-			if cv := co.Get(coalesceKey(env.GetRecipient(), env.GetCoalesceKey())); len(cv) >= 8 && seqOf(cv) > env.GetSequence() {
+			cv := co.Get(coalesceKey(env.GetRecipient(), env.GetCoalesceKey()))
+			switch {
+			case len(cv) >= 8 && seqOf(cv) > env.GetSequence():
 				o.skipped++ // a newer version exists: replaying would run an older one after it
+				continue
+			case len(cv) < 8 && sm.GetCreatedElapsedMs()+s.cfg.MaxAge().Milliseconds() <= b.nowMs:
+				// Index entries are pruned MaxAge after their last change:
+				// whether a newer version ran can no longer be told.
+				o.skipped++
 				continue
 			}
 		}

@@ -84,7 +84,7 @@ func FuzzResume(f *testing.F) {
 			maxDown = -maxDown
 		}
 		clk := NewManualClock(now)
-		e := resume(clk, checkpoint, time.Duration(maxDown))
+		e, _ := resume(clk, checkpoint, time.Duration(maxDown))
 		if len(checkpoint) != 16 {
 			if e.nowMs() != 0 {
 				t.Fatalf("no checkpoint: elapsed %d", e.nowMs())

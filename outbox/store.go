@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/btree"
 	bolt "go.etcd.io/bbolt"
@@ -162,7 +163,16 @@ func (s *Store) load() error {
 		if err != nil {
 			return fmt.Errorf("create bucket meta: %w", err)
 		}
-		s.clock = resume(s.cfg.Clock, meta.Get(keyClock), s.cfg.MaxDowntime)
+		var down time.Duration
+		s.clock, down = resume(s.cfg.Clock, meta.Get(keyClock), s.cfg.MaxDowntime)
+		if down > s.cfg.MaxDowntime {
+			// Either the wall clock stepped, or the node really was off
+			// that long: ages count only MaxDowntime of it. If it really
+			// was, a message sent before the stop whose receipt was lost
+			// may run again at a receiver that forgot the stream meanwhile.
+			s.cfg.Logger.Warn("outbox: the wall clock says the store was closed longer than MaxDowntime; counting only MaxDowntime of it in message ages",
+				"wall_clock_gap", down.Round(time.Second).String(), "counted", s.cfg.MaxDowntime.String())
+		}
 		format := uint64(1)
 		if v := meta.Get(keyFormat); len(v) == 8 {
 			format = binary.BigEndian.Uint64(v)

@@ -266,6 +266,15 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		return Sent{Outcome: DeadLettered, Reason: "max attempts: " + v.reason}, nil
 	}
 	if _, err := r.store.Enqueue(sctx, sm); err != nil {
+		if errors.Is(err, outbox.ErrExpired) {
+			// The TTL ran out during the attempt, which may have run: it
+			// can be neither stored nor called failed.
+			sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
+			if err := r.store.DeadLetter(sctx, sm, outbox.ReasonExpiredUnknown); err != nil {
+				return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+			}
+			return Sent{Outcome: DeadLettered, Reason: outbox.ReasonExpiredUnknown}, nil
+		}
 		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
 	}
 	r.apply(st, v, seq, false, int(sm.GetAttempts()))
