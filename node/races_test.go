@@ -475,7 +475,6 @@ func TestGracefulCloseOfReceiverChargesNothing(t *testing.T) {
 	}
 }
 
-
 // A direct attempt that outlives the message's TTL without a verdict (the
 // handler is slow) is stored "under its original sequence" — but Enqueue
 // refuses a message whose TTL ran out (ErrExpired), so TellReliable
