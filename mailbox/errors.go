@@ -25,8 +25,8 @@ var (
 	ErrEmptyCorrelation = errors.New("mailbox: empty correlation id")
 	// ErrExpired means a message's expiry passed before it was processed.
 	ErrExpired = errors.New("mailbox: expired")
-	// ErrInvalidConfig means a Config failed Validate.
-	ErrInvalidConfig = errors.New("mailbox: invalid config")
+	// ErrBadConfig means a Config failed Validate.
+	ErrBadConfig = errors.New("mailbox: bad config")
 	// ErrBadBody means a request body was missing, of the wrong type or
 	// undecodable. ServeMux returns it wrapped in Permanent.
 	ErrBadBody = errors.New("mailbox: bad request body")

@@ -42,13 +42,13 @@ func ParseOverflow(s string) (Overflow, error) {
 	case "drop-newest":
 		return DropNewest, nil
 	}
-	return 0, fmt.Errorf("mailbox: parse overflow %q (want reject, drop-oldest or drop-newest): %w", s, ErrInvalidConfig)
+	return 0, fmt.Errorf("mailbox: parse overflow %q (want reject, drop-oldest or drop-newest): %w", s, ErrBadConfig)
 }
 
 // MarshalText implements encoding.TextMarshaler (for TOML/JSON configs).
 func (o Overflow) MarshalText() ([]byte, error) {
 	if !o.valid() {
-		return nil, fmt.Errorf("mailbox: marshal overflow %d: %w", int(o), ErrInvalidConfig)
+		return nil, fmt.Errorf("mailbox: marshal overflow %d: %w", int(o), ErrBadConfig)
 	}
 	return []byte(o.String()), nil
 }
@@ -128,13 +128,13 @@ func DefaultConfig[T any]() Config[T] {
 // Validate reports the first invalid field.
 func (c Config[T]) Validate() error {
 	if c.Capacity < 0 {
-		return fmt.Errorf("mailbox: config: capacity %d < 0: %w", c.Capacity, ErrInvalidConfig)
+		return fmt.Errorf("mailbox: config: capacity %d < 0: %w", c.Capacity, ErrBadConfig)
 	}
 	if !c.Overflow.valid() {
-		return fmt.Errorf("mailbox: config: unknown overflow %d: %w", int(c.Overflow), ErrInvalidConfig)
+		return fmt.Errorf("mailbox: config: unknown overflow %d: %w", int(c.Overflow), ErrBadConfig)
 	}
 	if c.Handle == nil {
-		return fmt.Errorf("mailbox: config: Handle is required: %w", ErrInvalidConfig)
+		return fmt.Errorf("mailbox: config: Handle is required: %w", ErrBadConfig)
 	}
 	return nil
 }

@@ -483,8 +483,8 @@ func TestConfigValidate(t *testing.T) {
 			if (nerr != nil) != tt.wantErr {
 				t.Fatalf("New = %v, wantErr %v", nerr, tt.wantErr)
 			}
-			if err != nil && !errors.Is(nerr, mailbox.ErrInvalidConfig) {
-				t.Fatalf("New error %v does not match ErrInvalidConfig", nerr)
+			if err != nil && !errors.Is(nerr, mailbox.ErrBadConfig) {
+				t.Fatalf("New error %v does not match ErrBadConfig", nerr)
 			}
 			if m != nil {
 				if tt.cfg.Capacity == 0 && m.Cap() != mailbox.DefaultCapacity {
@@ -512,8 +512,8 @@ func TestParseOverflow(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "Reject", "drop", "drop_oldest"} {
-		if _, err := mailbox.ParseOverflow(bad); !errors.Is(err, mailbox.ErrInvalidConfig) {
-			t.Errorf("ParseOverflow(%q) = %v, want ErrInvalidConfig", bad, err)
+		if _, err := mailbox.ParseOverflow(bad); !errors.Is(err, mailbox.ErrBadConfig) {
+			t.Errorf("ParseOverflow(%q) = %v, want ErrBadConfig", bad, err)
 		}
 	}
 	if s := mailbox.Overflow(9).String(); s != "Overflow(9)" {

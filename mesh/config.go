@@ -172,11 +172,11 @@ func DefaultConfig(nodeName string) Config {
 	}
 }
 
-// Validate reports the first problem with c, wrapping ErrInvalidConfig,
-// ErrBadKey or ErrMetaTooLarge.
+// Validate reports the first problem with c, wrapping ErrBadConfig,
+// ErrBadGossipKey or ErrMetaTooLarge.
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
 	}
 	if c.NodeName == "" {
 		return bad("NodeName is empty")
@@ -198,7 +198,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.SecretKey != nil && len(c.SecretKey) != 32 {
-		return fmt.Errorf("mesh: config: %w (got %d)", ErrBadKey, len(c.SecretKey))
+		return fmt.Errorf("mesh: config: %w (got %d)", ErrBadGossipKey, len(c.SecretKey))
 	}
 	if c.Meta != nil {
 		if c.Meta.GetCluster() != "" && c.Meta.GetCluster() != c.Cluster {

@@ -10,10 +10,10 @@ var (
 	// ErrMetaTooLarge means the encoded node metadata does not fit in a
 	// memberlist alive message (MaxMetaSize bytes).
 	ErrMetaTooLarge = errors.New("mesh: node metadata too large")
-	// ErrBadKey means Config.SecretKey is set but is not 32 bytes (AES-256).
-	ErrBadKey = errors.New("mesh: gossip key must be 32 bytes")
-	// ErrInvalidConfig wraps every other Config.Validate failure.
-	ErrInvalidConfig = errors.New("mesh: invalid config")
+	// ErrBadGossipKey means Config.SecretKey is set but is not 32 bytes (AES-256).
+	ErrBadGossipKey = errors.New("mesh: gossip key must be 32 bytes")
+	// ErrBadConfig wraps every other Config.Validate failure.
+	ErrBadConfig = errors.New("mesh: bad config")
 	// ErrRefused is the error the AliveDelegate returns for a peer of another
 	// cluster, with undecodable metadata or with no compatible protocol.
 	ErrRefused = errors.New("mesh: node refused")

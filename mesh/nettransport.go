@@ -152,7 +152,7 @@ func privateIP() (net.IP, error) {
 			}
 		}
 	}
-	return nil, fmt.Errorf("mesh: bound to an unspecified address and the host has no private IPv4 address: %w (set AdvertiseAddr)", ErrInvalidConfig)
+	return nil, fmt.Errorf("mesh: bound to an unspecified address and the host has no private IPv4 address: %w (set AdvertiseAddr)", ErrBadConfig)
 }
 
 func (t *netTransport) WriteTo(b []byte, addr string) (time.Time, error) {

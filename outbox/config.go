@@ -75,7 +75,7 @@ func (c Config) MaxAge() time.Duration { return c.StreamRetention - c.RetentionM
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
 	}
 	switch {
 	case c.Path == "":

@@ -23,8 +23,8 @@ var (
 	// ErrEmptyFilter means Replay or Purge was called with a filter that
 	// selects nothing in particular and without the "all" flag.
 	ErrEmptyFilter = errors.New("outbox: a filter that selects every dead letter needs the explicit all flag")
-	// ErrInvalidConfig is wrapped by Config.Validate errors.
-	ErrInvalidConfig = errors.New("outbox: invalid config")
+	// ErrBadConfig is wrapped by Config.Validate errors.
+	ErrBadConfig = errors.New("outbox: bad config")
 	// ErrCorrupt means a stored record could not be decoded.
 	ErrCorrupt = errors.New("outbox: corrupt record")
 	// ErrFormat means the file was written by a newer meshnode, in a layout

@@ -55,8 +55,8 @@ func TestConfigValidate(t *testing.T) {
 			if (err == nil) != tt.ok {
 				t.Fatalf("Validate = %v, want ok=%v", err, tt.ok)
 			}
-			if err != nil && !errors.Is(err, outbox.ErrInvalidConfig) {
-				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
+			if err != nil && !errors.Is(err, outbox.ErrBadConfig) {
+				t.Fatalf("error %v does not wrap ErrBadConfig", err)
 			}
 			if !tt.ok {
 				if s, err := outbox.Open(c); err == nil {

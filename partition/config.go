@@ -47,7 +47,7 @@ func DefaultConfig() Config {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	bad := func(s string) error { return fmt.Errorf("%w: %s", ErrInvalidConfig, s) }
+	bad := func(s string) error { return fmt.Errorf("%w: %s", ErrBadConfig, s) }
 	switch {
 	case c.Partitions < 1 || c.Partitions > 1024:
 		return bad("Partitions must be in [1, 1024]")

@@ -9,8 +9,8 @@ import (
 
 // Sentinel errors.
 var (
-	// ErrInvalidConfig is wrapped by Config.Validate errors.
-	ErrInvalidConfig = errors.New("partition: invalid config")
+	// ErrBadConfig is wrapped by Config.Validate errors.
+	ErrBadConfig = errors.New("partition: bad config")
 	// ErrNilDependency means New got a nil store or deliverer.
 	ErrNilDependency = errors.New("partition: nil store or deliverer")
 	// ErrCongested is wrapped by a Deliverer error when the local send

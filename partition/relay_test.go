@@ -69,7 +69,7 @@ func TestConfigAndNew(t *testing.T) {
 				t.Fatal(err)
 			}
 			tt.mut(&c)
-			if err := c.Validate(); !errors.Is(err, partition.ErrInvalidConfig) {
+			if err := c.Validate(); !errors.Is(err, partition.ErrBadConfig) {
 				t.Fatalf("Validate = %v", err)
 			}
 		})

@@ -78,38 +78,38 @@ func newBootID() string {
 func (c Config) Validate() error {
 	switch {
 	case c.NodeName == "":
-		return fmt.Errorf("transport: config: NodeName is empty")
+		return fmt.Errorf("%w: NodeName is empty", ErrBadConfig)
 	case c.Cluster == "":
-		return fmt.Errorf("transport: config: Cluster is empty")
+		return fmt.Errorf("%w: Cluster is empty", ErrBadConfig)
 	case c.BootID == "":
-		return fmt.Errorf("transport: config: BootID is empty")
+		return fmt.Errorf("%w: BootID is empty", ErrBadConfig)
 	case c.OutboxID == [16]byte{}:
-		return fmt.Errorf("transport: config: OutboxID is not set")
+		return fmt.Errorf("%w: OutboxID is not set", ErrBadConfig)
 	case len(c.Identity.Cert.Certificate) == 0 || c.Identity.Roots == nil:
-		return fmt.Errorf("transport: config: Identity is not set (use CA.NewIdentity or LoadIdentityFiles)")
+		return fmt.Errorf("%w: Identity is not set (use CA.NewIdentity or LoadIdentityFiles)", ErrBadConfig)
 	case c.Identity.Name != c.NodeName:
-		return fmt.Errorf("transport: config: certificate is for %q but NodeName is %q", c.Identity.Name, c.NodeName)
+		return fmt.Errorf("%w: certificate is for %q but NodeName is %q", ErrBadConfig, c.Identity.Name, c.NodeName)
 	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
-		return fmt.Errorf("transport: config: MaxFrameSize %d outside [1 KiB, 1 GiB]", c.MaxFrameSize)
+		return fmt.Errorf("%w: MaxFrameSize %d outside [1 KiB, 1 GiB]", ErrBadConfig, c.MaxFrameSize)
 	case c.SendQueueSize < 1:
-		return fmt.Errorf("transport: config: SendQueueSize %d must be at least 1", c.SendQueueSize)
+		return fmt.Errorf("%w: SendQueueSize %d must be at least 1", ErrBadConfig, c.SendQueueSize)
 	case c.SendQueueBytes < c.MaxFrameSize:
-		return fmt.Errorf("transport: config: SendQueueBytes %d must hold one frame of MaxFrameSize %d", c.SendQueueBytes, c.MaxFrameSize)
+		return fmt.Errorf("%w: SendQueueBytes %d must hold one frame of MaxFrameSize %d", ErrBadConfig, c.SendQueueBytes, c.MaxFrameSize)
 	case c.Lanes < 1 || c.Lanes > maxLanes:
-		return fmt.Errorf("transport: config: Lanes %d outside [1, %d]", c.Lanes, maxLanes)
+		return fmt.Errorf("%w: Lanes %d outside [1, %d]", ErrBadConfig, c.Lanes, maxLanes)
 	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:
-		return fmt.Errorf("transport: config: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive")
+		return fmt.Errorf("%w: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive", ErrBadConfig)
 	case c.KeepAlivePeriod >= c.MaxIdleTimeout:
-		return fmt.Errorf("transport: config: KeepAlivePeriod %v must be below MaxIdleTimeout %v", c.KeepAlivePeriod, c.MaxIdleTimeout)
+		return fmt.Errorf("%w: KeepAlivePeriod %v must be below MaxIdleTimeout %v", ErrBadConfig, c.KeepAlivePeriod, c.MaxIdleTimeout)
 	}
 	host, port, err := net.SplitHostPort(c.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("transport: config: ListenAddr %q: %w", c.ListenAddr, err)
+		return fmt.Errorf("%w: ListenAddr %q: %w", ErrBadConfig, c.ListenAddr, err)
 	}
 	if p, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("transport: config: ListenAddr %q: bad port: %w", c.ListenAddr, err)
+		return fmt.Errorf("%w: ListenAddr %q: bad port: %w", ErrBadConfig, c.ListenAddr, err)
 	} else if p == 0 && host == "" {
-		return fmt.Errorf("transport: config: ListenAddr %q: give a host with port 0", c.ListenAddr)
+		return fmt.Errorf("%w: ListenAddr %q: give a host with port 0", ErrBadConfig, c.ListenAddr)
 	}
 	return nil
 }

@@ -222,7 +222,8 @@ func (t *Transport) checkHello(h *pb.Hello, certNames []string, expect string) (
 }
 
 // closeCause turns the error of a failed stream operation into the reason
-// the connection ended, mapping our refusal codes to sentinels.
+// the connection ended: a *CloseError when the peer closed it with one of
+// our codes, else QUIC's own cause.
 func closeCause(qc *quic.Conn, err error) error {
 	cause := context.Cause(qc.Context())
 	if cause == nil {
@@ -230,14 +231,7 @@ func closeCause(qc *quic.Conn, err error) error {
 	}
 	var ae *quic.ApplicationError
 	if errors.As(cause, &ae) && ae.Remote {
-		switch ae.ErrorCode {
-		case CodeIncompatible, CodeNameMismatch:
-			return fmt.Errorf("%w: refused by peer: %s", ErrIncompatible, ae.ErrorMessage)
-		case CodeGoAway:
-			return fmt.Errorf("%w: peer is shutting down", ErrConnLost)
-		case CodeDuplicate:
-			return errDuplicate
-		}
+		return &CloseError{Code: ae.ErrorCode, Reason: ae.ErrorMessage, Remote: true}
 	}
 	return cause
 }

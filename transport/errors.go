@@ -25,6 +25,8 @@ var (
 	ErrConnLost = errors.New("transport: connection lost")
 	// ErrBadFrame: bytes from the network are not a valid frame.
 	ErrBadFrame = errors.New("transport: malformed frame")
+	// ErrBadConfig wraps every Config.Validate failure.
+	ErrBadConfig = errors.New("transport: bad config")
 	// ErrBadEnvelope: an envelope handed to Request/RequestBatch cannot be sent as asked
 	// (no msg id, no receipt mode, mixed recipients, duplicate msg id in flight).
 	ErrBadEnvelope = errors.New("transport: invalid envelope")
@@ -53,8 +55,46 @@ func (e *EncodeError) first() error {
 }
 
 // errDuplicate: our dial lost the simultaneous-dial tie-break; the peer's
-// connection is the one to use.
+// connection is the one to use. A *CloseError with CodeDuplicate matches it.
 var errDuplicate = fmt.Errorf("%w: duplicate connection closed by peer", ErrConnLost)
+
+// CloseError says why a peer closed a connection: one of the Code*
+// application codes and its reason. errors.Is maps the code to this
+// package's sentinels, so callers need not know the codes: CodeIncompatible
+// and CodeNameMismatch match ErrIncompatible, every code matches
+// ErrConnLost except those two.
+type CloseError struct {
+	Code   quic.ApplicationErrorCode
+	Reason string
+	Remote bool // the peer closed it (else this node did)
+}
+
+func (e *CloseError) Error() string {
+	who := "this node"
+	if e.Remote {
+		who = "the peer"
+	}
+	switch e.Code {
+	case CodeIncompatible, CodeNameMismatch:
+		return "transport: refused by " + who + ": " + e.Reason
+	case CodeGoAway:
+		return "transport: " + who + " is shutting down"
+	}
+	return fmt.Sprintf("transport: connection closed by %s (code %d): %s", who, uint64(e.Code), e.Reason)
+}
+
+// Is maps the close code to the sentinels (see the type's doc).
+func (e *CloseError) Is(target error) bool {
+	switch target {
+	case ErrIncompatible:
+		return e.Code == CodeIncompatible || e.Code == CodeNameMismatch
+	case ErrConnLost:
+		return e.Code != CodeIncompatible && e.Code != CodeNameMismatch
+	case errDuplicate:
+		return e.Code == CodeDuplicate
+	}
+	return false
+}
 
 // QUIC application error codes this package closes connections with. The
 // peer sees them in a *quic.ApplicationError; logs name them.
