@@ -292,7 +292,6 @@ func (m *Mesh) UpdateMeta(meta *pb.NodeMeta) error {
 	return nil
 }
 
-
 // Close leaves gracefully (bounded by LeaveTimeout), shuts memberlist down
 // and waits for the mesh goroutines. Idempotent; later calls return the
 // first result.
