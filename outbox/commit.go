@@ -9,6 +9,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -379,7 +380,7 @@ func (s *Store) applyEffects(b *batch) {
 			continue
 		}
 		if st == nil {
-			st = &queue{name: r, node: nodeOf(r), count: d.count, headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.nowMs}
+			st = &queue{name: r, node: address.Node(r), count: d.count, headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.nowMs}
 			if d.sendAt != 0 {
 				st.sendAt = d.sendAt
 			}

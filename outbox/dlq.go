@@ -12,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -44,7 +45,7 @@ func (f DLQFilter) match(id string, sm *pb.StoredMessage, now time.Time) bool {
 	switch {
 	case f.Recipient != "" && r != f.Recipient:
 		return false
-	case f.Node != "" && nodeOf(r) != f.Node:
+	case f.Node != "" && address.Node(r) != f.Node:
 		return false
 	case f.Reason != "" && !strings.HasPrefix(sm.GetDeadLetterReason(), f.Reason):
 		return false

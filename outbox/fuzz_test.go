@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/meshnode/meshnode/internal/address"
 	"testing"
 	"time"
 
@@ -137,7 +138,7 @@ func FuzzCheckRecipient(f *testing.F) {
 		if checkRecipient(r) != nil {
 			return
 		}
-		if nodeOf(r) == "" || bytes.IndexByte([]byte(r), 0) >= 0 || len(r) > maxRecipientLen {
+		if address.Node(r) == "" || bytes.IndexByte([]byte(r), 0) >= 0 || len(r) > maxRecipientLen {
 			t.Fatalf("accepted %q", r)
 		}
 	})

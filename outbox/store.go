@@ -14,6 +14,8 @@ import (
 	"github.com/google/btree"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/meshnode/meshnode/internal/address"
 )
 
 // Bucket and key names. See doc.go for the layout.
@@ -239,7 +241,7 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 			return nil
 		}
 		r := string(name)
-		st := &queue{name: r, node: nodeOf(r), headSeq: seqOf(k), oldestMs: createdMs(v), sendAt: now}
+		st := &queue{name: r, node: address.Node(r), headSeq: seqOf(k), oldestMs: createdMs(v), sendAt: now}
 		if os, err := decodeOutStream(out.Get(name)); err == nil && os.GetSendAtElapsedMs() > now {
 			st.sendAt = os.GetSendAtElapsedMs()
 		}
@@ -392,21 +394,13 @@ func (s *Store) closedErr() error {
 	}
 }
 
-// nodeOf returns the node part of "actor@node" (after the last '@').
-func nodeOf(recipient string) string {
-	if i := strings.LastIndexByte(recipient, '@'); i >= 0 {
-		return recipient[i+1:]
-	}
-	return ""
-}
-
 // checkRecipient validates "actor@node".
 func checkRecipient(r string) error {
 	if r == "" {
 		return ErrNoRecipient
 	}
-	i := strings.LastIndexByte(r, '@')
-	if i <= 0 || i == len(r)-1 || len(r) > maxRecipientLen || strings.IndexByte(r, 0) >= 0 {
+	actor, node, ok := address.Split(r)
+	if !ok || actor == "" || node == "" || len(r) > maxRecipientLen || strings.IndexByte(r, 0) >= 0 {
 		return fmt.Errorf("%w: %q", ErrBadRecipient, r)
 	}
 	return nil

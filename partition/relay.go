@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -237,13 +238,6 @@ func (r *Relay) ForgetPeer(node string) {
 	r.lmu.Unlock()
 }
 
-func nodeOf(recipient string) string {
-	if i := strings.LastIndexByte(recipient, '@'); i >= 0 {
-		return recipient[i+1:]
-	}
-	return ""
-}
-
 // loop is one partition: it sleeps until the earliest send_at of its
 // recipients or a wake-up, and starts at most one emission per stream.
 func (r *Relay) loop(p *part) {
@@ -261,7 +255,7 @@ func (r *Relay) loop(p *part) {
 		// A node at its AIMD limit is skipped until an emission to it
 		// completes and wakes the loop; this is what keeps a full peer
 		// from turning the loop into a spin.
-		l := r.Limiter(nodeOf(rcpt))
+		l := r.Limiter(address.Node(rcpt))
 		return l.InFlight() < l.Limit()
 	}
 	for {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
@@ -97,7 +98,7 @@ func (r *Relay) stream(rcpt string) (*stream, error) {
 	if st := p.streams[rcpt]; st != nil {
 		return st, nil
 	}
-	st := &stream{rcpt: rcpt, node: nodeOf(rcpt), epoch: epoch, emittedHW: hw}
+	st := &stream{rcpt: rcpt, node: address.Node(rcpt), epoch: epoch, emittedHW: hw}
 	p.streams[rcpt] = st
 	return st, nil
 }
@@ -408,7 +409,7 @@ func (r *Relay) newEpoch(st *stream) {
 // dispatch starts an emission of rcpt if its peer is alive, the stream can
 // send and its limiter has room. It reports whether one started.
 func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
-	node := nodeOf(rcpt)
+	node := address.Node(rcpt)
 	if !r.d.Alive(node) {
 		// The peer is down: deferred, never counted. NodeAlive wakes it,
 		// DownRecheck is the safety net.
