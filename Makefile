@@ -53,10 +53,20 @@ bench:
 bench-go:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 $(PKGS)
 
-# Short fuzzing of every network decoder (seed corpora also run in `make test`).
+# Fuzzing of every decoder of bytes from the network, another process or
+# the disk (their seed corpora also run in `make test`), FUZZTIME each.
+FUZZTIME ?= 10s
+FUZZ_TARGETS = \
+	./transport:FuzzReadFrame ./transport:FuzzDecodeEnvelopeFrame ./transport:FuzzEnvelopeCodec \
+	./mailbox/pb:FuzzUnmarshalFrame ./mailbox/pb:FuzzUnmarshalEnvelope ./mailbox:FuzzErrorOf \
+	./mesh:FuzzPreamble ./mesh:FuzzDecodeMeta ./mesh:FuzzDecodeLeaveIntent ./mesh:FuzzDecodePeers \
+	./outbox:FuzzDecodeRecord ./outbox:FuzzDecodeOutStream ./outbox:FuzzMigrateEnvelope ./outbox:FuzzResume \
+	./internal/admin:FuzzDecodeSendRequest ./internal/admin:FuzzDecodeResponse
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeFrame -fuzztime 30s ./transport
-	$(GO) test -run '^$$' -fuzz FuzzPreamble -fuzztime 30s ./mesh
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t##*:} in $${t%%:*} for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZTIME) $${t%%:*}; \
+	done
 
 # Membership at fleet size (figures in docs/fleet-scale.md). Not in `test`:
 # 200 real members for a 2-minute steady run; 1,000 and 5,000 simulated

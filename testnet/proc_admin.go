@@ -1,114 +1,51 @@
 package testnet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
-	"net/url"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/admin"
 )
 
-// maxAdminResponse bounds what is read of one admin API answer.
-const maxAdminResponse = 64 << 20
+// The admin API's own types: a renamed field breaks testnet at compile
+// time, not at run time.
+type (
+	// ProcMember is one row of a daemon's GET /v1/members.
+	ProcMember = admin.MemberJSON
+	// InboxMessage is one message of a daemon's inbox pull.
+	InboxMessage = admin.InboxMessageJSON
+	// ProcOutboxStats is a daemon's GET /v1/outbox/stats.
+	ProcOutboxStats = admin.OutboxStatsJSON
+	// AdminError is a non-2xx answer of a daemon's admin API.
+	AdminError = admin.APIError
+)
 
-// ProcMember is one row of a daemon's GET /v1/members.
-type ProcMember struct {
-	Name       string `json:"name"`
-	State      string `json:"state"`
-	GossipAddr string `json:"gossip_addr"`
-	QUICAddr   string `json:"quic_addr"`
-	BootID     string `json:"boot_id"`
-}
+// ErrBadResponse: an admin API answer that is not the JSON expected.
+var ErrBadResponse = admin.ErrBadResponse
 
-// InboxMessage is one message of a daemon's inbox pull.
-type InboxMessage struct {
-	Cursor    uint64            `json:"cursor"`
-	MsgID     string            `json:"msg_id"`
-	Key       string            `json:"idempotency_key"`
-	Sender    string            `json:"sender"`
-	Headers   map[string]string `json:"headers"`
-	CreatedAt int64             `json:"created_at_unix_ms"`
-	Body      json.RawMessage   `json:"body"`
-	Raw       []byte            `json:"raw"`
-	BodyType  string            `json:"body_type"`
-}
-
-// ProcOutboxStats is the part of GET /v1/outbox/stats the harness uses.
-type ProcOutboxStats struct {
-	Depth        int    `json:"depth"`
-	InFlight     int    `json:"in_flight"`
-	DLQDepth     int    `json:"dlq_depth"`
-	Delivered    uint64 `json:"delivered"`
-	Enqueued     uint64 `json:"enqueued"`
-	DeadLettered uint64 `json:"dead_lettered"`
-}
-
-// do sends one request to daemon i's admin API and decodes a 2xx JSON
-// answer into out; any other answer is an *AdminError.
-func (c *ProcCluster) do(ctx context.Context, i int, method, path string, in, out any) error {
+// adminOf returns the admin API client of daemon i.
+func (c *ProcCluster) adminOf(i int) (*admin.Client, string, error) {
 	p, err := c.get(i)
+	if err != nil {
+		return nil, "", err
+	}
+	return admin.NewClient(p.admin, "", c.opts.adminTimeout).WithHTTPClient(p.client), p.name, nil
+}
+
+// call runs f with daemon i's client and names the daemon in its error.
+func (c *ProcCluster) call(i int, what string, f func(ctx context.Context, ac *admin.Client) error) error {
+	ac, name, err := c.adminOf(i)
 	if err != nil {
 		return err
 	}
-	var body io.Reader
-	if in != nil {
-		data, err := json.Marshal(in)
-		if err != nil {
-			return fmt.Errorf("testnet: %s %s on %s: encode: %w", method, path, p.name, err)
-		}
-		body = bytes.NewReader(data)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://"+p.admin+path, body)
-	if err != nil {
-		return fmt.Errorf("testnet: %s %s on %s: %w", method, path, p.name, err)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("testnet: %s %s on %s: %w", method, path, p.name, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminResponse))
-	if err != nil {
-		return fmt.Errorf("testnet: %s %s on %s: read: %w", method, path, p.name, err)
-	}
-	if err := decodeAdmin(resp.StatusCode, data, out); err != nil {
-		return fmt.Errorf("testnet: %s %s on %s: %w", method, path, p.name, err)
+	ctx, cancel := c.ctx()
+	defer cancel()
+	if err := f(ctx, ac); err != nil {
+		return fmt.Errorf("testnet: %s on %s: %w", what, name, err)
 	}
 	return nil
-}
-
-// decodeAdmin turns an admin API answer into out or an error. It is the
-// one decoder of bytes from the daemons and never panics (FuzzDecodeAdmin).
-func decodeAdmin(status int, data []byte, out any) error {
-	if status < 200 || status > 299 {
-		var e struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(data, &e) != nil || e.Error == "" {
-			e.Error = string(truncate(data, 200))
-		}
-		return &AdminError{Status: status, Message: e.Error}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("%w: %w: %q", ErrBadResponse, err, truncate(data, 200))
-	}
-	return nil
-}
-
-func truncate(b []byte, n int) []byte {
-	if len(b) > n {
-		return b[:n]
-	}
-	return b
 }
 
 func (c *ProcCluster) ctx() (context.Context, context.CancelFunc) {
@@ -124,84 +61,57 @@ func (c *ProcCluster) Send(i int, to string, body any, key string) (outcome stri
 	if err != nil {
 		return "", fmt.Errorf("testnet: send: body: %w", err)
 	}
-	ctx, cancel := c.ctx()
-	defer cancel()
-	var out struct {
-		Outcome string `json:"outcome"`
+	err = c.call(i, "send", func(ctx context.Context, ac *admin.Client) error {
+		outcome, err = ac.Send(ctx, admin.SendRequest{To: to, Body: raw, Key: key})
+		return err
+	})
+	if err == nil && outcome != "Delivered" && outcome != "Queued" {
+		return "", fmt.Errorf("testnet: send on %s: %w: outcome %q", c.Name(i), ErrBadResponse, outcome)
 	}
-	req := struct {
-		To   string          `json:"to"`
-		Body json.RawMessage `json:"body"`
-		Key  string          `json:"key,omitempty"`
-	}{to, raw, key}
-	if err := c.do(ctx, i, http.MethodPost, "/v1/send", req, &out); err != nil {
-		return "", err
-	}
-	if out.Outcome != "Delivered" && out.Outcome != "Queued" {
-		return "", fmt.Errorf("testnet: send on %s: %w: outcome %q", c.Name(i), ErrBadResponse, out.Outcome)
-	}
-	return out.Outcome, nil
+	return outcome, err
 }
 
 // Declare declares an inbox on daemon i (idempotent).
 func (c *ProcCluster) Declare(i int, inbox string) error {
-	ctx, cancel := c.ctx()
-	defer cancel()
-	return c.do(ctx, i, http.MethodPost, "/v1/inbox/"+url.PathEscape(inbox), nil, nil)
+	return c.call(i, "declare "+inbox, func(ctx context.Context, ac *admin.Client) error { return ac.DeclareInbox(ctx, inbox) })
 }
 
 // Pull returns up to max messages of daemon i's inbox after cursor after,
 // without waiting.
-func (c *ProcCluster) Pull(i int, inbox string, after uint64, max int) ([]InboxMessage, error) {
-	ctx, cancel := c.ctx()
-	defer cancel()
-	var out struct {
-		Messages []InboxMessage `json:"messages"`
-	}
-	path := fmt.Sprintf("/v1/inbox/%s/pull?after=%d&max=%d", url.PathEscape(inbox), after, max)
-	if err := c.do(ctx, i, http.MethodGet, path, nil, &out); err != nil {
-		return nil, err
-	}
-	return out.Messages, nil
+func (c *ProcCluster) Pull(i int, inbox string, after uint64, max int) (msgs []InboxMessage, err error) {
+	err = c.call(i, "pull "+inbox, func(ctx context.Context, ac *admin.Client) error {
+		msgs, _, err = ac.Pull(ctx, inbox, after, max, 0)
+		return err
+	})
+	return msgs, err
 }
 
 // Ack acknowledges (deletes) daemon i's inbox messages up to and including
 // cursor upTo, and returns how many were deleted.
-func (c *ProcCluster) Ack(i int, inbox string, upTo uint64) (int, error) {
-	ctx, cancel := c.ctx()
-	defer cancel()
-	var out struct {
-		Deleted int `json:"deleted"`
-	}
-	in := struct {
-		UpTo uint64 `json:"up_to"`
-	}{upTo}
-	if err := c.do(ctx, i, http.MethodPost, "/v1/inbox/"+url.PathEscape(inbox)+"/ack", in, &out); err != nil {
-		return 0, err
-	}
-	return out.Deleted, nil
+func (c *ProcCluster) Ack(i int, inbox string, upTo uint64) (n int, err error) {
+	err = c.call(i, "ack "+inbox, func(ctx context.Context, ac *admin.Client) error {
+		n, err = ac.Ack(ctx, inbox, upTo)
+		return err
+	})
+	return n, err
 }
 
 // Members returns daemon i's view of the cluster.
-func (c *ProcCluster) Members(i int) ([]ProcMember, error) {
-	ctx, cancel := c.ctx()
-	defer cancel()
-	var out struct {
-		Members []ProcMember `json:"members"`
-	}
-	if err := c.do(ctx, i, http.MethodGet, "/v1/members", nil, &out); err != nil {
-		return nil, err
-	}
-	return out.Members, nil
+func (c *ProcCluster) Members(i int) (ms []ProcMember, err error) {
+	err = c.call(i, "members", func(ctx context.Context, ac *admin.Client) error {
+		ms, err = ac.Members(ctx)
+		return err
+	})
+	return ms, err
 }
 
 // OutboxStats returns daemon i's outbox statistics.
-func (c *ProcCluster) OutboxStats(i int) (ProcOutboxStats, error) {
-	ctx, cancel := c.ctx()
-	defer cancel()
-	var out ProcOutboxStats
-	err := c.do(ctx, i, http.MethodGet, "/v1/outbox/stats", nil, &out)
-	return out, err
+func (c *ProcCluster) OutboxStats(i int) (st ProcOutboxStats, err error) {
+	err = c.call(i, "outbox stats", func(ctx context.Context, ac *admin.Client) error {
+		st, err = ac.OutboxStats(ctx)
+		return err
+	})
+	return st, err
 }
 
 // alive returns the names daemon i reports alive.

@@ -2,7 +2,6 @@ package testnet
 
 import (
 	"errors"
-	"fmt"
 )
 
 var (
@@ -15,17 +14,4 @@ var (
 	// ErrBadBinary: the meshnode binary given to StartProcs is missing or
 	// not executable.
 	ErrBadBinary = errors.New("testnet: bad meshnode binary")
-	// ErrBadResponse: an admin API answer that is not the JSON expected.
-	ErrBadResponse = errors.New("testnet: bad admin response")
 )
-
-// AdminError is a non-2xx answer of a daemon's admin API: the HTTP status
-// and the daemon's {"error": "..."} message.
-type AdminError struct {
-	Status  int
-	Message string
-}
-
-func (e *AdminError) Error() string {
-	return fmt.Sprintf("testnet: admin API: %d: %s", e.Status, e.Message)
-}

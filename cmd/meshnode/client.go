@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"syscall"
 	"time"
 
@@ -23,12 +21,9 @@ import (
 // admin port that accepts and never answers must not hang a script.
 const defaultHTTPTimeout = 30 * time.Second
 
-// client talks to a running daemon's admin API.
-type client struct {
-	base    string
-	token   string
-	timeout time.Duration // per request, beyond what the request asks the daemon to wait
-}
+// client is the admin API client with the CLI's error handling: each
+// failure is one line with the exit code of its kind.
+type client struct{ *admin.Client }
 
 // addClientFlags adds --admin, --token, --http-timeout (env
 // MESHNODE_ADMIN_ADDR, MESHNODE_ADMIN_TOKEN) and --json.
@@ -53,69 +48,32 @@ func newClient(cmd *cobra.Command) (*client, error) {
 	if timeout <= 0 {
 		return nil, usagef("--http-timeout %v must be positive", timeout)
 	}
-	base := addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	return &client{base: strings.TrimSuffix(base, "/"), token: token, timeout: timeout}, nil
+	return &client{admin.NewClient(addr, token, timeout)}, nil
 }
 
-// do sends a request and decodes a JSON answer into out (a
-// *json.RawMessage keeps it as it is). wait is how long the request asks
-// the daemon to wait (a long poll, an ask's deadline); the request gives up
-// after wait plus --http-timeout. An error answer becomes an error with the
-// daemon's message and the exit code of its kind.
+// do is admin.Client.Do with the daemon's errors turned into exit codes
+// and transport errors into one line saying the daemon is unreachable.
 func (c *client) do(ctx context.Context, method, path string, body any, out any, wait time.Duration) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return fmt.Errorf("encode request: %w", err)
-		}
-		rd = bytes.NewReader(b)
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait+c.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
-	if err != nil {
-		return usagef("admin address %q: %w", c.base, err)
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return c.unreachable(err, wait)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return c.unreachable(err, wait)
-	}
-	if resp.StatusCode >= 300 {
-		var e admin.ErrorBody
-		if json.Unmarshal(data, &e) == nil && e.Error != "" {
-			return withCode(codeOfAPI(e.Code), errors.New(e.Error))
-		}
-		return withCode(exitFailure, fmt.Errorf("the daemon at %s answered %s", c.base, resp.Status))
-	}
-	if out == nil {
+	err := c.Do(ctx, method, path, body, out, wait)
+	var ae *admin.APIError
+	switch {
+	case err == nil:
 		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
+	case errors.As(err, &ae) && ae.ErrorBody.Error != "":
+		return withCode(codeOfAPI(ae.Code), errors.New(ae.ErrorBody.Error))
+	case errors.As(err, &ae):
+		return withCode(exitFailure, fmt.Errorf("the daemon at %s answered %d %s", c.Base(), ae.Status, http.StatusText(ae.Status)))
+	case errors.Is(err, admin.ErrBadResponse):
 		return fmt.Errorf("the daemon's answer is not the JSON expected: %w", err)
 	}
-	return nil
+	return c.unreachable(err, wait)
 }
 
 // unreachable says, in one line, that the daemon could not be reached and
 // why, without Go's URL and dial prefixes.
 func (c *client) unreachable(err error, wait time.Duration) error {
 	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-		return withCode(exitUnreachable, fmt.Errorf("the daemon at %s did not answer within %v (--http-timeout)", c.base, wait+c.timeout))
+		return withCode(exitUnreachable, fmt.Errorf("the daemon at %s did not answer within %v (--http-timeout)", c.Base(), wait+c.Timeout()))
 	}
 	cause := err.Error()
 	var errno syscall.Errno
@@ -126,7 +84,7 @@ func (c *client) unreachable(err error, wait time.Duration) error {
 	case errors.As(err, &opErr):
 		cause = opErr.Err.Error()
 	}
-	return withCode(exitUnreachable, fmt.Errorf("cannot reach the daemon at %s: %s (is meshnode run running? set --admin)", c.base, cause))
+	return withCode(exitUnreachable, fmt.Errorf("cannot reach the daemon at %s: %s (is meshnode run running? set --admin)", c.Base(), cause))
 }
 
 func isTimeout(err error) bool {
