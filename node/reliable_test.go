@@ -68,7 +68,7 @@ func TestTellReliableDeliveredDirect(t *testing.T) {
 	}
 }
 
-// Offline delivery, rule 1 (behind waiting messages), rule 4 (drain on rejoin)
+// Offline delivery: a new message goes behind the waiting ones, and a peer back from an outage is drained at once
 // and the receiver restarting with a new incarnation.
 func TestTellReliableOfflinePeerDrainsInOrder(t *testing.T) {
 	nodes := cluster(t, 2)
@@ -90,7 +90,7 @@ func TestTellReliableOfflinePeerDrainsInOrder(t *testing.T) {
 	var s sink
 	n2 := startNode(t, peer, n2dir, nodes[0].GossipAddr())
 	n2.Spawn("sink", s.handler)
-	// Rule 1: a new message goes behind the waiting ones, whatever the path.
+	// A new message goes behind the waiting ones, whatever the path.
 	out, err := nodes[0].TellReliable(ctx, to, wrapperspb.String("m5"))
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestTellReliableOfflinePeerDrainsInOrder(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "outbox empty", func() bool { return nodes[0].Outbox().Stats().Depth == 0 })
 }
 
-// Rule 2 and 3: a handler error is retried; Permanent goes to the DLQ.
+// A handler error is retried; an error marked Permanent goes to the DLQ.
 func TestTellReliableHandlerErrors(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
@@ -169,7 +169,7 @@ func TestTellReliableKeyTooLong(t *testing.T) {
 	}
 }
 
-// Rule 7: heartbeats with OVERWRITE leave only the newest waiting.
+// Coalescing: heartbeats with OVERWRITE leave only the newest waiting.
 func TestTellReliableOverwrite(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
@@ -198,7 +198,7 @@ func TestTellReliableOverwrite(t *testing.T) {
 	}
 }
 
-// Rule 8: an expired message is never delivered and is dead-lettered as "expired".
+// An expired message is never delivered and is dead-lettered as "expired".
 func TestTellReliableTTL(t *testing.T) {
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
@@ -224,7 +224,7 @@ func TestTellReliableTTL(t *testing.T) {
 	}
 }
 
-// Rule 5 and sender restart: queued messages survive the sender's restart
+// Ack after the receipt, and sender restart: queued messages survive the sender's restart
 // and are delivered once each.
 func TestTellReliableSenderRestart(t *testing.T) {
 	dir := t.TempDir()
@@ -255,7 +255,7 @@ func TestTellReliableSenderRestart(t *testing.T) {
 	}
 }
 
-// Rule 6: a key is recorded only after the handler succeeded, so the retry
+// Exactly-once effect: a key is recorded only after the handler succeeded, so the retry
 // after a failure is processed, and a replay after success is a duplicate.
 func TestTellReliableIdempotency(t *testing.T) {
 	nodes := cluster(t, 2)

@@ -41,13 +41,13 @@ type Config struct {
 // two cores.
 func DefaultConfig() Config {
 	return Config{
-		Payload:  128,             // DESIGN.md: 128-byte payloads
+		Payload:  128,             // the size every comparison uses
 		N:        1_000_000,       // high enough that Duration ends the fast phases
 		Duration: 2 * time.Second, // per measurement; long enough for a steady rate
 		Asks:     5000,            // round trips for p50/p99
-		Senders:  []int{1, 8, 64}, // issue 8: 1, 8 and 64 concurrent senders
+		Senders:  []int{1, 8, 64}, // one, a few, and many concurrent senders
 		Backlog:  100_000,         // make bench size; 1_000_000 for the full figure
-		Actors:   100_000,         // DESIGN.md: 100k idle actors
+		Actors:   100_000,         // the idle-actor memory figure is per actor of 100k
 		Only:     nil,             // all phases
 		WorkDir:  os.TempDir(),    // on the machine's disk, so fsync is real
 		Timeout:  5 * time.Minute, // a stuck phase fails instead of hanging
