@@ -39,6 +39,11 @@ type Mesh struct {
 	peersDirty atomic.Bool
 	metaMu     sync.Mutex // serialises UpdateMeta
 
+	// keyring is memberlist's gossip keyring (nil without encryption); set
+	// once in New. keyMu serialises changes and their saving.
+	keyring *memberlist.Keyring
+	keyMu   sync.Mutex
+
 	// lifeMu guards closed against Join/UpdateMeta running into Shutdown.
 	// Lock order: lifeMu before mu.
 	lifeMu sync.RWMutex
@@ -128,6 +133,13 @@ func New(cfg Config) (*Mesh, error) {
 	mc.Conflict = d
 	mc.Ping = d
 	mc.Logger = mlLog
+	if cfg.SecretKey != nil {
+		if m.keyring, err = buildKeyring(cfg.DataDir, cfg.SecretKey); err != nil {
+			_ = tr.Shutdown()
+			return nil, fmt.Errorf("mesh: new: %w", err)
+		}
+		mc.Keyring, mc.SecretKey = m.keyring, nil
+	}
 
 	ml, err := memberlist.Create(mc)
 	if err != nil {

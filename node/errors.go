@@ -19,6 +19,9 @@ var (
 	ErrNoSuchActor = mailbox.ErrNoSuchActor
 	// ErrClosed: the node is closed.
 	ErrClosed = errors.New("node: closed")
+	// ErrNotStarted: the call needs the cluster, and the node was opened
+	// (Open) but not started (Start).
+	ErrNotStarted = errors.New("node: not started")
 	// ErrActorExists: Spawn was given a name already in use on this node.
 	ErrActorExists = errors.New("node: actor already exists")
 	// ErrBadAddress: an address is not of the form actor@node.

@@ -302,6 +302,8 @@ func TestEndToEnd(t *testing.T) {
 
 	t.Run("SIGHUP reloads", func(t *testing.T) { testReload(t, n1) })
 
+	t.Run("gossip key rotation on the running cluster", func(t *testing.T) { testKeyRotation(t, c, n1) })
+
 	t.Run("send to a stopped node is queued and arrives after restart", func(t *testing.T) {
 		n3.stop(t)
 		testutil.WaitFor(t, 10*time.Second, "n1 sees n3 gone", func() bool { return aliveCount(t, n1) == 2 })

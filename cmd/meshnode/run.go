@@ -210,6 +210,10 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 			return fmt.Errorf("declare inbox %q: %w", name, err)
 		}
 	}
+	if _, err := n.Spawn(keyringActor, keyringHandler(n)); err != nil {
+		_ = l.Close()
+		return fmt.Errorf("spawn %s: %w", keyringActor, err)
+	}
 	if err := n.Start(ctx); err != nil {
 		_ = l.Close()
 		return startError(cfg, "start node", err)
@@ -218,6 +222,9 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	acfg := admin.DefaultConfig()
 	acfg.Addr, acfg.Token, acfg.Backend, acfg.Inbox, acfg.Logger = cfg.AdminAddr, cfg.AdminToken, admin.NodeBackend{Node: n}, boxes, logger
 	acfg.Metrics, acfg.Pprof = col, cfg.Pprof
+	if nc.GossipKey != nil {
+		acfg.Keyring = keyringFanOut(n)
+	}
 	acfg.Ready = func() error {
 		if !joined() {
 			return fmt.Errorf("not joined: no seed of %v answered yet", cfg.Join)

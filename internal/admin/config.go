@@ -67,6 +67,9 @@ type Config struct {
 	// Metrics is the node's collector; the daemon shares it so its inbox
 	// handlers are timed in the same registry. nil: New makes one.
 	Metrics *metrics.Collector
+	// Keyring applies a gossip keyring operation on every alive member; nil
+	// answers /v1/keyring with an error.
+	Keyring KeyringOp
 	// Ready reports why the daemon is not ready yet (nil: ready); /readyz
 	// answers 503 with that reason. nil: ready whenever the API is up.
 	Ready func() error

@@ -129,6 +129,8 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /v1/dlq", s.dlqList)
 	s.mux.HandleFunc("POST /v1/dlq/replay", s.dlqReplay)
 	s.mux.HandleFunc("POST /v1/dlq/purge", s.dlqPurge)
+	s.mux.HandleFunc("GET /v1/keyring", s.keyringList)
+	s.mux.HandleFunc("POST /v1/keyring", s.keyringChange)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry(), promhttp.HandlerOpts{ErrorLog: promLogger{s.log}}))
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
