@@ -86,37 +86,34 @@ func newInbound(store *outbox.Store) *inbound {
 
 // get returns the stream id names, loading its watermark from the store on
 // first use.
-func (in *inbound) get(id StreamID) (*inStream, error) {
+func (in *inbound) get(id StreamID) (*inStream, error) { return in.lookup(id, false) }
+
+// acquire is get for the stream's owner: the stream stays cached until
+// release, however long its handler runs.
+func (in *inbound) acquire(id StreamID) (*inStream, error) { return in.lookup(id, true) }
+
+// lookup is get and acquire: the use is counted under the same lock that
+// found the stream, so eviction cannot come in between.
+func (in *inbound) lookup(id StreamID, use bool) (*inStream, error) {
 	key := id.key()
 	now := in.store.ElapsedMs()
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if st := in.streams[string(key)]; st != nil {
-		st.lastUse.Store(now)
-		return st, nil
+	st := in.streams[string(key)]
+	if st == nil {
+		w, err := in.store.Watermark(key)
+		if err != nil {
+			return nil, err
+		}
+		st = &inStream{key: string(key)}
+		st.w.Store(w)
+		st.durable.Store(w)
+		in.streams[st.key] = st
 	}
-	w, err := in.store.Watermark(key)
-	if err != nil {
-		return nil, err
-	}
-	st := &inStream{key: string(key)}
-	st.w.Store(w)
-	st.durable.Store(w)
 	st.lastUse.Store(now)
-	in.streams[st.key] = st
-	return st, nil
-}
-
-// acquire is get for the stream's owner: the stream stays cached until
-// release, however long its handler runs.
-func (in *inbound) acquire(id StreamID) (*inStream, error) {
-	st, err := in.get(id)
-	if err != nil {
-		return nil, err
+	if use {
+		st.users++
 	}
-	in.mu.Lock()
-	st.users++
-	in.mu.Unlock()
 	return st, nil
 }
 

@@ -134,6 +134,7 @@ func RecordingHandler(rec *Recorder, n *node.Node, bug Bug) node.Handler {
 			Key:       m.IdempotencyKey(),
 			Seq:       body.GetValue(),
 			Boot:      boot,
+			Stream:    m.Stream().String(),
 		}
 		count++
 		switch {

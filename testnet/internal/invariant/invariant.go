@@ -66,6 +66,7 @@ type Processed struct {
 	Seq       uint64
 	Key       string
 	Boot      string // the receiving node's incarnation (boot id)
+	Stream    string // the stream it came in (for reports: a re-run in another epoch says why)
 }
 
 // Dead is one dead-letter queue entry.
@@ -290,6 +291,9 @@ func (r *Recorder) Check(dead []Dead) Report {
 		}
 		for i := 1; i < len(rs); i++ {
 			msg := fmt.Sprintf("%s run %d of %d", k, i+1, len(rs))
+			if rs[i-1].Stream != rs[i].Stream {
+				msg += fmt.Sprintf(" (streams %s, then %s)", rs[i-1].Stream, rs[i].Stream)
+			}
 			if crashed[rs[i-1].Boot] && rs[i-1].Boot != rs[i].Boot {
 				rep.CrashWindowDuplicates = append(rep.CrashWindowDuplicates, msg)
 			} else {
