@@ -67,7 +67,8 @@ var (
 	dPanics         = newDesc("meshnode_handler_panics_total", "Handler panics recovered.", prometheus.CounterValue)
 	dNoSuchActor    = newDesc("meshnode_no_such_actor_total", "Messages for an actor that does not exist on this node.", prometheus.CounterValue)
 	dExpiredArrival = newDesc("meshnode_expired_on_arrival_total", "Messages that arrived after their TTL.", prometheus.CounterValue)
-	dDedupe         = newDesc("meshnode_dedupe_hits_total", "Reliable messages this receiver recognised as duplicates by their idempotency key (processed once, acknowledged again).", prometheus.CounterValue)
+	dDedupe         = newDesc("meshnode_dedupe_hits_total", "Reliable messages this receiver recognised as already processed, by the stream's watermark or an idempotency key (processed once, acknowledged again).", prometheus.CounterValue)
+	dStreamRefused  = newDesc("meshnode_stream_refused_total", "Reliable messages this receiver did not run, by reason: out_of_order (its predecessor has not run here; the sender resends from it) or forgotten (older than a stream this node forgot after its retention; the sender dead-letters it).", prometheus.CounterValue, "reason")
 	dActors         = newDesc("meshnode_actors", "Actors running on this node.", prometheus.GaugeValue)
 
 	dOutboxDepth    = newDesc("meshnode_outbox_depth", "Messages waiting in the outbox, all recipients.", prometheus.GaugeValue)
@@ -91,7 +92,7 @@ var (
 	dMailboxDrops = newDesc("meshnode_mailbox_drops_total", "Messages one actor's mailbox dropped or refused, by reason: rejected (full), drop-oldest, drop-newest, closed.", prometheus.CounterValue, "actor", "reason")
 )
 
-var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dActors,
+var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
 	dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
 
@@ -194,6 +195,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dNoSuchActor, float64(ns.NoSuchActor))
 	emit(dExpiredArrival, float64(ns.Expired))
 	emit(dDedupe, float64(ns.DedupeHits))
+	emit(dStreamRefused, float64(ns.OutOfOrder), "out_of_order")
+	emit(dStreamRefused, float64(ns.Forgotten), "forgotten")
 	emit(dActors, float64(ns.Actors))
 
 	os := c.src.OutboxStats()

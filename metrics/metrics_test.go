@@ -115,7 +115,7 @@ next:
 func newSource() *fakeSource {
 	return &fakeSource{
 		members: []mesh.Member{{Name: "self", State: mesh.StateAlive}, {Name: "a", State: mesh.StateAlive}, {Name: "b", State: mesh.StateDead}},
-		stats:   node.Stats{TellSent: 5, TellFailed: 2, AskOK: 3, ReliableQueued: 7, DedupeHits: 1, Actors: 2},
+		stats:   node.Stats{TellSent: 5, TellFailed: 2, AskOK: 3, ReliableQueued: 7, DedupeHits: 1, Forgotten: 2, Actors: 2},
 		outbox: node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"a": 4},
 			OldestAge: 2 * time.Second, Fsyncs: 9, Enqueued: 11}, LimitByPeer: map[string]int{"a": 10, "c": 1}},
 		actors: []node.ActorStats{{Name: "idle"}, {Name: "busy"}},
@@ -138,6 +138,7 @@ func TestCollectorValues(t *testing.T) {
 		{"meshnode_tell_total", []string{"outcome", "failed"}, 2},
 		{"meshnode_reliable_total", []string{"outcome", "queued"}, 7},
 		{"meshnode_dedupe_hits_total", nil, 1},
+		{"meshnode_stream_refused_total", []string{"reason", "forgotten"}, 2},
 		{"meshnode_outbox_depth", nil, 4},
 		{"meshnode_outbox_oldest_age_seconds", nil, 2},
 		{"meshnode_outbox_fsyncs_total", nil, 9},

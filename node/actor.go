@@ -217,6 +217,14 @@ func (a *actor) handleStream(d *delivery) {
 		n.stats.duplicates.Add(1)
 		n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 		return
+	case w == 0 && seq <= st.forgotten:
+		// This node forgot the stream (idle past its retention) and the
+		// message is older than what it forgot: it may have run. Its
+		// sender undercounted its age; it gives it up.
+		n.stats.forgotten.Add(1)
+		rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.forgotten,
+			Message: "this node forgot the stream (idle past its retention) and the message is older than what it forgot"})
+		return
 	case prev != 0 && prev != w:
 		n.stats.outOfOrder.Add(1)
 		rc(&pb.Receipt{Code: pb.Receipt_OUT_OF_ORDER, Watermark: w})

@@ -17,7 +17,7 @@ type counters struct {
 	reliableDirect, reliableQueued, reliableFailed atomic.Uint64
 	reliableDead, unknownPeer                      atomic.Uint64
 	dropped, panics, noSuchActor, expired          atomic.Uint64
-	remoteFull, duplicates, outOfOrder             atomic.Uint64
+	remoteFull, duplicates, outOfOrder, forgotten  atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -44,6 +44,7 @@ type Stats struct {
 	RefusedFull                                       uint64 // messages refused because a mailbox was full
 	DedupeHits                                        uint64 // reliable messages answered DUPLICATE (watermark or idempotency key)
 	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
+	Forgotten                                         uint64 // reliable messages answered FORGOTTEN (older than a stream this node forgot; may have run)
 	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
 }
@@ -57,7 +58,7 @@ func (n *Node) Stats() Stats {
 		ReliableDelivered: c.reliableDirect.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
 		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
 		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
-		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(),
+		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(), Forgotten: c.forgotten.Load(),
 		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
 		Streams: n.in.len(),
 	}

@@ -470,6 +470,64 @@ func TestRestoredSenderStartsANewEpoch(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "outbox empty", func() bool { return n1.Outbox().Stats().Depth == 0 })
 }
 
+// A sender can hold a message that already ran and looks young to it: its
+// receipt was lost and its clock undercounted a long downtime, or, as
+// here, a backup from before the delivery was restored. If the receiver
+// has meanwhile forgotten the stream (idle past its retention), the
+// message is not run a second time: the receiver answers FORGOTTEN and
+// the sender dead-letters it, outcome unknown. The stream carries on.
+func TestForgottenStreamNeverRunsTwice(t *testing.T) {
+	dir := t.TempDir()
+	clk2 := outbox.NewAdjustableClock()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
+	if out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("a")); err != nil || out != node.Queued {
+		t.Fatalf("TellReliable to a node not up yet: %v, %v", out, err)
+	}
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, filepath.Join(dir, "n1"), filepath.Join(dir, "backup")) // "a" waits in it
+	n2 := newNode(t, "n2", filepath.Join(dir, "n2"), func(c *node.Config) { c.Outbox.Clock = clk2 })
+	var s sink
+	if _, err := n2.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	n1 = newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n2.GossipAddr())
+	s.waitLen(t, 1)
+	testutil.WaitFor(t, 10*time.Second, "a acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A month passes on n2; a commit of its own prunes n1's idle stream.
+	clk2.Advance(31 * 24 * time.Hour)
+	if out, err := n2.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("local")); err != nil || out != node.Delivered {
+		t.Fatalf("local TellReliable: %v, %v", out, err)
+	}
+	if n2.EvictIdleStreams(time.Hour) == 0 {
+		t.Fatal("n1's stream stayed cached on n2")
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "n1")); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, filepath.Join(dir, "backup"), filepath.Join(dir, "n1"))
+	n1 = newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n2.GossipAddr())
+	testutil.WaitFor(t, 15*time.Second, "a given up", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	dl := deadLetters(t, n1)
+	if len(dl) != 1 || dl[0].Reason != outbox.ReasonForgotten {
+		t.Fatalf("dead letters %+v, want a with reason %q", dl, outbox.ReasonForgotten)
+	}
+	if _, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("b")); err != nil {
+		t.Fatal(err)
+	}
+	got := s.waitLen(t, 3)
+	if strings.Join(got, ",") != "a,local,b" {
+		t.Fatalf("sink ran %v, want a once, then local and b", got)
+	}
+	if st := n2.Stats(); st.Forgotten != 1 {
+		t.Fatalf("n2 answered FORGOTTEN %d times, want 1", st.Forgotten)
+	}
+}
+
 // fixtureTime is when testdata/v1-datadir was written by the first release
 // (its dedupe window entries are measured from it).
 var fixtureTime = time.Date(2026, 12, 1, 0, 40, 30, 0, time.UTC)

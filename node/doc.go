@@ -76,9 +76,13 @@
 //     (and logs a warning). If a sender really was off longer than
 //     MaxDowntime plus the outbox's RetentionMargin (8 days by default), a
 //     message it had sent just before it stopped, whose receipt was lost,
-//     may run again at a receiver that forgot the stream (receivers forget
-//     a stream 30 days after its last message). Devices that keep good
-//     time may raise MaxDowntime.
+//     may reach a receiver that has forgotten the stream (receivers forget
+//     a stream 30 days after its watermark last moved). The receiver keeps
+//     the highest watermark it forgot per sender outbox and epoch and
+//     answers such a message FORGOTTEN instead of running it again; the
+//     sender dead-letters it with outbox.ReasonForgotten ("outcome
+//     unknown"). Devices that keep good time may raise MaxDowntime, so
+//     that fewer messages end there.
 //
 // # Decisions
 //

@@ -56,6 +56,11 @@ type inStream struct {
 	durable atomic.Uint64
 	// lastUse is the store's elapsed clock at the last lookup (eviction).
 	lastUse atomic.Int64
+	// forgotten is, for a stream loaded without a record, the horizon of
+	// forgotten streams of its sender outbox and epoch (outbox.Watermark):
+	// while w is 0, a message at or below it may have run before this
+	// node forgot the stream, and is refused. Set at load, then read-only.
+	forgotten uint64
 	// users counts actors deciding on or running a message of the stream
 	// now (acquire/release); a stream in use is never evicted. Guarded by
 	// inbound.mu.
@@ -101,11 +106,11 @@ func (in *inbound) lookup(id StreamID, use bool) (*inStream, error) {
 	defer in.mu.Unlock()
 	st := in.streams[string(key)]
 	if st == nil {
-		w, err := in.store.Watermark(key)
+		w, forgotten, err := in.store.Watermark(key)
 		if err != nil {
 			return nil, err
 		}
-		st = &inStream{key: string(key)}
+		st = &inStream{key: string(key), forgotten: forgotten}
 		st.w.Store(w)
 		st.durable.Store(w)
 		in.streams[st.key] = st

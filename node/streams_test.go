@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
 	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
@@ -287,5 +288,64 @@ func TestIdempotencyKeyScopeIsUnambiguous(t *testing.T) {
 	defer mu.Unlock()
 	if runs["y>z"] != 1 || runs["z"] != 1 {
 		t.Fatalf("runs %v, want one each", runs)
+	}
+}
+
+// A stream this node forgot (idle past its retention) leaves a horizon:
+// a resend of a message that ran before the stream was forgotten (its
+// receipt was lost, and its sender's clock undercounted its age) is
+// answered FORGOTTEN and not run a second time; a newer message runs.
+func TestForgottenStreamRefusesWhatMayHaveRun(t *testing.T) {
+	clk := outbox.NewAdjustableClock()
+	n := startNodeWith(t, "n1", t.TempDir(), func(c *node.Config) { c.Outbox.Clock = clk })
+	var mu sync.Mutex
+	runs := map[string]int{}
+	if _, err := n.Spawn("a", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		mu.Lock()
+		runs[fmt.Sprintf("%s#%d", m.Sender().Node, m.Sequence())]++
+		mu.Unlock()
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deliver := func(from transport.PeerInfo, seq, prev uint64) pb.Receipt_Code {
+		t.Helper()
+		var rs receipts
+		env := streamEnv("a", "n1", seq, prev)
+		env.Sender = "@" + from.Name
+		n.DeliverIncoming(from, env, rs.reply(env.GetMsgId()))
+		testutil.WaitFor(t, 5*time.Second, "receipt", func() bool { return rs.len() == 1 })
+		return rs.code(env.GetMsgId())
+	}
+	for _, m := range []struct{ seq, prev uint64 }{{10, 0}, {11, 10}} {
+		if c := deliver(peerP, m.seq, m.prev); c != pb.Receipt_PROCESSED {
+			t.Fatalf("p#%d: %v", m.seq, c)
+		}
+	}
+	// 31 days pass with nothing on p's stream; another stream's commit
+	// prunes p's record, and the idle cache lets it go.
+	clk.Advance(31 * 24 * time.Hour)
+	q := transport.PeerInfo{Name: "q", OutboxID: [16]byte{'q'}}
+	if c := deliver(q, 1, 0); c != pb.Receipt_PROCESSED {
+		t.Fatalf("q#1: %v", c)
+	}
+	if n.EvictIdleStreams(time.Hour) == 0 {
+		t.Fatal("p's stream stayed cached")
+	}
+	if c := deliver(peerP, 11, 0); c != pb.Receipt_FORGOTTEN {
+		t.Fatalf("resend of p#11 after its stream was forgotten: %v, want FORGOTTEN", c)
+	}
+	if c := deliver(peerP, 12, 0); c != pb.Receipt_PROCESSED {
+		t.Fatalf("p#12: %v", c)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k, want := range map[string]int{"p#10": 1, "p#11": 1, "p#12": 1, "q#1": 1} {
+		if runs[k] != want {
+			t.Errorf("%s ran %d times, want %d (all runs %v)", k, runs[k], want, runs)
+		}
+	}
+	if s := n.Stats(); s.Forgotten != 1 {
+		t.Errorf("Stats.Forgotten %d, want 1", s.Forgotten)
 	}
 }

@@ -57,6 +57,7 @@
 //	coalesce          recipient NUL coalesce key -> newest version's sequence | last change ms
 //	dlq               8-byte id -> StoredMessage with the dead-letter fields set
 //	in                StreamKey -> watermark | last change ms
+//	forgot            sender part of a StreamKey (node, outbox id, epoch) -> highest watermark forgotten
 //	keys              ScopedKey -> recorded ms;  keyage: recorded ms | ScopedKey -> nothing
 //
 // Every time in the file is on the elapsed clock except the fields named
@@ -103,7 +104,14 @@
 //   - Receiver: CommitStream makes its keys seen at once (pending) and
 //     durable with the watermark after the commit, and forgets them if the
 //     commit fails. Each commit also prunes, a bounded amount, keys older
-//     than KeyWindow and streams idle longer than StreamRetention.
+//     than KeyWindow and streams idle longer than StreamRetention. A
+//     forgotten stream leaves its watermark in the horizon of its sender
+//     outbox and epoch (Watermark returns it for a stream without a
+//     record): sequences of an outbox grow with time, so a message at or
+//     below it is older than something that ran StreamRetention ago, and
+//     its receiver refuses it (it may have run) instead of running it a
+//     second time. A sender whose clock counted less than its real
+//     downtime (MaxDowntime) can otherwise still hold such a message.
 //     StreamKey and ScopedKey length-prefix every name, so no two tuples
 //     share a key whatever characters names contain.
 //   - A message refused by the committer (sequence taken, not encodable)

@@ -161,6 +161,12 @@ const (
 	// ReasonTooOld: the message waited longer than a receiver keeps a
 	// stream (StreamRetention - RetentionMargin).
 	ReasonTooOld = "expired: older than the retention limit"
+	// ReasonForgotten: the receiver answered that it forgot the stream
+	// (idle past its StreamRetention) and the message is older than what
+	// it forgot. The sender's clock undercounted the message's age (it was
+	// down longer than MaxDowntime): it may have run before the receiver
+	// forgot it, so it is not sent again.
+	ReasonForgotten = "expired: older than the receiver's retention (it forgot the stream; outcome unknown: it may have run)"
 )
 
 func isExpiredReason(r string) bool { return strings.HasPrefix(r, ReasonExpired) }

@@ -28,6 +28,7 @@ var (
 	bucketIn       = []byte("in")
 	bucketKeys     = []byte("keys")
 	bucketKeyAge   = []byte("keyage")
+	bucketForgot   = []byte("forgot")
 	bucketMeta     = []byte("meta")
 
 	keyFormat   = []byte("format")
@@ -185,7 +186,7 @@ func (s *Store) load() error {
 			return fmt.Errorf("%w: format %d is newer than this meshnode's %d: run the newer meshnode, or move the data directory aside to start empty",
 				ErrFormat, format, formatVersion)
 		}
-		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketKeys, bucketKeyAge} {
+		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketKeys, bucketKeyAge, bucketForgot} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}

@@ -712,7 +712,7 @@ func TestClosed(t *testing.T) {
 	_, checks["purge"] = e.Purge(outbox.DLQFilter{All: true})
 	_, checks["list"] = e.DeadLetters(outbox.DLQFilter{})
 	_, checks["drop"] = e.DropQueue("a@n1", "x")
-	_, checks["watermark"] = e.Watermark([]byte("s"))
+	_, _, checks["watermark"] = e.Watermark([]byte("s"))
 	_, checks["key seen"] = e.KeySeen([]byte("k"))
 	checks["set epoch"] = e.SetEpoch("a@n1", 3)
 	checks["dead letter"] = e.DeadLetter(ctx, e.msgNoReserve("a@n1"), "x")

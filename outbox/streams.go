@@ -38,23 +38,46 @@ func ScopedKey(senderNode, actor, key string) []byte {
 	return append(k, key...)
 }
 
-// Watermark returns the persisted watermark of a stream (0 when unknown:
-// a new stream, or one forgotten after StreamRetention).
-func (s *Store) Watermark(streamKey []byte) (uint64, error) {
-	if err := s.closedErr(); err != nil {
-		return 0, err
+// senderOf returns the part of a StreamKey that names the sender side
+// (sender node, outbox id, epoch), or nil if key is not a StreamKey.
+func senderOf(key []byte) []byte {
+	n, l := binary.Uvarint(key)
+	if l <= 0 || n > uint64(len(key)) {
+		return nil
 	}
-	var w uint64
-	err := s.db.View(func(tx *bolt.Tx) error {
+	end := l + int(n) + 16 + 8
+	if end > len(key) {
+		return nil
+	}
+	return key[:end]
+}
+
+// Watermark returns the persisted watermark of a stream: 0 when the stream
+// has no record (a new stream, or one forgotten after StreamRetention).
+// Then forgotten is the highest watermark among the forgotten streams of
+// the same sender outbox and epoch (0 if none was): a message of the
+// stream at or below it is older than what was forgotten, so it may have
+// run before its stream was.
+func (s *Store) Watermark(streamKey []byte) (w, forgotten uint64, err error) {
+	if err := s.closedErr(); err != nil {
+		return 0, 0, err
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketIn).Get(streamKey); len(v) == 16 {
 			w = binary.BigEndian.Uint64(v[:8])
+			return nil
+		}
+		if sender := senderOf(streamKey); sender != nil {
+			if v := tx.Bucket(bucketForgot).Get(sender); len(v) == 8 {
+				forgotten = binary.BigEndian.Uint64(v)
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("outbox: watermark: %w", err)
+		return 0, 0, fmt.Errorf("outbox: watermark: %w", err)
 	}
-	return w, nil
+	return w, forgotten, nil
 }
 
 // StreamCommit is one durable update of a receiver's stream: its new
@@ -201,10 +224,20 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 	}
 	var err error
 	retain := b.nowMs - s.cfg.StreamRetention.Milliseconds()
-	s.hkIn, err = pruneScan(tx.Bucket(bucketIn), s.hkIn, func(_, v []byte) bool {
-		return len(v) == 16 && int64(binary.BigEndian.Uint64(v[8:])) < retain
+	horizon := make(map[string]uint64) // sender part of a StreamKey -> highest watermark forgotten
+	s.hkIn, err = pruneScan(tx.Bucket(bucketIn), s.hkIn, func(k, v []byte) bool {
+		if len(v) != 16 || int64(binary.BigEndian.Uint64(v[8:])) >= retain {
+			return false
+		}
+		if sender := senderOf(k); sender != nil {
+			horizon[string(sender)] = max(horizon[string(sender)], binary.BigEndian.Uint64(v[:8]))
+		}
+		return true
 	})
 	if err != nil {
+		return err
+	}
+	if err := raiseHorizons(tx.Bucket(bucketForgot), horizon); err != nil {
 		return err
 	}
 	maxAge := b.nowMs - s.cfg.MaxAge().Milliseconds()
@@ -218,6 +251,25 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 		return qb == nil || qb.Get(v[:8]) == nil
 	})
 	return err
+}
+
+// raiseHorizons records, per sender outbox and epoch, the highest
+// watermark of the streams just forgotten. Sequences of one outbox grow
+// with time across all its streams, so a message at or below the horizon
+// was made before a message that ran at least StreamRetention ago: a
+// receiver that no longer knows its stream cannot tell whether it ran, and
+// refuses it rather than run it again. One record per sender outbox and
+// epoch, never pruned: a few dozen bytes per peer ever seen.
+func raiseHorizons(bk *bolt.Bucket, horizon map[string]uint64) error {
+	for sender, w := range horizon {
+		if v := bk.Get([]byte(sender)); len(v) == 8 && binary.BigEndian.Uint64(v) >= w {
+			continue
+		}
+		if err := bk.Put([]byte(sender), u64(w)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // pruneScan looks at up to maxScanPerCommit records of bk after pos,

@@ -130,14 +130,14 @@ func TestCommitStreamPendingThenDurable(t *testing.T) {
 	if seen, err := e.KeySeen(key); !seen || err != nil {
 		t.Fatalf("pending key: seen %v %v, want true", seen, err)
 	}
-	if w, _ := e.Watermark(sk); w != 0 {
+	if w, _, _ := e.Watermark(sk); w != 0 {
 		t.Fatalf("watermark %d before its commit", w)
 	}
 	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if w, err := e.Watermark(sk); w != 5 || err != nil {
+	if w, _, err := e.Watermark(sk); w != 5 || err != nil {
 		t.Fatalf("watermark after commit %d %v", w, err)
 	}
 	// A watermark never goes back.
@@ -145,7 +145,7 @@ func TestCommitStreamPendingThenDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.reopen(t, nil)
-	if w, _ := e.Watermark(sk); w != 5 {
+	if w, _, _ := e.Watermark(sk); w != 5 {
 		t.Fatalf("watermark after restart %d, want 5", w)
 	}
 	if seen, err := e.KeySeen(key); !seen || err != nil {
@@ -163,7 +163,7 @@ func TestCommitStreamPendingThenDurable(t *testing.T) {
 	if seen, _ := e.KeySeen(big); seen {
 		t.Fatal("refused key counts as seen")
 	}
-	if w, _ := e.Watermark(sk); w != 5 {
+	if w, _, _ := e.Watermark(sk); w != 5 {
 		t.Fatalf("refused commit moved the watermark to %d", w)
 	}
 }
@@ -229,7 +229,9 @@ func TestKeyWindowPrunedInBoundedSteps(t *testing.T) {
 
 // A stream idle longer than StreamRetention is forgotten (watermark 0);
 // one that changed within it is kept. Housekeeping looks at a bounded
-// number of stream records per commit.
+// number of stream records per commit. A forgotten stream leaves its
+// watermark in the horizon of its sender outbox and epoch: the highest
+// one forgotten, per (node, outbox, epoch), never another's.
 func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	e := open(t, func(c *outbox.Config) {
 		c.StreamRetention = 10 * time.Hour
@@ -238,8 +240,11 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	const n = 600
 	for i := range n {
 		sk := outbox.StreamKey("n2", [16]byte{}, 1, fmt.Sprint("old", i))
-		e.CommitStream(&outbox.StreamCommit{Stream: sk, Watermark: 7}, func(error) {})
+		e.CommitStream(&outbox.StreamCommit{Stream: sk, Watermark: 7 + uint64(i%3)}, func(error) {})
 	}
+	others := map[string]uint64{"epoch 2": 4, "node n3": 11}
+	e.CommitStream(&outbox.StreamCommit{Stream: outbox.StreamKey("n2", [16]byte{}, 2, "old"), Watermark: others["epoch 2"]}, func(error) {})
+	e.CommitStream(&outbox.StreamCommit{Stream: outbox.StreamKey("n3", [16]byte{}, 1, "old"), Watermark: others["node n3"]}, func(error) {})
 	sync_(t, e.Store) // committed before the clock moves
 	e.clk.Advance(5 * time.Hour)
 	young := outbox.StreamKey("n2", [16]byte{}, 1, "young")
@@ -254,12 +259,12 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 		}
 		return st.KeyN
 	}
-	if c := count(); c != n+1 {
-		t.Fatalf("%d stream records, want %d", c, n+1)
+	if c := count(); c != n+3 {
+		t.Fatalf("%d stream records, want %d", c, n+3)
 	}
 	sync_(t, e.Store)
-	if c := count(); c < n+1-256 || c == n+1 {
-		t.Fatalf("one commit left %d of %d records: want a bounded step of at most 256", c, n+1)
+	if c := count(); c < n+3-256 || c == n+3 {
+		t.Fatalf("one commit left %d of %d records: want a bounded step of at most 256", c, n+3)
 	}
 	for range 4 {
 		sync_(t, e.Store)
@@ -267,11 +272,33 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	if c := count(); c != 1 {
 		t.Fatalf("%d stream records left, want only the young one", c)
 	}
-	if w, _ := e.Watermark(outbox.StreamKey("n2", [16]byte{}, 1, "old0")); w != 0 {
-		t.Fatalf("forgotten stream has watermark %d", w)
+	for _, c := range []struct {
+		what      string
+		key       []byte
+		w, forgot uint64
+	}{
+		{"a forgotten stream", outbox.StreamKey("n2", [16]byte{}, 1, "old0"), 0, 9},
+		{"a new stream of the same sender", outbox.StreamKey("n2", [16]byte{}, 1, "new"), 0, 9},
+		{"a stream of another epoch", outbox.StreamKey("n2", [16]byte{}, 2, "new"), 0, others["epoch 2"]},
+		{"a stream of another node", outbox.StreamKey("n3", [16]byte{}, 1, "new"), 0, others["node n3"]},
+		{"a stream of another outbox", outbox.StreamKey("n2", [16]byte{1}, 1, "new"), 0, 0},
+		{"the young stream", young, 3, 0},
+	} {
+		w, forgot, err := e.Watermark(c.key)
+		if err != nil || w != c.w || forgot != c.forgot {
+			t.Errorf("%s: watermark %d, forgotten horizon %d (%v); want %d, %d", c.what, w, forgot, err, c.w, c.forgot)
+		}
 	}
-	if w, _ := e.Watermark(young); w != 3 {
-		t.Fatalf("young stream has watermark %d", w)
+	// The horizon never goes back: a later, lower forgotten watermark
+	// leaves it.
+	e.CommitStream(&outbox.StreamCommit{Stream: outbox.StreamKey("n2", [16]byte{}, 1, "low"), Watermark: 2}, func(error) {})
+	sync_(t, e.Store)
+	e.clk.Advance(11 * time.Hour)
+	for range 3 {
+		sync_(t, e.Store)
+	}
+	if _, forgot, _ := e.Watermark(outbox.StreamKey("n2", [16]byte{}, 1, "new")); forgot != 9 {
+		t.Errorf("horizon after forgetting a lower watermark: %d, want 9", forgot)
 	}
 }
 

@@ -44,6 +44,12 @@
 //     the stream emitted before and the message itself means this sender's
 //     state went back (a restored backup): the stream starts a new random
 //     epoch (Stats.Restores) and nothing more of that emission is acked.
+//   - FORGOTTEN (the receiver forgot the stream, idle past its retention,
+//     and the message is older than what it forgot) dead-letters a message
+//     that was on the wire before with outbox.ReasonForgotten: it may have
+//     run, and sending it again could run it twice. On a message never
+//     sent before it can only mean this outbox's sequences went back: a
+//     new epoch, as above.
 //   - Messages in flight to a node never exceed its AIMD limit: +1 per
 //     positive receipt, halved once per emission refused for capacity.
 //   - An idle relay does no work (Stats.Iterations stays flat): loops sleep

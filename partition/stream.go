@@ -602,7 +602,7 @@ const (
 	vPositive verdictKind = iota + 1 // PROCESSED or DUPLICATE: ack
 	vRestored                        // the receiver has seen more than this sender sent: new epoch
 	vPoison                          // REJECTED or unsendable: dead-letter
-	vExpired                         // EXPIRED: dead-letter as expired
+	vExpired                         // EXPIRED or FORGOTTEN: dead-letter as expired
 	vCounted                         // a handler failure: counts toward MaxAttempts
 	vDefer                           // nobody's fault: wait (retry after at least retryAfter)
 	vResend                          // OUT_OF_ORDER: send again from the frontier at once
@@ -675,6 +675,17 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 			return verdict{kind: vRestored}
 		}
 		return verdict{kind: vResend, reason: "out of order"}
+	case pb.Receipt_FORGOTTEN:
+		if e.GetSequence() > seen {
+			// Never on the wire before, so it never ran: the receiver's
+			// horizon is above it only because this outbox's sequences
+			// went back (a restored backup). A new epoch has no horizon.
+			return verdict{kind: vRestored}
+		}
+		// It may have run before the receiver forgot its stream: sending
+		// it again could run it twice. Its age was undercounted here (this
+		// node was down longer than its clock could count).
+		return verdict{kind: vExpired, reason: outbox.ReasonForgotten}
 	case pb.Receipt_CAPACITY:
 		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
 	case pb.Receipt_EXPIRED:

@@ -312,6 +312,90 @@ func TestRestoredSenderStartsNewEpoch(t *testing.T) {
 	}
 }
 
+// A FORGOTTEN receipt (the receiver forgot the stream, and the message is
+// older than what it forgot) on a message that was on the wire before
+// dead-letters it, as it may have run: sending it again could run it
+// twice. The stream carries on with the next message.
+func TestForgottenMayHaveRunDeadLetters(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3 })
+	var horizon atomic.Uint64
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if n == 0 {
+				for _, e := range envs {
+					f.receive(e) // all run, every receipt is lost...
+					horizon.Store(max(horizon.Load(), e.GetSequence()))
+				}
+				return nil, errUnreachable, true
+			}
+			// ...and then the receiver forgets the stream.
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				if h := horizon.Load(); e.GetSequence() <= h {
+					rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_FORGOTTEN, Watermark: h}
+					continue
+				}
+				rcs[i] = f.receive(e)
+			}
+			return rcs, nil, true
+		}
+	})
+	rg.queue(t, "a@n1", "m0", "m1", "m2")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "first emission", func() bool { return rg.fake.callCount() >= 1 })
+	rg.queue(t, "a@n1", "m3")
+	testutil.WaitFor(t, wait, "settled", func() bool { return rg.store.Stats().Depth == 0 })
+	dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
+	var dead []string
+	for _, d := range dl {
+		if d.Reason != outbox.ReasonForgotten {
+			t.Errorf("dead letter %s: reason %q, want %q", d.Message.GetEnvelope().GetType(), d.Reason, outbox.ReasonForgotten)
+		}
+		dead = append(dead, d.Message.GetEnvelope().GetType())
+	}
+	slices.Sort(dead)
+	if !slices.Equal(dead, []string{"m0", "m1", "m2"}) {
+		t.Fatalf("dead letters %v, want m0 m1 m2", dead)
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"m0", "m1", "m2", "m3"}) {
+		t.Fatalf("ran %v, want each once", got)
+	}
+	if st := rg.relay.Stats(); st.Restores != 0 {
+		t.Fatalf("restores %d", st.Restores)
+	}
+}
+
+// A FORGOTTEN receipt on a message never on the wire before cannot be
+// about a run of it: the receiver's horizon is above it because this
+// outbox's sequences went back (a restored backup). The stream starts a new
+// epoch, which has no horizon, and the message runs there.
+func TestForgottenNeverSentStartsNewEpoch(t *testing.T) {
+	rg := newRig(t, nil, nil)
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if envs[0].GetStreamEpoch() != 0 {
+				return nil, nil, false
+			}
+			rcs, err := every(pb.Receipt_FORGOTTEN, 0, 1<<40)(context.Background(), envs)
+			return rcs, err, true
+		}
+	})
+	rg.queue(t, "a@n1", "x", "y")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if dl, _ := rg.store.DeadLetters(outbox.DLQFilter{}); len(dl) != 0 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+	if e, _, _ := rg.store.StreamState("a@n1"); e == 0 {
+		t.Fatal("no new epoch")
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("ran %v", got)
+	}
+}
+
 // A DUPLICATE whose watermark this sender may have caused (a resend after
 // a lost receipt) is a positive receipt, not a restore.
 func TestDuplicateWithinEmittedIsAck(t *testing.T) {

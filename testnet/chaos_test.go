@@ -115,12 +115,15 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 	rng := rand.New(rand.NewPCG(seed, 0x63686171))
 	rec := NewRecorder(int64(seed))
 	mailboxes := make([]node.SpawnOption, n)
+	var shapes []string
 	for i := range n {
 		ov := mailbox.Reject
 		if rng.IntN(2) == 1 {
 			ov = mailbox.DropOldest
 		}
-		mailboxes[i] = node.WithMailbox(2+rng.IntN(7), ov)
+		size := 2 + rng.IntN(7)
+		mailboxes[i] = node.WithMailbox(size, ov)
+		shapes = append(shapes, fmt.Sprintf("%d %v", size, ov))
 	}
 	var spawnMu sync.Mutex
 	incarnations := make([]int, n)
@@ -151,6 +154,9 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 			_, err := nd.Spawn("sink", chaosSink(rec, nd, seed), mailboxes[i])
 			return err
 		}))
+	for i := range n {
+		rec.SetClock(c.Name(i), c.Clock(i).Monotonic)
+	}
 	day := 24 * time.Hour
 	steps, err := PlanFaults(NemesisConfig{
 		Seed: seed, Nodes: n, Duration: d, MinGap: 250 * time.Millisecond, MaxGap: 700 * time.Millisecond,
@@ -162,7 +168,7 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	fmt.Fprintf(&log, "mailboxes: %v\n", mailboxes)
+	fmt.Fprintf(&log, "mailboxes: %s\n", strings.Join(shapes, ", "))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	pairs := n * (n - 1)

@@ -135,6 +135,7 @@ func RecordingHandler(rec *Recorder, n *node.Node, bug Bug) node.Handler {
 			Seq:       body.GetValue(),
 			Boot:      boot,
 			Stream:    m.Stream().String(),
+			Wire:      m.Sequence(),
 		}
 		count++
 		switch {

@@ -188,30 +188,32 @@ type Receipt_Code int32
 
 const (
 	Receipt_CODE_UNSPECIFIED Receipt_Code = 0
-	Receipt_ACCEPTED         Receipt_Code = 1 // in the recipient's mailbox (never for stream messages)
-	Receipt_PROCESSED        Receipt_Code = 2 // the handler returned without error, and the stream's watermark covering it is durable
-	Receipt_CAPACITY         Receipt_Code = 3 // mailbox full; retry after retry_after_ms (not counted; AIMD decreases)
-	Receipt_NO_SUCH_ACTOR    Receipt_Code = 4 // no actor of that name; with retry_after_ms > 0 the node is within its spawn grace (not counted)
-	Receipt_EXPIRED          Receipt_Code = 5 // the TTL ran out before the actor took it
-	Receipt_DUPLICATE        Receipt_Code = 6 // already processed (sequence <= watermark, or its idempotency key was seen); durable
-	Receipt_REJECTED         Receipt_Code = 7 // permanent failure: do not retry (dead-letter it)
-	Receipt_TRANSIENT        Receipt_Code = 8 // the handler failed, or its watermark could not be made durable: retry with backoff
-	Receipt_OUT_OF_ORDER     Receipt_Code = 9 // prev_sequence is neither 0 nor the watermark: not run; resend from the frontier (not counted)
+	Receipt_ACCEPTED         Receipt_Code = 1  // in the recipient's mailbox (never for stream messages)
+	Receipt_PROCESSED        Receipt_Code = 2  // the handler returned without error, and the stream's watermark covering it is durable
+	Receipt_CAPACITY         Receipt_Code = 3  // mailbox full; retry after retry_after_ms (not counted; AIMD decreases)
+	Receipt_NO_SUCH_ACTOR    Receipt_Code = 4  // no actor of that name; with retry_after_ms > 0 the node is within its spawn grace (not counted)
+	Receipt_EXPIRED          Receipt_Code = 5  // the TTL ran out before the actor took it
+	Receipt_DUPLICATE        Receipt_Code = 6  // already processed (sequence <= watermark, or its idempotency key was seen); durable
+	Receipt_REJECTED         Receipt_Code = 7  // permanent failure: do not retry (dead-letter it)
+	Receipt_TRANSIENT        Receipt_Code = 8  // the handler failed, or its watermark could not be made durable: retry with backoff
+	Receipt_OUT_OF_ORDER     Receipt_Code = 9  // prev_sequence is neither 0 nor the watermark: not run; resend from the frontier (not counted)
+	Receipt_FORGOTTEN        Receipt_Code = 10 // the receiver has no record of the stream, having forgotten streams of this sender outbox and epoch (idle past its retention), and the sequence is at or below the highest watermark it forgot: the message is older than that, may have run, and is not run again; watermark carries that horizon
 )
 
 // Enum value maps for Receipt_Code.
 var (
 	Receipt_Code_name = map[int32]string{
-		0: "CODE_UNSPECIFIED",
-		1: "ACCEPTED",
-		2: "PROCESSED",
-		3: "CAPACITY",
-		4: "NO_SUCH_ACTOR",
-		5: "EXPIRED",
-		6: "DUPLICATE",
-		7: "REJECTED",
-		8: "TRANSIENT",
-		9: "OUT_OF_ORDER",
+		0:  "CODE_UNSPECIFIED",
+		1:  "ACCEPTED",
+		2:  "PROCESSED",
+		3:  "CAPACITY",
+		4:  "NO_SUCH_ACTOR",
+		5:  "EXPIRED",
+		6:  "DUPLICATE",
+		7:  "REJECTED",
+		8:  "TRANSIENT",
+		9:  "OUT_OF_ORDER",
+		10: "FORGOTTEN",
 	}
 	Receipt_Code_value = map[string]int32{
 		"CODE_UNSPECIFIED": 0,
@@ -224,6 +226,7 @@ var (
 		"REJECTED":         7,
 		"TRANSIENT":        8,
 		"OUT_OF_ORDER":     9,
+		"FORGOTTEN":        10,
 	}
 )
 
@@ -690,7 +693,7 @@ type Receipt struct {
 	Code          Receipt_Code           `protobuf:"varint,2,opt,name=code,proto3,enum=meshnode.v1.Receipt_Code" json:"code,omitempty"`
 	RetryAfterMs  int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Watermark     uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER and PROCESSED
+	Watermark     uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER and PROCESSED; the forgotten horizon on FORGOTTEN
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1314,13 +1317,13 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xd5\x02\n" +
+	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xe4\x02\n" +
 	"\aReceipt\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\x12-\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x19.meshnode.v1.Receipt.CodeR\x04code\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
-	"\twatermark\x18\x05 \x01(\x04R\twatermark\"\xa5\x01\n" +
+	"\twatermark\x18\x05 \x01(\x04R\twatermark\"\xb4\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACCEPTED\x10\x01\x12\r\n" +
@@ -1331,7 +1334,9 @@ const file_meshnode_proto_rawDesc = "" +
 	"\tDUPLICATE\x10\x06\x12\f\n" +
 	"\bREJECTED\x10\a\x12\r\n" +
 	"\tTRANSIENT\x10\b\x12\x10\n" +
-	"\fOUT_OF_ORDER\x10\t\"\xbd\x01\n" +
+	"\fOUT_OF_ORDER\x10\t\x12\r\n" +
+	"\tFORGOTTEN\x10\n" +
+	"\"\xbd\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Outcome is what a sender was told.
@@ -65,8 +66,10 @@ type Processed struct {
 	Recipient string // actor@node
 	Seq       uint64
 	Key       string
-	Boot      string // the receiving node's incarnation (boot id)
-	Stream    string // the stream it came in (for reports: a re-run in another epoch says why)
+	Boot      string        // the receiving node's incarnation (boot id)
+	Stream    string        // the stream it came in (for reports: a re-run in another epoch says why)
+	Wire      uint64        // its sequence in that stream
+	At        time.Duration // the receiving node's clock when it ran (SetClock), 0 if unknown
 }
 
 // Dead is one dead-letter queue entry.
@@ -95,6 +98,7 @@ type Recorder struct {
 	sent      []Sent
 	processed []Processed
 	crashed   map[string]bool // boot ids of incarnations that were killed
+	clocks    map[string]func() time.Duration
 }
 
 // NewRecorder returns an empty Recorder; seed is printed by every Report
@@ -123,8 +127,22 @@ func (r *Recorder) Sent(s Sent) {
 // Processed records a handler run that succeeded.
 func (r *Recorder) Processed(p Processed) {
 	r.mu.Lock()
+	if _, node, ok := strings.Cut(p.Recipient, "@"); ok && r.clocks[node] != nil {
+		p.At = r.clocks[node]()
+	}
 	r.processed = append(r.processed, p)
 	r.mu.Unlock()
+}
+
+// SetClock gives node's clock: each run it processes is stamped with it,
+// so a report can say how much time lay between two runs.
+func (r *Recorder) SetClock(node string, now func() time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.clocks == nil {
+		r.clocks = make(map[string]func() time.Duration)
+	}
+	r.clocks[node] = now
 }
 
 // Crashed marks a receiver incarnation as killed: a key it processed may be
@@ -294,6 +312,11 @@ func (r *Recorder) Check(dead []Dead) Report {
 			if rs[i-1].Stream != rs[i].Stream {
 				msg += fmt.Sprintf(" (streams %s, then %s)", rs[i-1].Stream, rs[i].Stream)
 			}
+			msg += fmt.Sprintf(" [wire sequence %d, then %d", rs[i-1].Wire, rs[i].Wire)
+			if rs[i-1].At != 0 && rs[i].At != 0 {
+				msg += fmt.Sprintf(", %v apart on the receiver's clock", rs[i].At-rs[i-1].At)
+			}
+			msg += "]"
 			if crashed[rs[i-1].Boot] && rs[i-1].Boot != rs[i].Boot {
 				rep.CrashWindowDuplicates = append(rep.CrashWindowDuplicates, msg)
 			} else {
