@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -12,6 +13,8 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
 	"github.com/meshnode/meshnode/transport"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Node. DefaultConfig sets every field; the top-level
@@ -41,6 +44,20 @@ type Config struct {
 	// after it is a handler failure; one that returns nil is a success.
 	HandlerTimeout time.Duration
 
+	// ClientInterceptors run around every Tell, Ask and TellReliable of
+	// this node, the first outermost (nil: none).
+	ClientInterceptors []ClientInterceptor
+	// ServerInterceptors run around every handler run of this node's
+	// actors, the first outermost (nil: none).
+	ServerInterceptors []ServerInterceptor
+	// TracerProvider, when set, makes a span per send and per handler run,
+	// and the trace context travels in message headers (nil: no spans).
+	TracerProvider trace.TracerProvider
+	// Propagator writes the trace context into headers and reads it back
+	// (nil: W3C trace context and baggage when TracerProvider is set, and
+	// nothing otherwise).
+	Propagator propagation.TextMapPropagator
+
 	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
 	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
 	Outbox    outbox.Config    // durable store tuning (attempts, key window, retention, clock)
@@ -63,10 +80,15 @@ func DefaultConfig(name string) Config {
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
 		HandlerTimeout:  30 * time.Second,
-		Mesh:            mesh.DefaultConfig(name),
-		Transport:       transport.DefaultConfig(name),
-		Outbox:          outbox.DefaultConfig(""),
-		Relay:           partition.DefaultConfig(),
+		// No interceptors, no tracing: nothing runs around a send but the send.
+		ClientInterceptors: nil,
+		ServerInterceptors: nil,
+		TracerProvider:     nil,
+		Propagator:         nil,
+		Mesh:               mesh.DefaultConfig(name),
+		Transport:          transport.DefaultConfig(name),
+		Outbox:             outbox.DefaultConfig(""),
+		Relay:              partition.DefaultConfig(),
 	}
 }
 
@@ -112,6 +134,10 @@ func (c Config) Validate() error {
 	}
 	if c.HandlerTimeout <= 0 {
 		return bad("handler timeout must be positive")
+	}
+	if slices.ContainsFunc(c.ClientInterceptors, func(f ClientInterceptor) bool { return f == nil }) ||
+		slices.ContainsFunc(c.ServerInterceptors, func(f ServerInterceptor) bool { return f == nil }) {
+		return bad("an interceptor is nil")
 	}
 	return nil
 }

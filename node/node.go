@@ -50,6 +50,10 @@ type Node struct {
 
 	warnedPeers sync.Map // node name -> true: unknown peers already logged once
 
+	invoke             Invoker // the client interceptors around send; nil when there are none
+	serverInterceptors []ServerInterceptor
+	draining           atomic.Bool // Shutdown began: no new message enters a mailbox
+
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex
 	actors   map[string]*actor
@@ -102,6 +106,7 @@ func Open(cfg Config) (*Node, error) {
 		asks:      make(map[string]map[string]struct{}),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.setupInterceptors()
 	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
 
 	var err error

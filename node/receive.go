@@ -58,6 +58,17 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			n.respond(env, nil, err)
 		}
 	}
+	if n.draining.Load() {
+		// Shutdown: nothing new enters a mailbox. Not the message's fault:
+		// a reliable sender waits (uncounted); an asker hears the node is
+		// unavailable; a tell is counted here.
+		n.stats.stopping.Add(1)
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
+		if kind == pb.RpcMeta_REQUEST {
+			n.respond(env, nil, mailbox.ErrClosed)
+		}
+		return
+	}
 	if env.GetOrigin() != nil {
 		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
 		return
@@ -122,6 +133,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	default:
 		// The mailbox is closed: the actor is stopping, or the node. Not
 		// the message's fault, so not a verdict: the sender waits.
+		n.stats.stopping.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "actor "+to.Actor+" is stopping", time.Second, 0)
 		if d.remoteAsk {
 			n.respond(env, nil, err)
