@@ -1,0 +1,84 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// plugin builds the plugin and finds Debian's protoc and the pinned
+// protoc-gen-go; the tests skip without protoc (apt-get install
+// protobuf-compiler), as make generate needs it too.
+func plugin(t *testing.T) (protoc, self, gogen string) {
+	t.Helper()
+	protoc, err := exec.LookPath("protoc")
+	if err != nil {
+		t.Skip("protoc not installed")
+	}
+	dir := t.TempDir()
+	self = filepath.Join(dir, "protoc-gen-meshnode")
+	if out, err := exec.Command("go", "build", "-o", self, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build plugin: %v\n%s", err, out)
+	}
+	out, err := exec.Command("go", "tool", "-n", "protoc-gen-go").Output()
+	if err != nil {
+		t.Fatalf("find protoc-gen-go: %v", err)
+	}
+	return protoc, self, strings.TrimSpace(string(out))
+}
+
+func run(t *testing.T, protoc, self, gogen, srcDir, outDir, file string) ([]byte, error) {
+	t.Helper()
+	cmd := exec.Command(protoc, "--plugin=protoc-gen-go="+gogen, "--plugin=protoc-gen-meshnode="+self,
+		"--go_out="+outDir, "--go_opt=paths=source_relative",
+		"--meshnode_out="+outDir, "--meshnode_opt=paths=source_relative", file)
+	cmd.Dir = srcDir
+	return cmd.CombinedOutput()
+}
+
+// TestExampleGeneratedCodeIsCommitted: what the plugin generates for the
+// example service is byte for byte what is committed.
+func TestExampleGeneratedCodeIsCommitted(t *testing.T) {
+	protoc, self, gogen := plugin(t)
+	src := filepath.Join("..", "..", "examples", "device", "devicepb")
+	out := t.TempDir()
+	if msg, err := run(t, protoc, self, gogen, src, out, "device.proto"); err != nil {
+		t.Fatalf("protoc: %v\n%s", err, msg)
+	}
+	for _, f := range []string{"device.pb.go", "device_meshnode.pb.go"} {
+		got, err := os.ReadFile(filepath.Join(out, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from what the plugin generates: run make generate and commit", f)
+		}
+	}
+}
+
+// TestStreamingMethodRefused: a streaming method fails generation with a
+// reason instead of producing a client that cannot work.
+func TestStreamingMethodRefused(t *testing.T) {
+	protoc, self, gogen := plugin(t)
+	src := t.TempDir()
+	proto := `syntax = "proto3";
+package s.v1;
+option go_package = "example.com/s";
+message M {}
+service S { rpc Watch(M) returns (stream M); }
+`
+	if err := os.WriteFile(filepath.Join(src, "s.proto"), []byte(proto), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := run(t, protoc, self, gogen, src, t.TempDir(), "s.proto")
+	if err == nil || !strings.Contains(string(msg), "streams") {
+		t.Fatalf("protoc: err %v, output %q; want a refusal naming the streaming method", err, msg)
+	}
+}
