@@ -44,6 +44,11 @@ type Config struct {
 	// after it is a handler failure; one that returns nil is a success.
 	HandlerTimeout time.Duration
 
+	// Tags are this node's member tags, gossiped in its metadata (peers
+	// see them in Member.Tags); with the node's own fields they must fit
+	// in memberlist's 512 bytes. Node.SetTags changes them.
+	Tags map[string]string
+
 	// ClientInterceptors run around every Tell, Ask and TellReliable of
 	// this node, the first outermost (nil: none).
 	ClientInterceptors []ClientInterceptor
@@ -80,6 +85,7 @@ func DefaultConfig(name string) Config {
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
 		HandlerTimeout:  30 * time.Second,
+		Tags:            nil, // no member tags
 		// No interceptors, no tracing: nothing runs around a send but the send.
 		ClientInterceptors: nil,
 		ServerInterceptors: nil,
@@ -135,6 +141,9 @@ func (c Config) Validate() error {
 	if c.HandlerTimeout <= 0 {
 		return bad("handler timeout must be positive")
 	}
+	if err := checkTags(c.Cluster, c.Tags); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
 	if slices.ContainsFunc(c.ClientInterceptors, func(f ClientInterceptor) bool { return f == nil }) ||
 		slices.ContainsFunc(c.ServerInterceptors, func(f ServerInterceptor) bool { return f == nil }) {
 		return bad("an interceptor is nil")
@@ -142,7 +151,8 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// lower fills the embedded configs from the top-level fields.
+// lower fills the embedded configs from the top-level fields. Mesh.OnEvent
+// is the application's: the node chains it after its own reaction.
 func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config, partition.Config) {
 	m := c.Mesh
 	m.NodeName, m.Cluster, m.BindAddr, m.Join, m.SecretKey, m.DataDir = c.Name, c.Cluster, c.GossipAddr, c.Join, c.GossipKey, c.DataDir
