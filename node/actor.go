@@ -58,7 +58,7 @@ type localReply struct {
 
 // Spawn starts an actor named name on this node and returns its address.
 func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, error) {
-	if n.closed.Load() {
+	if n.closed.Load() || n.draining.Load() {
 		return Address{}, ErrClosed
 	}
 	if h == nil {
@@ -161,6 +161,12 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	if a.n.ctx.Err() != nil {
+		// The node is closing: what is still queued is dropped and counted
+		// (a reliable message is sent again), not run with a dead context.
+		a.dropped(d, mailbox.DroppedClosed)
+		return
+	}
 	if d.receipt != nil {
 		a.handleStream(d)
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -35,7 +36,8 @@ func (k CallKind) String() string {
 
 // Call is one send as client interceptors see it. An interceptor may set
 // headers (SetHeader) before it calls next; the other fields are read-only.
-// A Call is valid only while the interceptor runs.
+// A Call is valid only while the interceptor runs: it is reused after, so
+// keep copies of what you need, never the Call.
 type Call struct {
 	Kind    CallKind
 	To      Address
@@ -108,10 +110,16 @@ func WithMethod(service, method string) SendOption {
 	return func(o *sendOptions) { o.service, o.method = service, method }
 }
 
+// callPool recycles Calls: a send with interceptors would otherwise
+// allocate one (a few hundred bytes) per call.
+var callPool = sync.Pool{New: func() any { return new(Call) }}
+
 // newCall builds the Call of a send with its options applied, and checks
-// that every option means something for that kind of send.
+// that every option means something for that kind of send. Give it back
+// with putCall once the send returned.
 func (n *Node) newCall(kind CallKind, to Address, req, reply proto.Message, opts []SendOption) (*Call, error) {
-	c := &Call{Kind: kind, To: to, Request: req, Reply: reply}
+	c := callPool.Get().(*Call)
+	*c = Call{Kind: kind, To: to, Request: req, Reply: reply}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&c.o)
@@ -127,6 +135,12 @@ func (n *Node) newCall(kind CallKind, to Address, req, reply proto.Message, opts
 		return c, fmt.Errorf("%w: idempotency keys, overwrite, TTL, reply-to and correlation ids are for reliable sends (a tell or an ask is bounded by its context's deadline)", ErrBadOption)
 	}
 	return c, nil
+}
+
+// putCall recycles c; nothing may use it after.
+func putCall(c *Call) {
+	*c = Call{}
+	callPool.Put(c)
 }
 
 // send is the innermost Invoker: the send itself.

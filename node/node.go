@@ -249,8 +249,11 @@ func (n *Node) Members() []Member {
 }
 
 // Close leaves the cluster gracefully (peers see Left), stops the relay,
-// closes connections, stops the actors and closes the outbox. Messages that
-// were Queued stay on disk for the next start. Idempotent.
+// closes connections, stops the actors and closes the outbox: the fast
+// path. Messages that were Queued stay on disk for the next start; tells
+// still in mailboxes are dropped and counted (Stats.Dropped), reliable
+// messages not yet handled are sent again by their senders. Shutdown lets
+// the mailboxes drain first. Idempotent.
 func (n *Node) Close() error { return n.shutdown(true) }
 
 // Kill stops the node as a crash would, without leaving the cluster (peers

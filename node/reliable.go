@@ -120,6 +120,7 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 		return 0, err
 	}
 	c, err := n.newCall(CallReliable, to, msg, nil, opts)
+	defer putCall(c)
 	if err != nil {
 		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
 	}

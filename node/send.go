@@ -30,6 +30,7 @@ func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message, opts ...
 		return n.tell(ctx, &c)
 	}
 	c, err := n.newCall(CallTell, to, msg, nil, opts)
+	defer putCall(c)
 	if err != nil {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, err)
@@ -50,10 +51,10 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 	if to.Node != n.name {
 		return n.tellRemote(ctx, c)
 	}
-	a := n.localActor(to.Actor)
-	if a == nil {
+	a, err := n.localActor(to.Actor)
+	if err != nil {
 		n.stats.tellFailed.Add(1)
-		return fmt.Errorf("node: tell %s: %w", to, ErrNoSuchActor)
+		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
 	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_EVENT), body: c.Request, senderNode: n.name}
 	n.localDeadline(ctx, d)
@@ -111,6 +112,7 @@ func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp prot
 		} else {
 			err = n.invoke(ctx, c)
 		}
+		putCall(c)
 	}
 	n.stats.observeAsk(time.Since(start), err)
 	return err
@@ -188,9 +190,9 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 
 func (n *Node) askLocal(ctx context.Context, c *Call) error {
 	to := c.To
-	a := n.localActor(to.Actor)
-	if a == nil {
-		return fmt.Errorf("node: ask %s: %w", to, ErrNoSuchActor)
+	a, err := n.localActor(to.Actor)
+	if err != nil {
+		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
 	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_REQUEST), body: c.Request, senderNode: n.name, replyCh: ch}
@@ -230,13 +232,17 @@ func (n *Node) localDeadline(ctx context.Context, d *delivery) {
 	}
 }
 
-// localActor is actor for a local Tell or Ask: nil while the node stops
-// (Shutdown), so nothing new enters a mailbox being drained.
-func (n *Node) localActor(name string) *actor {
+// localActor is actor for a local Tell or Ask; while the node stops
+// (Shutdown) it refuses with ErrClosed, so nothing new enters a mailbox
+// being drained.
+func (n *Node) localActor(name string) (*actor, error) {
 	if n.draining.Load() {
-		return nil
+		return nil, ErrClosed
 	}
-	return n.actor(name)
+	if a := n.actor(name); a != nil {
+		return a, nil
+	}
+	return nil, ErrNoSuchActor
 }
 
 // check validates a destination and refuses sends to dead peers at once

@@ -16,7 +16,10 @@
 //
 //   - New and Restart return once every running node sees every running
 //     node alive; Kill and Stop once every other running node sees the
-//     node down. Any failure fails the test (tb.Fatal) with the reason.
+//     node down. Restart, Kill and Stop also wait until every other node
+//     has reacted to the change (failed its asks to the old incarnation,
+//     say), so a send right after meets the new state. Any failure fails
+//     the test (tb.Fatal) with the reason.
 //   - Setup runs between node.Open and Node.Start, so the actors it spawns
 //     are in place before any peer can send to them, on the first start
 //     and after every restart.
@@ -34,10 +37,12 @@
 package nodetest
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -183,23 +188,63 @@ func (c *Cluster) take(name string) *node.Node {
 }
 
 // Kill crashes the node (node.Kill: no leave) and waits until the others
-// see it down.
+// have seen it die and reacted (their asks to it failed, connections
+// closed).
 func (c *Cluster) Kill(name string) {
 	c.tb.Helper()
+	seen := c.watch(name, node.MemberDead, node.MemberLeft)
 	if err := c.take(name).Kill(); err != nil {
 		c.tb.Fatalf("nodetest: kill %s: %v", name, err)
 	}
+	seen()
 	c.WaitDown(name)
 }
 
 // Stop closes the node gracefully (Node.Close) and waits until the others
-// see it down.
+// have seen it leave and reacted.
 func (c *Cluster) Stop(name string) {
 	c.tb.Helper()
+	seen := c.watch(name, node.MemberDead, node.MemberLeft)
 	if err := c.take(name).Close(); err != nil {
 		c.tb.Fatalf("nodetest: stop %s: %v", name, err)
 	}
+	seen()
 	c.WaitDown(name)
+}
+
+// watch subscribes to the membership events of every running node and
+// returns a function that waits until each has had an event of one of
+// kinds about the node of that name. A node publishes an event after its
+// own reaction to it, so once seen, the change is fully taken in.
+func (c *Cluster) watch(name string, kinds ...node.MemberEventKind) (wait func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var chans []<-chan node.MemberEvent
+	for _, n := range c.running() {
+		if n.Name() != name {
+			chans = append(chans, n.MemberEvents(ctx, 256))
+		}
+	}
+	return func() {
+		c.tb.Helper()
+		defer cancel()
+		timeout := time.After(c.opts.timeout)
+		for _, ch := range chans {
+		events:
+			for {
+				select {
+				case ev, ok := <-ch:
+					if !ok {
+						break events // that node closed meanwhile
+					}
+					if ev.Member.Name == name && slices.Contains(kinds, ev.Kind) {
+						break events
+					}
+				case <-timeout:
+					c.tb.Fatalf("nodetest: timed out after %v waiting for the cluster to see %s %v", c.opts.timeout, name, kinds)
+				}
+			}
+		}
+	}
 }
 
 // Restart starts a stopped or killed node again on its data directory
@@ -212,9 +257,11 @@ func (c *Cluster) Restart(name string) {
 	if !known || n != nil {
 		c.tb.Fatalf("nodetest: restart %q: not a stopped node of the cluster", name)
 	}
+	seen := c.watch(name, node.MemberJoin, node.MemberAlive, node.MemberRestart)
 	if err := c.start(name); err != nil {
 		c.tb.Fatalf("nodetest: restart: %v", err)
 	}
+	seen()
 	c.WaitConverged()
 }
 
