@@ -9,17 +9,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/metrics"
-	"github.com/meshnode/meshnode/node/nodetest"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/node/nodetest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/transport"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 func TestMain(m *testing.M) { testutil.VerifyTestMain(m) } // a test runs a real node
