@@ -71,7 +71,8 @@ type Invoker func(ctx context.Context, c *Call) error
 // node: it calls next to send (or returns an error without sending), may
 // add headers first and sees the outcome after. It runs on the caller's
 // goroutine, with the caller's context. This is where tracing, auth and
-// metrics plug in (Config.ClientInterceptors).
+// metrics plug in (Config.ClientInterceptors). Dispatch, which stores one
+// message for many recipients at once, is not intercepted.
 type ClientInterceptor func(ctx context.Context, c *Call, next Invoker) error
 
 // ServerInterceptor runs around every handler run of a node's actors (for
