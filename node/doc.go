@@ -26,8 +26,11 @@
 //		node.WithReplyTo(node.Addr("replies", op.Name())), // and its result comes back to "replies"
 //		node.WithCorrelationID(cmd.GetId()))               // with the command's id
 //
-// An unknown method is answered with ErrUnknownMethod (permanent: a
-// reliable one is dead-lettered, not retried).
+// The "replies" actor is a ServiceMux with the generated
+// RegisterDeviceCommandsReplies, which calls RunReply(ctx, correlationID,
+// result, err) once per request. An unknown method is answered with
+// ErrUnknownMethod (permanent: a reliable one is dead-lettered, not
+// retried).
 //
 // # Untyped sends
 //

@@ -142,6 +142,44 @@ func generateService(g *protogen.GeneratedFile, s *protogen.Service) {
 		g.P("})")
 	}
 	g.P("}")
+
+	// The replies of reliable requests.
+	replies := name + "Replies"
+	g.P()
+	g.P("// ", replies, " receives the replies of ", name, " requests sent reliably")
+	g.P("// with node.WithReplyTo: each method gets the request's correlation id and")
+	g.P("// either the reply or the error the handler refused the request with (a")
+	g.P("// *node.RemoteError). A returned error makes the reply retry, as any")
+	g.P("// handler's.")
+	g.P("type ", replies, " interface {")
+	for _, m := range s.Methods {
+		g.P(m.GoName, "Reply(ctx ", ctx, ", correlationID string, resp *", g.QualifiedGoIdent(m.Output.GoIdent), ", err error) error")
+	}
+	g.P("}")
+	g.P()
+	g.P("// Register", replies, " routes the replies of ", name, " requests on mux to")
+	g.P("// impl. Spawn mux.Serve as the actor that node.WithReplyTo names (a mux of")
+	g.P("// replies: a request for the same method would look alike).")
+	g.P("func Register", replies, "(mux *", mux, ", impl ", replies, ") {")
+	notReply := g.QualifiedGoIdent(nodePackage.Ident("Permanent"))
+	errorf := g.QualifiedGoIdent(protogen.GoImportPath("fmt").Ident("Errorf"))
+	for _, m := range s.Methods {
+		out := g.QualifiedGoIdent(m.Output.GoIdent)
+		g.P("mux.Handle(", svcConst, ", ", fmt.Sprintf("%q", m.Desc.Name()), ", func(ctx ", ctx, ", m *", msg, ") (", protoMsg, ", error) {")
+		g.P("if !m.IsReply() {")
+		g.P("return nil, ", notReply, "(", errorf, "(\"%s/%s from %s is a request, not a reply\", m.Service(), m.Method(), m.Sender()))")
+		g.P("}")
+		g.P("if err := m.ReplyError(); err != nil {")
+		g.P("return nil, impl.", m.GoName, "Reply(ctx, m.CorrelationID(), nil, err)")
+		g.P("}")
+		g.P("resp := new(", out, ")")
+		g.P("if err := m.Decode(resp); err != nil {")
+		g.P("return nil, err")
+		g.P("}")
+		g.P("return nil, impl.", m.GoName, "Reply(ctx, m.CorrelationID(), resp, nil)")
+		g.P("})")
+	}
+	g.P("}")
 }
 
 // methodVar names the package variable holding a method's WithMethod option.

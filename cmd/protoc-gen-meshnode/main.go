@@ -13,6 +13,10 @@
 //	type GreeterServer interface { SayHello(context.Context, *HelloRequest) (*HelloReply, error) }
 //	func RegisterGreeterServer(mux *node.ServiceMux, impl GreeterServer)
 //
+//	// the replies of SayHelloReliable(ctx, req, node.WithReplyTo(replies)), on the actor replies
+//	type GreeterReplies interface { SayHelloReply(ctx, correlationID string, *HelloReply, error) error }
+//	func RegisterGreeterReplies(mux *node.ServiceMux, impl GreeterReplies)
+//
 // Every message carries the service's full name and the method's name
 // (RpcMeta.service and .method); node.ServiceMux routes by them and
 // answers an unknown method with node.ErrUnknownMethod. Streaming methods

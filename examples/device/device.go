@@ -19,6 +19,11 @@
 //		node.WithReplyTo(node.Addr("replies", "operator")), // the result comes back to "replies",
 //		node.WithCorrelationID(cmd.GetId()))                // matched by the command's id
 //
+//	// operator: "replies" hands each result to op.RunReply(ctx, id, result, err)
+//	mux := node.NewServiceMux()
+//	devicepb.RegisterDeviceCommandsReplies(mux, op)
+//	n.Spawn("replies", mux.Serve)
+//
 // device_test.go runs it on three nodes, including a command sent to an
 // offline device while the operator restarts.
 package device
@@ -30,7 +35,6 @@ import (
 
 	"github.com/meshnode/meshnode/examples/device/devicepb"
 	"github.com/meshnode/meshnode/node"
-	"google.golang.org/protobuf/proto"
 )
 
 // The actors of the example.
@@ -106,31 +110,31 @@ func NewOperator() *Operator {
 	return &Operator{results: map[string][]*devicepb.CommandResult{}, failed: map[string]error{}}
 }
 
-// Spawn starts the actor RepliesActor on n.
+// Spawn starts the actor RepliesActor on n, which takes the replies of
+// DeviceCommands requests (and refuses anything else as poison).
 func (o *Operator) Spawn(n *node.Node) error {
-	_, err := n.Spawn(RepliesActor, o.handle)
+	mux := node.NewServiceMux()
+	devicepb.RegisterDeviceCommandsReplies(mux, o)
+	_, err := n.Spawn(RepliesActor, mux.Serve)
 	return err
 }
 
-func (o *Operator) handle(ctx context.Context, m *node.Message) (proto.Message, error) {
-	if !m.IsReply() || m.Service() != devicepb.DeviceCommandsServiceName || m.Method() != "Run" {
-		return nil, node.Permanent(fmt.Errorf("operator: %s/%s from %s is not the reply to a command", m.Service(), m.Method(), m.Sender()))
-	}
-	id := m.CorrelationID()
-	if err := m.ReplyError(); err != nil {
-		o.mu.Lock()
-		o.failed[id] = err
-		o.mu.Unlock()
-		return nil, nil
-	}
-	var res devicepb.CommandResult
-	if err := m.Decode(&res); err != nil {
-		return nil, err
-	}
+// RunReply records the result of a command, or the device's refusal.
+func (o *Operator) RunReply(_ context.Context, id string, res *devicepb.CommandResult, err error) error {
 	o.mu.Lock()
-	o.results[id] = append(o.results[id], &res)
-	o.mu.Unlock()
-	return nil, nil
+	defer o.mu.Unlock()
+	if err != nil {
+		o.failed[id] = err
+		return nil
+	}
+	o.results[id] = append(o.results[id], res)
+	return nil
+}
+
+// StatusReply is not used: the operator asks for a status (Status), it
+// does not request one reliably.
+func (o *Operator) StatusReply(context.Context, string, *devicepb.DeviceStatus, error) error {
+	return nil
 }
 
 // Results returns the results received for the command with that id (one,

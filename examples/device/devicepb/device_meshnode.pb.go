@@ -5,6 +5,7 @@ package devicepb
 
 import (
 	context "context"
+	fmt "fmt"
 	node "github.com/meshnode/meshnode/node"
 	proto "google.golang.org/protobuf/proto"
 )
@@ -122,5 +123,47 @@ func RegisterDeviceCommandsServer(mux *node.ServiceMux, impl DeviceCommandsServe
 			return nil, err // a nil *DeviceStatus is no reply, not a typed nil
 		}
 		return resp, nil
+	})
+}
+
+// DeviceCommandsReplies receives the replies of DeviceCommands requests sent reliably
+// with node.WithReplyTo: each method gets the request's correlation id and
+// either the reply or the error the handler refused the request with (a
+// *node.RemoteError). A returned error makes the reply retry, as any
+// handler's.
+type DeviceCommandsReplies interface {
+	RunReply(ctx context.Context, correlationID string, resp *CommandResult, err error) error
+	StatusReply(ctx context.Context, correlationID string, resp *DeviceStatus, err error) error
+}
+
+// RegisterDeviceCommandsReplies routes the replies of DeviceCommands requests on mux to
+// impl. Spawn mux.Serve as the actor that node.WithReplyTo names (a mux of
+// replies: a request for the same method would look alike).
+func RegisterDeviceCommandsReplies(mux *node.ServiceMux, impl DeviceCommandsReplies) {
+	mux.Handle(DeviceCommandsServiceName, "Run", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		if !m.IsReply() {
+			return nil, node.Permanent(fmt.Errorf("%s/%s from %s is a request, not a reply", m.Service(), m.Method(), m.Sender()))
+		}
+		if err := m.ReplyError(); err != nil {
+			return nil, impl.RunReply(ctx, m.CorrelationID(), nil, err)
+		}
+		resp := new(CommandResult)
+		if err := m.Decode(resp); err != nil {
+			return nil, err
+		}
+		return nil, impl.RunReply(ctx, m.CorrelationID(), resp, nil)
+	})
+	mux.Handle(DeviceCommandsServiceName, "Status", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		if !m.IsReply() {
+			return nil, node.Permanent(fmt.Errorf("%s/%s from %s is a request, not a reply", m.Service(), m.Method(), m.Sender()))
+		}
+		if err := m.ReplyError(); err != nil {
+			return nil, impl.StatusReply(ctx, m.CorrelationID(), nil, err)
+		}
+		resp := new(DeviceStatus)
+		if err := m.Decode(resp); err != nil {
+			return nil, err
+		}
+		return nil, impl.StatusReply(ctx, m.CorrelationID(), resp, nil)
 	})
 }
