@@ -133,6 +133,10 @@ func (e *memberEvents) publish(ev mesh.Event) {
 // before Start.
 func (n *Node) MemberEvents(ctx context.Context, buffer int) <-chan MemberEvent {
 	ch := make(chan MemberEvent, max(buffer, 1))
+	if n.closed.Load() {
+		close(ch)
+		return ch
+	}
 	e := n.events
 	e.mu.Lock()
 	e.subs[ch] = new(int)

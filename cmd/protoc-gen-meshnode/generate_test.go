@@ -2,32 +2,54 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
-// plugin builds the plugin and finds Debian's protoc and the pinned
-// protoc-gen-go; the tests skip without protoc (apt-get install
-// protobuf-compiler), as make generate needs it too.
+// plugin builds the plugin (once per test binary) and finds Debian's
+// protoc and the pinned protoc-gen-go; the tests skip without protoc
+// (apt-get install protobuf-compiler), as make generate needs it too.
 func plugin(t *testing.T) (protoc, self, gogen string) {
 	t.Helper()
 	protoc, err := exec.LookPath("protoc")
 	if err != nil {
 		t.Skip("protoc not installed")
 	}
-	dir := t.TempDir()
-	self = filepath.Join(dir, "protoc-gen-meshnode")
-	if out, err := exec.Command("go", "build", "-o", self, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build plugin: %v\n%s", err, out)
+	build.Do(func() {
+		dir, err := os.MkdirTemp("", "protoc-gen-meshnode-test-")
+		if err != nil {
+			build.err = err
+			return
+		}
+		build.dir = dir
+		build.self = filepath.Join(dir, "protoc-gen-meshnode")
+		if out, err := exec.Command("go", "build", "-o", build.self, ".").CombinedOutput(); err != nil {
+			build.err = fmt.Errorf("build plugin: %w\n%s", err, out)
+			return
+		}
+		out, err := exec.Command("go", "tool", "-n", "protoc-gen-go").Output()
+		if err != nil {
+			build.err = fmt.Errorf("find protoc-gen-go: %w", err)
+			return
+		}
+		build.gogen = strings.TrimSpace(string(out))
+	})
+	if build.err != nil {
+		t.Fatal(build.err)
 	}
-	out, err := exec.Command("go", "tool", "-n", "protoc-gen-go").Output()
-	if err != nil {
-		t.Fatalf("find protoc-gen-go: %v", err)
-	}
-	return protoc, self, strings.TrimSpace(string(out))
+	return protoc, build.self, build.gogen
+}
+
+// build is the plugin built for this test binary; TestMain removes it.
+var build struct {
+	sync.Once
+	dir, self, gogen string
+	err              error
 }
 
 func run(t *testing.T, protoc, self, gogen, srcDir, outDir, file string) ([]byte, error) {
