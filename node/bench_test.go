@@ -75,7 +75,9 @@ func BenchmarkLocalTell(b *testing.B) {
 // what they cost on a real send (compare with benchstat -col /interceptors).
 func BenchmarkLocalAskInterceptor(b *testing.B) {
 	noopClient := func(ctx context.Context, c *node.Call, next node.Invoker) error { return next(ctx, c) }
-	noopServer := func(ctx context.Context, m *node.Message, next node.Handler) (proto.Message, error) { return next(ctx, m) }
+	noopServer := func(ctx context.Context, m *node.Message, next node.Handler) (proto.Message, error) {
+		return next(ctx, m)
+	}
 	for _, k := range []int{0, 1} {
 		b.Run(fmt.Sprintf("interceptors=%d", k), func(b *testing.B) {
 			n := startNodeWith(b, "n1", b.TempDir(), func(cfg *node.Config) {
