@@ -36,13 +36,22 @@ test-short:
 lint:
 	$(GOLANGCI) run $(PKGS)
 
-# protoc comes from Debian's protobuf-compiler; protoc-gen-go is pinned in go.mod (tool directive).
+# protoc comes from Debian's protobuf-compiler; protoc-gen-go is pinned in
+# go.mod (tool directive); protoc-gen-meshnode is built from this repository.
+# The wire schema, then each example's service (its .pb.go and _meshnode.pb.go).
+PROTO_EXAMPLES := examples/device/devicepb
 generate:
 	@command -v protoc >/dev/null || { echo "protoc not found: apt-get install protobuf-compiler" >&2; exit 1; }
+	$(GO) build -o $(BIN)/protoc-gen-meshnode ./cmd/protoc-gen-meshnode
 	cd mailbox/pb && protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=paths=source_relative meshnode.proto
+	for d in $(PROTO_EXAMPLES); do \
+		(cd $$d && protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --plugin=protoc-gen-meshnode=$(abspath $(BIN))/protoc-gen-meshnode \
+			--go_out=. --go_opt=paths=source_relative --meshnode_out=. --meshnode_opt=paths=source_relative *.proto) || exit 1; \
+	done
 
 verify-generate: generate
-	@git diff --exit-code -- mailbox/pb || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+	@git diff --exit-code -- mailbox/pb $(PROTO_EXAMPLES) || { echo "generated code is stale: run make generate and commit" >&2; exit 1; }
+	@test -z "$$(git status --porcelain -- mailbox/pb $(PROTO_EXAMPLES))" || { git status --short -- mailbox/pb $(PROTO_EXAMPLES); echo "generated files are not committed" >&2; exit 1; }
 
 # The side-by-side harness (its own module under bench/): meshnode vs NATS,
 # raw quic-go and bbolt, at a size that takes a few minutes.

@@ -1,8 +1,9 @@
 // Package mailbox holds meshnode's per-actor building blocks: the bounded
 // Mailbox with its overflow strategies, the ResponseRegistry that matches
 // ask responses to waiters, status headers that carry handler errors across
-// the wire, message IDs and idempotency keys, and a ServeMux that routes
-// (service, method) to typed handlers. It knows nothing of the network.
+// the wire, and message IDs and idempotency keys. It knows nothing of the
+// network. Routing by (service, method) lives in node (ServiceMux), which
+// knows both of the paths a message takes to a handler.
 //
 // # Guarantees
 //
@@ -25,7 +26,7 @@
 //	m, err := mailbox.New(mailbox.Config[*pb.Envelope]{
 //		Capacity: 256,
 //		Overflow: mailbox.Reject,
-//		Handle:   func(env *pb.Envelope) { reply, err := mux.Serve(ctx, env); ... },
+//		Handle:   func(env *pb.Envelope) { reply, err := handle(ctx, env); ... },
 //		OnDrop:   func(env *pb.Envelope, r mailbox.DropReason) { deadLetters.Add(env, r) },
 //	})
 //	if err != nil { ... }
@@ -50,8 +51,7 @@
 //     10 ms, so a hint is always positive.
 //   - A panicking Handle is recovered, counted (Stats.Panicked) and its item
 //     goes to OnDrop with the added reason DroppedPanicked; the actor keeps
-//     running. ServeMux.Serve recovers handler panics as
-//     Permanent(ErrPanicked).
+//     running.
 //   - After Close, Post returns ErrClosed and does not call OnDrop (the
 //     caller holds the item). Close takes queued items at once, waits for the
 //     running Handle, then calls OnDrop(DroppedClosed) for each. Close and
@@ -65,12 +65,12 @@
 //     without a deadline wakes (receives nil, false); Cancel does not close.
 //     A response without a correlation id is dropped (Deliver returns false).
 //   - Status codes map to sentinels both ways; added: Expired <-> ErrExpired,
-//     ErrClosed -> Unavailable. Permanent takes precedence in CodeOf
-//     (Rejected), and a decoded Rejected RemoteError is IsPermanent, so
-//     "do not retry" survives the wire. A non-nil error never encodes as OK.
+//     ErrClosed -> Unavailable, Unimplemented <-> ErrUnknownMethod.
+//     Permanent takes precedence in CodeOf (Rejected) over everything but
+//     ErrUnknownMethod, and a decoded Rejected or Unimplemented RemoteError
+//     is IsPermanent, so "do not retry" survives the wire. A non-nil error
+//     never encodes as OK.
 //   - NewID: 22 base64url characters = 64 random bits per process + a 64-bit
 //     counter starting at a random value; no syscall per call.
 //   - DeterministicID: 8-byte big-endian length before each part.
-//   - HandleTyped's decode errors wrap ErrBadBody; a nil HandlerFunc passed
-//     to Handle removes the route.
 package mailbox

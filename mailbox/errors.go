@@ -16,8 +16,10 @@ var (
 	ErrClosed = errors.New("mailbox: closed")
 	// ErrNoSuchActor means no actor of that name exists on the node.
 	ErrNoSuchActor = errors.New("mailbox: no such actor")
-	// ErrNoHandler means a ServeMux has no route for (service, method).
-	ErrNoHandler = errors.New("mailbox: no handler")
+	// ErrUnknownMethod means the recipient serves no method of that
+	// (service, method): it carries status code Unimplemented across the
+	// wire, and is permanent (a retry cannot succeed).
+	ErrUnknownMethod = errors.New("mailbox: unknown method")
 	// ErrDuplicateCorrelation means a waiter for that correlation id is
 	// already registered.
 	ErrDuplicateCorrelation = errors.New("mailbox: correlation id already registered")
@@ -27,12 +29,6 @@ var (
 	ErrExpired = errors.New("mailbox: expired")
 	// ErrBadConfig means a Config failed Validate.
 	ErrBadConfig = errors.New("mailbox: bad config")
-	// ErrBadBody means a request body was missing, of the wrong type or
-	// undecodable. ServeMux returns it wrapped in Permanent.
-	ErrBadBody = errors.New("mailbox: bad request body")
-	// ErrPanicked means a handler panicked. The panic was recovered and
-	// the message is treated as a permanent failure.
-	ErrPanicked = errors.New("mailbox: handler panicked")
 )
 
 // CapacityError reports that a mailbox (local or remote) is full.
@@ -80,15 +76,16 @@ func Permanent(err error) error {
 }
 
 // IsPermanent reports whether err was marked with Permanent anywhere in its
-// chain, or is a *RemoteError with code Rejected (a remote permanent error).
+// chain, is ErrUnknownMethod, or is a *RemoteError with code Rejected or
+// Unimplemented (a remote permanent error).
 func IsPermanent(err error) bool {
 	if err == nil {
 		return false
 	}
 	var p *permanentError
-	if errors.As(err, &p) {
+	if errors.As(err, &p) || errors.Is(err, ErrUnknownMethod) {
 		return true
 	}
 	var re *RemoteError
-	return errors.As(err, &re) && re.Code == Rejected
+	return errors.As(err, &re) && (re.Code == Rejected || re.Code == Unimplemented)
 }

@@ -27,6 +27,7 @@ const (
 	Unavailable                  // the remote runtime is shutting down or unreachable
 	InvalidArgument              // the request was malformed
 	Internal                     // a bug or invariant violation on the remote side
+	Unimplemented                // the recipient serves no such (service, method)
 )
 
 var codeNames = [...]string{
@@ -42,6 +43,7 @@ var codeNames = [...]string{
 	Unavailable:      "unavailable",
 	InvalidArgument:  "invalid-argument",
 	Internal:         "internal",
+	Unimplemented:    "unimplemented",
 }
 
 // String implements fmt.Stringer.
@@ -79,8 +81,8 @@ func (e *RemoteError) Error() string {
 
 // Unwrap maps the code to a sentinel so errors.Is works across the wire:
 // NoSuchActor->ErrNoSuchActor, Capacity->ErrMailboxFull, Expired->ErrExpired,
-// DeadlineExceeded->context.DeadlineExceeded, Canceled->context.Canceled;
-// other codes unwrap to nil.
+// DeadlineExceeded->context.DeadlineExceeded, Canceled->context.Canceled,
+// Unimplemented->ErrUnknownMethod; other codes unwrap to nil.
 func (e *RemoteError) Unwrap() error {
 	switch e.Code {
 	case NoSuchActor:
@@ -93,11 +95,14 @@ func (e *RemoteError) Unwrap() error {
 		return context.DeadlineExceeded
 	case Canceled:
 		return context.Canceled
+	case Unimplemented:
+		return ErrUnknownMethod
 	}
 	return nil
 }
 
-// CodeOf classifies err: nil->OK; *RemoteError->its code; Permanent->Rejected;
+// CodeOf classifies err: nil->OK; *RemoteError->its code;
+// ErrUnknownMethod->Unimplemented; Permanent->Rejected;
 // *CapacityError/ErrMailboxFull->Capacity; ErrNoSuchActor->NoSuchActor;
 // ErrExpired->Expired; context errors->DeadlineExceeded/Canceled;
 // ErrClosed->Unavailable; anything else->Unknown.
@@ -108,6 +113,10 @@ func CodeOf(err error) Code {
 	var re *RemoteError
 	if errors.As(err, &re) {
 		return re.Code
+	}
+	// An unknown method is permanent too, but says more than Rejected.
+	if errors.Is(err, ErrUnknownMethod) {
+		return Unimplemented
 	}
 	// Permanent first: a handler that marks an error poison means "do not
 	// retry" whatever it wraps.

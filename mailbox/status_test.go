@@ -36,6 +36,8 @@ func TestStatusRoundTrip(t *testing.T) {
 		{"remote internal", &mailbox.RemoteError{Code: mailbox.Internal}, mailbox.Internal, nil, false, false},
 		{"remote unavailable", &mailbox.RemoteError{Code: mailbox.Unavailable}, mailbox.Unavailable, nil, false, false},
 		{"remote rejected", &mailbox.RemoteError{Code: mailbox.Rejected}, mailbox.Rejected, nil, false, true},
+		{"unknown method", mailbox.Permanent(fmt.Errorf("route: %w", mailbox.ErrUnknownMethod)), mailbox.Unimplemented, mailbox.ErrUnknownMethod, false, true},
+		{"remote unimplemented", &mailbox.RemoteError{Code: mailbox.Unimplemented}, mailbox.Unimplemented, mailbox.ErrUnknownMethod, false, true},
 		{"remote ok is not ok", &mailbox.RemoteError{Code: mailbox.OK}, mailbox.Unknown, nil, false, false},
 	}
 	for _, tt := range tests {
@@ -157,7 +159,7 @@ func TestPermanent(t *testing.T) {
 
 func TestCodeString(t *testing.T) {
 	seen := map[string]bool{}
-	for c := mailbox.OK; c <= mailbox.Internal; c++ {
+	for c := mailbox.OK; c <= mailbox.Unimplemented; c++ {
 		s := c.String()
 		if s == "" || seen[s] {
 			t.Fatalf("code %d has empty or duplicate name %q", c, s)

@@ -49,6 +49,8 @@ func TestDiff(t *testing.T) {
 		{"quic moved", alive, true, with(func(m *Member) { m.QUICAddr = "q2" }), EventUpdate, true},
 		{"gossip moved", alive, true, with(func(m *Member) { m.GossipAddr = "g2" }), EventUpdate, true},
 		{"versions", alive, true, with(func(m *Member) { m.ProtocolVersions = []uint32{2, 3} }), EventUpdate, true},
+		{"tags", alive, true, with(func(m *Member) { m.Tags = map[string]string{"zone": "b"} }), EventUpdate, true},
+		{"same tags", with(func(m *Member) { m.Tags = map[string]string{"zone": "b"} }), true, with(func(m *Member) { m.Tags = map[string]string{"zone": "b"} }), 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, ok := diff(tc.prev, tc.known, tc.cur)

@@ -395,6 +395,7 @@ func (m *Mesh) setFromNode(n *memberlist.Node, st State) {
 		mem.BootID = meta.GetBootId()
 		mem.Cluster = meta.GetCluster()
 		mem.ProtocolVersions = meta.GetProtocolVersions()
+		mem.Tags = meta.GetTags()
 	}
 	now := time.Now()
 	m.mu.Lock()

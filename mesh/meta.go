@@ -40,6 +40,14 @@ func encodeMeta(meta *pb.NodeMeta) ([]byte, error) {
 	return b, nil
 }
 
+// CheckMeta reports whether meta fits in memberlist's node metadata
+// (MaxMetaSize bytes once encoded): nil, or an error wrapping
+// ErrMetaTooLarge.
+func CheckMeta(meta *pb.NodeMeta) error {
+	_, err := encodeMeta(meta)
+	return err
+}
+
 // decodeMeta parses the metadata of a peer (bytes from the network).
 func decodeMeta(b []byte) (*pb.NodeMeta, error) {
 	if len(b) == 0 {

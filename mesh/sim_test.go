@@ -272,10 +272,7 @@ func (c *simCluster) spread(tb testing.TB, name string, arm func(m *simMember, h
 	}
 	start()
 	return waitUntil(tb, 5*time.Millisecond, 10*time.Minute, "broadcast reaches everyone", func() bool {
-		if seen.Load() >= want {
-			return true
-		}
-		return false
+		return seen.Load() >= want
 	})
 }
 

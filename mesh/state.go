@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"maps"
 	"strconv"
 	"time"
 )
@@ -46,12 +47,14 @@ type Member struct {
 	BootID           string // from NodeMeta; changes on every start
 	Cluster          string // from NodeMeta
 	ProtocolVersions []uint32
+	Tags             map[string]string // from NodeMeta: the application's member tags
 	State            State
 	Since            time.Time // when State last changed (local clock)
 }
 
 func (m Member) clone() Member {
 	m.ProtocolVersions = append([]uint32(nil), m.ProtocolVersions...)
+	m.Tags = maps.Clone(m.Tags)
 	return m
 }
 
@@ -71,7 +74,8 @@ const (
 	EventLeft
 	// EventRestart: a member with a known name came back with a new boot id.
 	EventRestart
-	// EventUpdate: a member's metadata or address changed, state unchanged.
+	// EventUpdate: a member's metadata (tags included) or address changed,
+	// state unchanged.
 	EventUpdate
 )
 
@@ -130,7 +134,8 @@ func diff(prev Member, known bool, cur Member) (EventKind, bool) {
 		}
 	}
 	if prev.GossipAddr != cur.GossipAddr || prev.QUICAddr != cur.QUICAddr ||
-		prev.Cluster != cur.Cluster || !equalVersions(prev.ProtocolVersions, cur.ProtocolVersions) {
+		prev.Cluster != cur.Cluster || !equalVersions(prev.ProtocolVersions, cur.ProtocolVersions) ||
+		!maps.Equal(prev.Tags, cur.Tags) {
 		return EventUpdate, true
 	}
 	return 0, false

@@ -99,9 +99,8 @@ var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNo
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
 // concurrent scrapes and observations.
 type Collector struct {
-	src     Source
-	ask     *prometheus.HistogramVec
-	handler *prometheus.HistogramVec
+	src   Source
+	calls *Calls
 
 	// mu guards the fields below: the peers seen so far, so that per-peer
 	// series stay for the life of the process.
@@ -109,22 +108,82 @@ type Collector struct {
 	peers map[string]bool
 }
 
+// Option configures a Collector.
+type Option func(*Collector)
+
+// WithCalls makes the collector export c's histograms, which c's
+// interceptors fill (see Calls). Without it the collector has histograms
+// of its own, filled by ObserveAsk and InstrumentHandler.
+func WithCalls(c *Calls) Option { return func(col *Collector) { col.calls = c } }
+
 // New returns a collector reading src.
-func New(src Source) *Collector {
-	return &Collector{
-		src: src,
+func New(src Source, opts ...Option) *Collector {
+	c := &Collector{src: src, peers: map[string]bool{}}
+	for _, opt := range opts {
+		opt(c)
+	}
+	if c.calls == nil {
+		c.calls = NewCalls()
+	}
+	return c
+}
+
+// Calls observes a node's asks and handler runs as interceptors: its
+// histograms are meshnode_ask_duration_seconds{outcome} (every Ask of the
+// node, from the call to its reply or failure) and
+// meshnode_handler_duration_seconds{actor,outcome} (every handler run of
+// the node's actors). Make it before the node, install it in the node's
+// config, and give it to the collector:
+//
+//	calls := metrics.NewCalls()
+//	calls.Install(&cfg)
+//	n, err := node.Open(cfg)
+//	col := metrics.New(metrics.ForNode(n), metrics.WithCalls(calls))
+type Calls struct {
+	ask     *prometheus.HistogramVec
+	handler *prometheus.HistogramVec
+}
+
+// NewCalls returns empty histograms.
+func NewCalls() *Calls {
+	return &Calls{
 		ask: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "meshnode_ask_duration_seconds",
-			Help:    "Time from sending an ask to its reply or failure, for asks observed with ObserveAsk (the daemon: /v1/ask), by outcome.",
+			Help:    "Time from sending an ask to its reply or failure, by outcome.",
 			Buckets: LatencyBuckets,
 		}, []string{"outcome"}),
 		handler: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "meshnode_handler_duration_seconds",
-			Help:    "Time a handler wrapped with InstrumentHandler took per message, by actor and outcome.",
+			Help:    "Time a handler took per message, by actor and outcome.",
 			Buckets: LatencyBuckets,
 		}, []string{"actor", "outcome"}),
-		peers: map[string]bool{},
 	}
+}
+
+// Install appends c's interceptors to cfg's (innermost: they time the
+// send and the handler, not the other interceptors).
+func (c *Calls) Install(cfg *node.Config) {
+	cfg.ClientInterceptors = append(cfg.ClientInterceptors, c.ClientInterceptor)
+	cfg.ServerInterceptors = append(cfg.ServerInterceptors, c.ServerInterceptor)
+}
+
+// ClientInterceptor observes each Ask's latency and outcome.
+func (c *Calls) ClientInterceptor(ctx context.Context, call *node.Call, next node.Invoker) error {
+	if call.Kind != node.CallAsk {
+		return next(ctx, call)
+	}
+	start := time.Now()
+	err := next(ctx, call)
+	c.ask.WithLabelValues(outcome(err)).Observe(time.Since(start).Seconds())
+	return err
+}
+
+// ServerInterceptor observes each handler run's duration by actor.
+func (c *Calls) ServerInterceptor(ctx context.Context, m *node.Message, next node.Handler) (proto.Message, error) {
+	start := time.Now()
+	reply, err := next(ctx, m)
+	c.handler.WithLabelValues(m.Recipient().Actor, outcome(err)).Observe(time.Since(start).Seconds())
+	return reply, err
 }
 
 func outcome(err error) string {
@@ -134,15 +193,17 @@ func outcome(err error) string {
 	return "ok"
 }
 
-// ObserveAsk records one ask's latency and outcome.
+// ObserveAsk records one ask's latency and outcome, for an ask the
+// collector's Calls do not see (an ask of another node's API, say).
 func (c *Collector) ObserveAsk(d time.Duration, err error) {
-	c.ask.WithLabelValues(outcome(err)).Observe(d.Seconds())
+	c.calls.ask.WithLabelValues(outcome(err)).Observe(d.Seconds())
 }
 
 // InstrumentHandler wraps h so that each call's duration is observed in
-// meshnode_handler_duration_seconds{actor=actor}.
+// meshnode_handler_duration_seconds{actor=actor}. A node with the Calls'
+// interceptors installed observes every handler already.
 func (c *Collector) InstrumentHandler(actor string, h node.Handler) node.Handler {
-	ok, failed := c.handler.WithLabelValues(actor, "ok"), c.handler.WithLabelValues(actor, "failed")
+	ok, failed := c.calls.handler.WithLabelValues(actor, "ok"), c.calls.handler.WithLabelValues(actor, "failed")
 	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
 		start := time.Now()
 		reply, err := h(ctx, m)
@@ -160,8 +221,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range descs {
 		ch <- d.d
 	}
-	c.ask.Describe(ch)
-	c.handler.Describe(ch)
+	c.calls.ask.Describe(ch)
+	c.calls.handler.Describe(ch)
 }
 
 // Collect reads the source's snapshots.
@@ -234,8 +295,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(dMailboxDrops, float64(a.DroppedClosed), a.Name, "closed")
 	}
 
-	c.ask.Collect(ch)
-	c.handler.Collect(ch)
+	c.calls.ask.Collect(ch)
+	c.calls.handler.Collect(ch)
 }
 
 // peerSet returns every peer seen so far (members other than this node,

@@ -9,18 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/metrics"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/node/nodetest"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/transport"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { testutil.VerifyTestMain(m) } // a test runs a real node
 
 // fakeSource is a node whose snapshots the test sets.
 type fakeSource struct {
@@ -243,5 +245,39 @@ func TestNamesAndHelp(t *testing.T) {
 	slices.Sort(got)
 	if !slices.Equal(got, metrics.Names) {
 		t.Errorf("scraped families\n%v\nNames\n%v", got, metrics.Names)
+	}
+}
+
+// TestCallsObserveEveryAskAndHandler: installed in a node's config, Calls
+// time every ask (by outcome) and every handler run (by actor); tells are
+// not asks.
+func TestCallsObserveEveryAskAndHandler(t *testing.T) {
+	calls := metrics.NewCalls()
+	c := nodetest.New(t, []string{"a"}, nodetest.WithConfig(calls.Install), nodetest.WithSetup(func(n *node.Node) error {
+		_, err := n.Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return wrapperspb.String("r"), nil })
+		return err
+	}))
+	n := c.Node("a")
+	col := metrics.New(metrics.ForNode(n), metrics.WithCalls(calls))
+	ctx := context.Background()
+	if err := n.Ask(ctx, node.Addr("echo", "a"), wrapperspb.String("q"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Ask(ctx, node.Addr("nobody", "a"), wrapperspb.String("q"), nil); err == nil {
+		t.Fatal("ask to no actor succeeded")
+	}
+	if err := n.Tell(ctx, node.Addr("echo", "a"), wrapperspb.String("t")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "two handler runs observed", func() bool {
+		v, _ := value(t, gather(t, col), "meshnode_handler_duration_seconds", "actor", "echo", "outcome", "ok")
+		return v == 2
+	})
+	fams := gather(t, col)
+	if v, _ := value(t, fams, "meshnode_ask_duration_seconds", "outcome", "ok"); v != 1 {
+		t.Errorf("ok asks = %v, want 1", v)
+	}
+	if v, _ := value(t, fams, "meshnode_ask_duration_seconds", "outcome", "failed"); v != 1 {
+		t.Errorf("failed asks = %v, want 1", v)
 	}
 }

@@ -47,6 +47,8 @@ type delivery struct {
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
 	stream     StreamID          // reliable: the stream it belongs to
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
+	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
+	values     context.Context   // local tell or ask: the caller's context, for its values
 }
 
 type localReply struct {
@@ -56,7 +58,7 @@ type localReply struct {
 
 // Spawn starts an actor named name on this node and returns its address.
 func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, error) {
-	if n.closed.Load() {
+	if n.closed.Load() || n.draining.Load() {
 		return Address{}, ErrClosed
 	}
 	if h == nil {
@@ -70,7 +72,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: h}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h)}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		Overflow: o.overflow,
@@ -159,25 +161,50 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	if a.n.ctx.Err() != nil {
+		// The node is closing: what is still queued is dropped and counted
+		// (a reliable message is sent again), not run with a dead context.
+		a.dropped(d, mailbox.DroppedClosed)
+		return
+	}
 	if d.receipt != nil {
 		a.handleStream(d)
 		return
 	}
-	env := d.env
-	ctx := a.n.ctx
-	if d.deadlineMs > 0 && (d.replyCh != nil || d.remoteAsk) {
+	n, env := a.n, d.env
+	ctx := n.ctx
+	if d.deadlineMs > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(d.deadlineMs-a.n.store.ElapsedMs())*time.Millisecond)
+		if !d.deadline.IsZero() {
+			ctx, cancel = context.WithDeadline(ctx, d.deadline)
+		} else {
+			ctx, cancel = context.WithTimeout(ctx, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
+		}
 		defer cancel()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// Its caller's deadline passed while it waited in the mailbox:
+			// nobody waits for the outcome any more.
+			n.stats.expired.Add(1)
+			a.answer(d, nil, fmt.Errorf("node: %s expired in the mailbox of %q: %w", env.GetMsgId(), a.name, context.DeadlineExceeded))
+			return
+		}
+	}
+	if d.values != nil {
+		ctx = valueContext{Context: ctx, values: d.values}
 	}
 	reply, err := a.call(ctx, &Message{env: env, body: d.body})
+	a.answer(d, reply, err)
+}
+
+// answer sends a tell's or an ask's outcome to whoever waits for it.
+func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 	switch {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
-		a.n.respond(env, reply, err)
+		a.n.respond(d.env, reply, err)
 	case err != nil:
-		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", env.GetMsgId(), "err", err)
+		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", d.env.GetMsgId(), "err", err)
 	}
 }
 
@@ -256,8 +283,16 @@ func (a *actor) handleStream(d *delivery) {
 	if d.deadlineMs > 0 {
 		ctx, cancel = contextWithEarlier(ctx, cancel, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
 	}
-	_, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream})
+	reply, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream})
 	cancel()
+	if isRequest(env) && (herr == nil || mailbox.IsPermanent(herr)) {
+		if err := a.storeReply(d, reply, herr); err != nil {
+			// Not the message's fault: it runs again later, and its reply
+			// is stored then (the requester runs one of the two).
+			rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: err.Error()})
+			return
+		}
+	}
 	if herr == nil {
 		// A nil return is success, even after the deadline.
 		st.w.Store(seq)

@@ -70,6 +70,35 @@ func BenchmarkLocalTell(b *testing.B) {
 	tellAll(b, n, to, got)
 }
 
+// BenchmarkLocalAskInterceptor: a local ask's round trip without and with
+// one installed no-op client and server interceptor; the difference is
+// what they cost on a real send (compare with benchstat -col /interceptors).
+func BenchmarkLocalAskInterceptor(b *testing.B) {
+	noopClient := func(ctx context.Context, c *node.Call, next node.Invoker) error { return next(ctx, c) }
+	noopServer := func(ctx context.Context, m *node.Message, next node.Handler) (proto.Message, error) {
+		return next(ctx, m)
+	}
+	for _, k := range []int{0, 1} {
+		b.Run(fmt.Sprintf("interceptors=%d", k), func(b *testing.B) {
+			n := startNodeWith(b, "n1", b.TempDir(), func(cfg *node.Config) {
+				if k == 1 {
+					cfg.ClientInterceptors = []node.ClientInterceptor{noopClient}
+					cfg.ServerInterceptors = []node.ServerInterceptor{noopServer}
+				}
+			})
+			to, _ := n.Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+			ctx := context.Background()
+			var resp wrapperspb.BytesValue
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := n.Ask(ctx, to, payload128, &resp); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkLocalAsk: round trip to a local actor.
 func BenchmarkLocalAsk(b *testing.B) {
 	n := startNode(b, "n1", b.TempDir())

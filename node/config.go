@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -12,6 +13,8 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
 	"github.com/meshnode/meshnode/transport"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Config configures a Node. DefaultConfig sets every field; the top-level
@@ -41,6 +44,25 @@ type Config struct {
 	// after it is a handler failure; one that returns nil is a success.
 	HandlerTimeout time.Duration
 
+	// Tags are this node's member tags, gossiped in its metadata (peers
+	// see them in Member.Tags); with the node's own fields they must fit
+	// in memberlist's 512 bytes. Node.SetTags changes them.
+	Tags map[string]string
+
+	// ClientInterceptors run around every Tell, Ask and TellReliable of
+	// this node, the first outermost (nil: none).
+	ClientInterceptors []ClientInterceptor
+	// ServerInterceptors run around every handler run of this node's
+	// actors, the first outermost (nil: none).
+	ServerInterceptors []ServerInterceptor
+	// TracerProvider, when set, makes a span per send and per handler run,
+	// and the trace context travels in message headers (nil: no spans).
+	TracerProvider trace.TracerProvider
+	// Propagator writes the trace context into headers and reads it back
+	// (nil: W3C trace context and baggage when TracerProvider is set, and
+	// nothing otherwise).
+	Propagator propagation.TextMapPropagator
+
 	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
 	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
 	Outbox    outbox.Config    // durable store tuning (attempts, key window, retention, clock)
@@ -63,10 +85,16 @@ func DefaultConfig(name string) Config {
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
 		HandlerTimeout:  30 * time.Second,
-		Mesh:            mesh.DefaultConfig(name),
-		Transport:       transport.DefaultConfig(name),
-		Outbox:          outbox.DefaultConfig(""),
-		Relay:           partition.DefaultConfig(),
+		Tags:            nil, // no member tags
+		// No interceptors, no tracing: nothing runs around a send but the send.
+		ClientInterceptors: nil,
+		ServerInterceptors: nil,
+		TracerProvider:     nil,
+		Propagator:         nil,
+		Mesh:               mesh.DefaultConfig(name),
+		Transport:          transport.DefaultConfig(name),
+		Outbox:             outbox.DefaultConfig(""),
+		Relay:              partition.DefaultConfig(),
 	}
 }
 
@@ -113,10 +141,18 @@ func (c Config) Validate() error {
 	if c.HandlerTimeout <= 0 {
 		return bad("handler timeout must be positive")
 	}
+	if err := checkTags(c.Cluster, c.Tags); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	if slices.ContainsFunc(c.ClientInterceptors, func(f ClientInterceptor) bool { return f == nil }) ||
+		slices.ContainsFunc(c.ServerInterceptors, func(f ServerInterceptor) bool { return f == nil }) {
+		return bad("an interceptor is nil")
+	}
 	return nil
 }
 
-// lower fills the embedded configs from the top-level fields.
+// lower fills the embedded configs from the top-level fields. Mesh.OnEvent
+// is the application's: the node chains it after its own reaction.
 func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config, partition.Config) {
 	m := c.Mesh
 	m.NodeName, m.Cluster, m.BindAddr, m.Join, m.SecretKey, m.DataDir = c.Name, c.Cluster, c.GossipAddr, c.Join, c.GossipKey, c.DataDir

@@ -18,6 +18,8 @@ type counters struct {
 	reliableDead, unknownPeer                      atomic.Uint64
 	dropped, panics, noSuchActor, expired          atomic.Uint64
 	remoteFull, duplicates, outOfOrder, forgotten  atomic.Uint64
+	stopping                                       atomic.Uint64
+	memberEventsMissed                             atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -40,11 +42,13 @@ type Stats struct {
 	Dropped                                           uint64 // mailbox drops (DropOldest/DropNewest/closed)
 	Panics                                            uint64 // handler panics recovered
 	NoSuchActor                                       uint64 // messages for an actor that does not exist here
-	Expired                                           uint64 // messages that arrived expired
+	Expired                                           uint64 // messages that arrived expired, or whose caller's deadline passed in the mailbox
 	RefusedFull                                       uint64 // messages refused because a mailbox was full
 	DedupeHits                                        uint64 // reliable messages answered DUPLICATE (watermark or idempotency key)
 	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
 	Forgotten                                         uint64 // reliable messages answered FORGOTTEN (older than a stream this node forgot; may have run)
+	Stopping                                          uint64 // messages from peers refused because an actor or the node was stopping (reliable ones are sent again)
+	MemberEventsMissed                                uint64 // membership events a slow subscriber or callback did not get
 	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
 }
@@ -59,6 +63,7 @@ func (n *Node) Stats() Stats {
 		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
 		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
 		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(), Forgotten: c.forgotten.Load(),
+		Stopping: c.stopping.Load(), MemberEventsMissed: c.memberEventsMissed.Load(),
 		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
 		Streams: n.in.len(),
 	}

@@ -35,6 +35,10 @@ var (
 	// (transport MaxFrameSize, minus room for per-send fields). Refused
 	// before anything is stored.
 	ErrTooLarge = errors.New("node: message too large")
+	// ErrUnknownMethod: the recipient serves no such (service, method)
+	// (ServiceMux): an *UnknownMethodError locally, a *RemoteError with
+	// code Unimplemented from another node. Permanent: not retried.
+	ErrUnknownMethod = mailbox.ErrUnknownMethod
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
 )

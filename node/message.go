@@ -53,6 +53,39 @@ func (m *Message) Sender() Address { a, _ := parseLoose(m.env.GetSender()); retu
 // Recipient returns the actor the message was sent to.
 func (m *Message) Recipient() Address { a, _ := parseLoose(m.env.GetRecipient()); return a }
 
+// Service returns the service the message calls (WithMethod; generated
+// clients set it), or "".
+func (m *Message) Service() string { return m.env.GetRpc().GetService() }
+
+// Method returns the method of Service the message calls, or "".
+func (m *Message) Method() string { return m.env.GetRpc().GetMethod() }
+
+// CorrelationID returns, for a reliable request (WithReplyTo) and for its
+// reply, the id that matches the reply to the request ("" otherwise).
+func (m *Message) CorrelationID() string { return m.env.GetRpc().GetCorrelationId() }
+
+// ReplyTo returns where a reliable request's reply goes (zero otherwise).
+func (m *Message) ReplyTo() Address {
+	if m.env.GetRpc().GetReplyTo() == "" {
+		return Address{}
+	}
+	a, _ := parseLoose(m.env.GetRpc().GetReplyTo())
+	return a
+}
+
+// IsReply reports whether the message is the reply to a reliable request.
+func (m *Message) IsReply() bool { return m.env.GetRpc().GetKind() == pb.RpcMeta_RESPONSE }
+
+// ReplyError returns, for a reply, the error of the request's handler (a
+// *RemoteError; errors.Is works with the node's sentinels), or nil when it
+// succeeded and the body is its reply.
+func (m *Message) ReplyError() error {
+	if !m.IsReply() {
+		return nil
+	}
+	return mailbox.ErrorOf(m.env)
+}
+
 // Headers returns the application headers.
 func (m *Message) Headers() map[string]string { return m.env.GetHeaders() }
 
@@ -194,6 +227,13 @@ func (o *outEnv) fill(from string, to Address, kind pb.RpcMeta_Kind, msg proto.M
 	o.body.Value = value
 	o.env.Body = &o.body
 	return nil
+}
+
+// setCall copies a call's headers, type and method into the envelope.
+func (o *outEnv) setCall(c *Call) {
+	o.env.Headers = c.Headers
+	o.env.Type = c.o.msgType
+	o.rpc.Service, o.rpc.Method = c.Service, c.Method
 }
 
 // release returns o to the pool; nil is ignored.

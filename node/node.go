@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"sync"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
-	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
@@ -49,6 +49,19 @@ type Node struct {
 	startedMs atomic.Int64 // the store's elapsed clock at Start (0 = not started)
 
 	warnedPeers sync.Map // node name -> true: unknown peers already logged once
+
+	invoke             Invoker // the client interceptors around send; nil when there are none
+	serverInterceptors []ServerInterceptor
+	draining           atomic.Bool // Shutdown began: no new message enters a mailbox
+
+	events *memberEvents
+
+	// metaMu guards the fields below: the gossip metadata this node
+	// advertises. quicAddr is set once Start has advertised it (mesh is
+	// set before).
+	metaMu   sync.Mutex
+	tags     map[string]string
+	quicAddr string
 
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex
@@ -100,8 +113,11 @@ func Open(cfg Config) (*Node, error) {
 		responses: mailbox.NewResponseRegistry(cfg.AskResponseTTL),
 		actors:    make(map[string]*actor),
 		asks:      make(map[string]map[string]struct{}),
+		tags:      maps.Clone(cfg.Tags),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.setupInterceptors()
+	n.events = newMemberEvents(n, cfg.Mesh.OnEvent)
 	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
 
 	var err error
@@ -142,19 +158,19 @@ func (n *Node) start(ctx context.Context) error {
 		return fmt.Errorf("node: start: %w", err)
 	}
 	mcfg, _, _, _ := n.cfg.lower(n.bootID, n.log)
-	mcfg.Meta = &pb.NodeMeta{
-		QuicAddr:         n.transport.LocalAddr().String(),
-		BootId:           n.bootID,
-		ProtocolVersions: pb.SupportedVersions(),
-		Cluster:          n.cfg.Cluster,
-	}
+	n.metaMu.Lock()
+	tags := n.tags
+	n.metaMu.Unlock()
+	mcfg.Meta = n.nodeMeta(n.transport.LocalAddr().String(), tags)
+	// The node reacts first, then the application's callback (which
+	// Config.Mesh.OnEvent names) runs on its own goroutine.
 	mcfg.OnEvent = n.onMemberEvent
 	m, err := mesh.New(mcfg)
 	if err != nil {
 		return fmt.Errorf("node: join cluster: %w", err)
 	}
 	n.mesh = m
-	if err := n.advertiseQUIC(); err != nil {
+	if err := n.advertiseQUIC(tags); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -169,26 +185,28 @@ func (n *Node) start(ctx context.Context) error {
 }
 
 // advertiseQUIC replaces an unspecified QUIC host (0.0.0.0) in the gossip
-// metadata with the host memberlist advertises, so peers can dial it.
-func (n *Node) advertiseQUIC() error {
-	qhost, qport, err := net.SplitHostPort(n.transport.LocalAddr().String())
+// metadata with the host memberlist advertises, so peers can dial it, and
+// gossips tags set since the metadata was made (sent is what mesh.New got).
+func (n *Node) advertiseQUIC(sent map[string]string) error {
+	addr := n.transport.LocalAddr().String()
+	qhost, qport, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("node: QUIC address: %w", err)
 	}
-	if ip := net.ParseIP(qhost); ip == nil || !ip.IsUnspecified() {
+	if ip := net.ParseIP(qhost); ip != nil && ip.IsUnspecified() {
+		ghost, _, err := net.SplitHostPort(n.mesh.GossipAddr())
+		if err != nil {
+			return fmt.Errorf("node: gossip address: %w", err)
+		}
+		addr = net.JoinHostPort(ghost, qport)
+	}
+	n.metaMu.Lock()
+	defer n.metaMu.Unlock()
+	n.quicAddr = addr
+	if addr == n.transport.LocalAddr().String() && maps.Equal(sent, n.tags) {
 		return nil
 	}
-	ghost, _, err := net.SplitHostPort(n.mesh.GossipAddr())
-	if err != nil {
-		return fmt.Errorf("node: gossip address: %w", err)
-	}
-	meta := &pb.NodeMeta{
-		QuicAddr:         net.JoinHostPort(ghost, qport),
-		BootId:           n.bootID,
-		ProtocolVersions: pb.SupportedVersions(),
-		Cluster:          n.cfg.Cluster,
-	}
-	if err := n.mesh.UpdateMeta(meta); err != nil {
+	if err := n.mesh.UpdateMeta(n.nodeMeta(addr, n.tags)); err != nil {
 		return fmt.Errorf("node: advertise QUIC address: %w", err)
 	}
 	return nil
@@ -231,8 +249,11 @@ func (n *Node) Members() []Member {
 }
 
 // Close leaves the cluster gracefully (peers see Left), stops the relay,
-// closes connections, stops the actors and closes the outbox. Messages that
-// were Queued stay on disk for the next start. Idempotent.
+// closes connections, stops the actors and closes the outbox: the fast
+// path. Messages that were Queued stay on disk for the next start; tells
+// still in mailboxes are dropped and counted (Stats.Dropped), reliable
+// messages not yet handled are sent again by their senders. Shutdown lets
+// the mailboxes drain first. Idempotent.
 func (n *Node) Close() error { return n.shutdown(true) }
 
 // Kill stops the node as a crash would, without leaving the cluster (peers
@@ -273,6 +294,7 @@ func (n *Node) shutdown(graceful bool) error {
 			a.mb.Close()
 		}
 		n.wg.Wait()
+		n.events.wait()
 		n.in.wg.Wait()
 		errs = append(errs, n.store.Close())
 		n.log.Info("node stopped", "graceful", graceful)
@@ -330,4 +352,5 @@ func (n *Node) onMemberEvent(ev mesh.Event) {
 	default:
 		n.log.Debug("member event", "peer", name, "event", ev.Kind.String())
 	}
+	n.events.publish(ev)
 }

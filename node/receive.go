@@ -42,10 +42,12 @@ func (n *Node) self() transport.PeerInfo {
 // DUPLICATE at once (a watermark only grows).
 func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 	kind := env.GetRpc().GetKind()
-	if kind == pb.RpcMeta_RESPONSE {
-		n.responses.Deliver(env)
+	stream := reply != nil
+	if kind == pb.RpcMeta_RESPONSE && !stream {
+		n.responses.Deliver(env) // an ask's; a reliable request's reply is a stream message for an actor
 		return
 	}
+	ask := kind == pb.RpcMeta_REQUEST && !stream // a reliable request's reply is stored, not sent from here
 	arrival := n.store.ElapsedMs()
 	receipt := func(code pb.Receipt_Code, msg string, retry time.Duration, w uint64) {
 		if reply != nil {
@@ -54,15 +56,25 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	}
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)
-		if kind == pb.RpcMeta_REQUEST {
+		if ask {
 			n.respond(env, nil, err)
 		}
+	}
+	if n.draining.Load() {
+		// Shutdown: nothing new enters a mailbox. Not the message's fault:
+		// a reliable sender waits (uncounted); an asker hears the node is
+		// unavailable; a tell is counted here.
+		n.stats.stopping.Add(1)
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
+		if ask {
+			n.respond(env, nil, mailbox.ErrClosed)
+		}
+		return
 	}
 	if env.GetOrigin() != nil {
 		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
 		return
 	}
-	stream := reply != nil
 	if stream && (env.GetSequence() == 0 || env.GetReceipt() != pb.Envelope_RECEIPT_PROCESSED) {
 		// Only stream messages ask for receipts, and only for processed
 		// ones: an ACCEPTED receipt would let the sender ack before the
@@ -75,7 +87,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	if to.Node != n.name || a == nil {
 		n.stats.noSuchActor.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)
-		if kind == pb.RpcMeta_REQUEST {
+		if ask {
 			n.respond(env, nil, ErrNoSuchActor)
 		}
 		return
@@ -85,7 +97,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0, 0)
 		return
 	}
-	d := &delivery{env: env, senderNode: from.Name, receipt: reply, remoteAsk: kind == pb.RpcMeta_REQUEST}
+	d := &delivery{env: env, senderNode: from.Name, receipt: reply, remoteAsk: ask}
 	if t := env.GetTtlMs(); t > 0 {
 		d.deadlineMs = arrival + t
 	}
@@ -122,6 +134,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	default:
 		// The mailbox is closed: the actor is stopping, or the node. Not
 		// the message's fault, so not a verdict: the sender waits.
+		n.stats.stopping.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "actor "+to.Actor+" is stopping", time.Second, 0)
 		if d.remoteAsk {
 			n.respond(env, nil, err)

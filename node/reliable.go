@@ -42,18 +42,24 @@ func (o Outcome) String() string {
 	return fmt.Sprintf("Outcome(%d)", int(o))
 }
 
-// SendOption is a per-call knob of TellReliable and Dispatch.
+// SendOption is a per-call knob of a send. WithHeaders, WithType and
+// WithMethod apply to every send; the others to TellReliable and Dispatch
+// only: given to Tell or Ask they are ErrBadOption.
 type SendOption func(*sendOptions)
 
 type sendOptions struct {
-	key       string
-	coalesce  string
-	ttl       time.Duration
-	ttlSet    bool
-	headers   map[string]string
-	msgType   string
-	noDirect  bool
-	badOption error
+	key         string
+	coalesce    string
+	ttl         time.Duration
+	ttlSet      bool
+	headers     map[string]string
+	msgType     string
+	service     string
+	method      string
+	replyTo     Address
+	correlation string
+	noDirect    bool
+	badOption   error
 }
 
 // WithIdempotencyKey gives the message the application's own key, for the
@@ -81,12 +87,12 @@ func WithTTL(ttl time.Duration) SendOption {
 	return func(o *sendOptions) { o.ttl, o.ttlSet = ttl, true }
 }
 
-// WithHeaders adds application headers.
+// WithHeaders adds application headers (for every kind of send).
 func WithHeaders(h map[string]string) SendOption {
 	return func(o *sendOptions) { o.headers = maps.Clone(h) }
 }
 
-// WithType sets the envelope's application type string.
+// WithType sets the envelope's application type string (for every kind of send).
 func WithType(t string) SendOption { return func(o *sendOptions) { o.msgType = t } }
 
 // TellReliable delivers msg at least once, with an exactly-once effect per
@@ -113,14 +119,34 @@ func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, 
 	if err := to.Validate(); err != nil {
 		return 0, err
 	}
-	if err := ctx.Err(); err != nil {
+	c, err := n.newCall(CallReliable, to, msg, nil, opts)
+	defer putCall(c)
+	if err != nil {
 		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
 	}
-	body, err := packBody(msg)
+	if n.invoke == nil {
+		err = n.send(ctx, c)
+	} else {
+		err = n.invoke(ctx, c)
+	}
 	if err != nil {
 		return 0, err
 	}
-	o := n.sendOptions(opts)
+	return c.Outcome, nil
+}
+
+// tellReliable is TellReliable without interceptors.
+func (n *Node) tellReliable(ctx context.Context, c *Call) (Outcome, error) {
+	to := c.To
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
+	}
+	body, err := packBody(c.Request)
+	if err != nil {
+		return 0, err
+	}
+	o := c.o
+	o.headers, o.service, o.method = c.Headers, c.Service, c.Method
 	sm, err := n.reliableMessage(to, body, &o)
 	if err != nil {
 		return 0, fmt.Errorf("node: tell-reliable %s: %w", to, err)
@@ -166,8 +192,13 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 	if err != nil {
 		return DispatchResult{}, err
 	}
-	o := n.sendOptions(opts)
-	if o.badOption != nil {
+	var o sendOptions
+	for _, opt := range opts {
+		if opt != nil {
+			opt(&o)
+		}
+	}
+	if n.checkReliable(&o); o.badOption != nil {
 		return DispatchResult{}, fmt.Errorf("node: dispatch: %w", o.badOption)
 	}
 	res := DispatchResult{Errors: map[string]error{}}
@@ -201,11 +232,9 @@ func (n *Node) Dispatch(ctx context.Context, targets []Address, msg proto.Messag
 // MaxIdempotencyKey is the longest idempotency or coalesce key accepted, in bytes.
 const MaxIdempotencyKey = 1024
 
-func (n *Node) sendOptions(opts []SendOption) sendOptions {
-	var o sendOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
+// checkReliable sets o.badOption to the first option out of range for a
+// reliable send.
+func (n *Node) checkReliable(o *sendOptions) {
 	switch {
 	case len(o.key) > MaxIdempotencyKey:
 		o.badOption = fmt.Errorf("idempotency key of %d bytes (max %d): %w", len(o.key), MaxIdempotencyKey, ErrBadKey)
@@ -215,8 +244,9 @@ func (n *Node) sendOptions(opts []SendOption) sendOptions {
 		o.badOption = fmt.Errorf("TTL %v: %w: it must be positive", o.ttl, ErrBadOption)
 	case o.ttl > n.store.Config().MaxAge():
 		o.badOption = fmt.Errorf("TTL %v: %w: a message waits at most %v", o.ttl, ErrBadOption, n.store.Config().MaxAge())
+	default:
+		o.badOption = n.checkReplyTo(o)
 	}
-	return o
 }
 
 // reliableMessage builds the stored form of a reliable message to to.
@@ -235,12 +265,18 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 		Type:            o.msgType,
 		Headers:         o.headers,
 		Body:            body,
-		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_EVENT},
+		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_EVENT, Service: o.service, Method: o.method},
 		Receipt:         pb.Envelope_RECEIPT_PROCESSED,
 		TtlMs:           o.ttl.Milliseconds(),
 	}
 	if o.coalesce != "" {
 		env.Conflict, env.CoalesceKey = pb.Envelope_OVERWRITE, o.coalesce
+	}
+	if !o.replyTo.IsZero() {
+		env.Rpc.Kind, env.Rpc.ReplyTo, env.Rpc.CorrelationId = pb.RpcMeta_REQUEST, o.replyTo.String(), o.correlation
+		if env.Rpc.CorrelationId == "" {
+			env.Rpc.CorrelationId = mailbox.NewID()
+		}
 	}
 	if err := n.transport.CheckSize(env); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)

@@ -18,20 +18,47 @@ import (
 // mailbox gives *CapacityError (errors.Is ErrMailboxFull); a remote one drops
 // the message and counts it at the receiver. A peer known to be down gives
 // ErrUnreachable at once, without a dial.
-func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message) error {
+//
+// The handler's context carries the deadline of ctx (across the wire as
+// the time left) and, on this node, its values; it is not canceled with
+// ctx, since Tell returns before the handler runs. A message whose
+// deadline passed before its handler could run is not run (counted in
+// Stats.Expired). Options: WithHeaders, WithType, WithMethod.
+func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message, opts ...SendOption) error {
+	if len(opts) == 0 && n.invoke == nil {
+		c := Call{Kind: CallTell, To: to, Request: msg}
+		return n.tell(ctx, &c)
+	}
+	c, err := n.newCall(CallTell, to, msg, nil, opts)
+	defer putCall(c)
+	if err != nil {
+		n.stats.tellFailed.Add(1)
+		return fmt.Errorf("node: tell %s: %w", to, err)
+	}
+	if n.invoke == nil {
+		return n.tell(ctx, c)
+	}
+	return n.invoke(ctx, c)
+}
+
+// tell is Tell without interceptors. It does not keep c.
+func (n *Node) tell(ctx context.Context, c *Call) error {
+	to := c.To
 	if err := n.check("tell", to); err != nil {
 		n.stats.tellFailed.Add(1)
 		return err
 	}
 	if to.Node != n.name {
-		return n.tellRemote(ctx, to, msg)
+		return n.tellRemote(ctx, c)
 	}
-	a := n.actor(to.Actor)
-	if a == nil {
+	a, err := n.localActor(to.Actor)
+	if err != nil {
 		n.stats.tellFailed.Add(1)
-		return fmt.Errorf("node: tell %s: %w", to, ErrNoSuchActor)
+		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
-	if err := a.post(&delivery{env: n.envelope(to, pb.RpcMeta_EVENT), body: msg, senderNode: n.name}); err != nil {
+	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_EVENT), body: c.Request, senderNode: n.name}
+	n.localDeadline(ctx, d)
+	if err := a.post(d); err != nil {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
@@ -41,15 +68,20 @@ func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message) error {
 
 // tellRemote is Tell to another node. Its envelope comes from a pool: the
 // transport has encoded it by the time Send returns.
-func (n *Node) tellRemote(ctx context.Context, to Address, msg proto.Message) error {
+func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 	o := getOutEnv()
 	defer o.release()
-	if err := o.fill(n.name, to, pb.RpcMeta_EVENT, msg); err != nil {
+	if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request); err != nil {
 		return err
 	}
-	if err := n.transport.Send(ctx, to.Node, &o.env); err != nil {
+	o.setCall(c)
+	if dl, ok := ctx.Deadline(); ok {
+		// The time left, not the deadline: the two clocks need not agree.
+		o.env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
+	}
+	if err := n.transport.Send(ctx, c.To.Node, &o.env); err != nil {
 		n.stats.tellFailed.Add(1)
-		return fmt.Errorf("node: tell %s: %w", to, n.mapSendErr(err))
+		return fmt.Errorf("node: tell %s: %w", c.To, n.mapSendErr(err))
 	}
 	n.stats.tellDirect.Add(1)
 	return nil
@@ -60,14 +92,35 @@ func (n *Node) tellRemote(ctx context.Context, to Address, msg proto.Message) er
 // Config.AskTimeout applies. Errors: *CapacityError when the actor's mailbox
 // is full, ErrNoSuchActor, *RemoteError for a handler error,
 // ErrUnreachable, or the context's error.
-func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp proto.Message) error {
+//
+// The handler's context carries the deadline (across the wire as the time
+// left) and, on this node, the values of ctx. Options: WithHeaders,
+// WithType, WithMethod.
+func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp proto.Message, opts ...SendOption) error {
 	start := time.Now()
-	err := n.ask(ctx, to, req, resp)
+	var err error
+	switch {
+	case len(opts) == 0 && n.invoke == nil:
+		c := Call{Kind: CallAsk, To: to, Request: req, Reply: resp}
+		err = n.ask(ctx, &c)
+	default:
+		var c *Call
+		if c, err = n.newCall(CallAsk, to, req, resp, opts); err != nil {
+			err = fmt.Errorf("node: ask %s: %w", to, err)
+		} else if n.invoke == nil {
+			err = n.ask(ctx, c)
+		} else {
+			err = n.invoke(ctx, c)
+		}
+		putCall(c)
+	}
 	n.stats.observeAsk(time.Since(start), err)
 	return err
 }
 
-func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp proto.Message) error {
+// ask is Ask without interceptors. It does not keep c.
+func (n *Node) ask(ctx context.Context, c *Call) error {
+	to := c.To
 	if err := n.check("ask", to); err != nil {
 		return err
 	}
@@ -77,16 +130,16 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 		defer cancel()
 	}
 	if to.Node == n.name {
-		env := n.envelope(to, pb.RpcMeta_REQUEST)
-		return n.askLocal(ctx, to, env, req, resp)
+		return n.askLocal(ctx, c)
 	}
 	// The envelope is pooled: the transport has encoded it when Send
 	// returns, and only its msg id (an immutable string) is kept after.
 	o := getOutEnv()
 	defer func() { o.release() }() // o is released early, on the success path
-	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, req); err != nil {
+	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, c.Request); err != nil {
 		return err
 	}
+	o.setCall(c)
 	env := &o.env
 	if dl, ok := ctx.Deadline(); ok {
 		// The time left, not the deadline: the two clocks need not agree.
@@ -117,7 +170,7 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 			}
 			return fmt.Errorf("node: ask %s: %w", to, err)
 		}
-		if resp != nil {
+		if resp := c.Reply; resp != nil {
 			if r.GetBody() == nil {
 				return fmt.Errorf("node: ask %s: reply has no body", to)
 			}
@@ -135,16 +188,15 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 	}
 }
 
-func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, resp proto.Message) error {
-	a := n.actor(to.Actor)
-	if a == nil {
-		return fmt.Errorf("node: ask %s: %w", to, ErrNoSuchActor)
+func (n *Node) askLocal(ctx context.Context, c *Call) error {
+	to := c.To
+	a, err := n.localActor(to.Actor)
+	if err != nil {
+		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
-	d := &delivery{env: env, body: req, senderNode: n.name, replyCh: ch}
-	if dl, ok := ctx.Deadline(); ok {
-		d.deadlineMs = n.store.ElapsedMs() + max(time.Until(dl).Milliseconds(), 1)
-	}
+	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_REQUEST), body: c.Request, senderNode: n.name, replyCh: ch}
+	n.localDeadline(ctx, d)
 	if err := a.post(d); err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
@@ -153,7 +205,7 @@ func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, 
 		if r.err != nil {
 			return fmt.Errorf("node: ask %s: %w", to, r.err)
 		}
-		if resp != nil && r.msg != nil {
+		if resp := c.Reply; resp != nil && r.msg != nil {
 			if r.msg.ProtoReflect().Descriptor().FullName() != resp.ProtoReflect().Descriptor().FullName() {
 				return fmt.Errorf("node: ask %s: reply is %s, not %s", to,
 					r.msg.ProtoReflect().Descriptor().FullName(), resp.ProtoReflect().Descriptor().FullName())
@@ -167,6 +219,30 @@ func (n *Node) askLocal(ctx context.Context, to Address, env *pb.Envelope, req, 
 	case <-n.ctx.Done():
 		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
 	}
+}
+
+// localDeadline gives a local delivery its caller's deadline and values.
+func (n *Node) localDeadline(ctx context.Context, d *delivery) {
+	if dl, ok := ctx.Deadline(); ok {
+		d.deadline = dl
+		d.deadlineMs = n.store.ElapsedMs() + max(time.Until(dl).Milliseconds(), 1)
+	}
+	if ctx != context.Background() && ctx != context.TODO() {
+		d.values = ctx
+	}
+}
+
+// localActor is actor for a local Tell or Ask; while the node stops
+// (Shutdown) it refuses with ErrClosed, so nothing new enters a mailbox
+// being drained.
+func (n *Node) localActor(name string) (*actor, error) {
+	if n.draining.Load() {
+		return nil, ErrClosed
+	}
+	if a := n.actor(name); a != nil {
+		return a, nil
+	}
+	return nil, ErrNoSuchActor
 }
 
 // check validates a destination and refuses sends to dead peers at once
@@ -184,15 +260,17 @@ func (n *Node) check(op string, to Address) error {
 	return nil
 }
 
-// envelope builds the common part of an outgoing envelope.
-func (n *Node) envelope(to Address, kind pb.RpcMeta_Kind) *pb.Envelope {
+// callEnvelope builds the envelope of a local Tell or Ask.
+func (n *Node) callEnvelope(c *Call, kind pb.RpcMeta_Kind) *pb.Envelope {
 	return &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
 		Sender:          Address{Node: n.name}.String(),
-		Recipient:       to.String(),
+		Recipient:       c.To.String(),
 		CreatedAtUnixMs: time.Now().UnixMilli(),
-		Rpc:             &pb.RpcMeta{Kind: kind},
+		Type:            c.o.msgType,
+		Headers:         c.Headers,
+		Rpc:             &pb.RpcMeta{Kind: kind, Service: c.Service, Method: c.Method},
 	}
 }
 

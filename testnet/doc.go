@@ -33,6 +33,9 @@
 //
 // # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
+//   - testnet tests meshnode's own claims under faults; an application's
+//     tests start their nodes with node/nodetest, which has names, a setup
+//     before each start and nothing of the fault network.
 //   - Drop does not apply to memberlist TCP streams (reliable by contract);
 //     a stream is refused at dial, and an open one fails on its next read
 //     or write, when either direction between its nodes is blocked. Delay

@@ -189,6 +189,9 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 		_ = l.Close()
 		return err
 	}
+	// Every ask and handler run of the node is timed for /metrics.
+	calls := metrics.NewCalls()
+	calls.Install(&nc)
 	// Open, spawn the inbox actors, then join: peers never see this node
 	// without its inboxes.
 	n, err := node.Open(nc)
@@ -202,8 +205,8 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 		}
 	}()
 
-	col := metrics.New(metrics.ForNode(n))
-	boxes := &daemonInbox{Store: store, n: n, log: logger, metrics: col}
+	col := metrics.New(metrics.ForNode(n), metrics.WithCalls(calls))
+	boxes := &daemonInbox{Store: store, n: n, log: logger}
 	for _, name := range append(store.Inboxes(), cfg.Inboxes...) {
 		if _, err := boxes.Declare(name); err != nil {
 			_ = l.Close()
@@ -297,9 +300,8 @@ func notifyReady(ctx context.Context, logger *slog.Logger, joined func() bool) {
 // daemonInbox is the admin API's Inbox: the store, plus an actor per inbox.
 type daemonInbox struct {
 	*inbox.Store
-	n       *node.Node
-	log     *slog.Logger
-	metrics *metrics.Collector
+	n   *node.Node
+	log *slog.Logger
 }
 
 // Declare creates the inbox durably and spawns its actor (idempotent).
@@ -308,7 +310,7 @@ func (d *daemonInbox) Declare(name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if _, err := d.n.Spawn(name, d.metrics.InstrumentHandler(name, inboxHandler(d.Store, name))); err != nil && !errors.Is(err, node.ErrActorExists) {
+	if _, err := d.n.Spawn(name, inboxHandler(d.Store, name)); err != nil && !errors.Is(err, node.ErrActorExists) {
 		return created, fmt.Errorf("spawn inbox actor %q: %w", name, err)
 	}
 	if created {

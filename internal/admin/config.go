@@ -43,6 +43,16 @@ type NodeBackend struct{ *node.Node }
 // OutboxStats returns the node's outbox statistics.
 func (b NodeBackend) OutboxStats() node.OutboxStats { return b.Outbox().Stats() }
 
+// Tell is node.Tell without options (Backend predates them).
+func (b NodeBackend) Tell(ctx context.Context, to node.Address, msg proto.Message) error {
+	return b.Node.Tell(ctx, to, msg)
+}
+
+// Ask is node.Ask without options.
+func (b NodeBackend) Ask(ctx context.Context, to node.Address, req, resp proto.Message) error {
+	return b.Node.Ask(ctx, to, req, resp)
+}
+
 // DeadLetters lists the node's dead letters.
 func (b NodeBackend) DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error) {
 	return b.Outbox().DeadLetters(f)
