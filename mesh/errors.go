@@ -17,6 +17,10 @@ var (
 	// ErrRefused is the error the AliveDelegate returns for a peer of another
 	// cluster, with undecodable metadata or with no compatible protocol.
 	ErrRefused = errors.New("mesh: node refused")
+	// ErrKeyMismatch means a peer's gossip could not be decrypted, or it
+	// could not decrypt ours: the two use different gossip keys (or one
+	// none).
+	ErrKeyMismatch = errors.New("mesh: the peer uses a different gossip key")
 	// ErrBadMessage means bytes from the network could not be decoded.
 	ErrBadMessage = errors.New("mesh: bad message")
 )

@@ -46,6 +46,15 @@ var keyMismatch = []string{
 	"Remote state is encrypted and encryption is not configured",
 }
 
+func isKeyMismatch(msg string) bool {
+	for _, k := range keyMismatch {
+		if strings.Contains(strings.ToLower(msg), strings.ToLower(k)) {
+			return true
+		}
+	}
+	return false
+}
+
 var levels = []struct {
 	prefix string
 	level  slog.Level
@@ -67,11 +76,9 @@ func (w *mlLogWriter) Write(p []byte) (int, error) {
 		}
 	}
 	level, msg := parseLine(line)
-	for _, k := range keyMismatch {
-		if strings.Contains(msg, k) {
-			w.warnKey(msg)
-			return len(p), nil
-		}
+	if isKeyMismatch(msg) {
+		w.warnKey(msg)
+		return len(p), nil
 	}
 	if w.log.Enabled(context.Background(), level) {
 		w.log.Log(context.Background(), level, msg, "component", "memberlist")
@@ -96,8 +103,13 @@ func parseLine(line string) (slog.Level, string) {
 // address when memberlist gave one ("from=host:port").
 func (w *mlLogWriter) warnKey(msg string) {
 	from := ""
-	if i := strings.Index(msg, "from="); i >= 0 {
-		from = strings.Fields(msg[i+len("from="):])[0]
+	for _, tag := range []string{"from=", "failed to join "} {
+		if i := strings.Index(msg, tag); i >= 0 {
+			if f := strings.Fields(msg[i+len(tag):]); len(f) > 0 {
+				from = strings.TrimSuffix(f[0], ":")
+				break
+			}
+		}
 	}
 	now := time.Now()
 	w.mu.Lock()
@@ -111,7 +123,7 @@ func (w *mlLogWriter) warnKey(msg string) {
 	}
 	w.keyWarned[from] = now
 	w.mu.Unlock()
-	w.log.Warn("gossip from "+orUnknown(from)+" could not be decrypted: check that both nodes use the same gossip key "+
+	w.log.Warn("gossip with "+orUnknown(from)+" could not be decrypted: check that both nodes use the same gossip key "+
 		"(gossip_key_file, from meshnode keygen) and, during a key rotation, that the key is installed on every node",
 		"component", "memberlist", "peer_addr", from, "cause", msg)
 }

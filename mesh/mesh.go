@@ -151,7 +151,9 @@ func New(cfg Config) (*Mesh, error) {
 
 	if seeds := m.initialSeeds(); len(seeds) > 0 {
 		if n, err := ml.Join(seeds); err != nil {
-			m.log.Info("mesh: no seed reachable yet; reconnect loop keeps trying", "seeds", seeds, "err", err)
+			if !isKeyMismatch(err.Error()) { // memberlist's own line says it: a WARN (logging.go)
+				m.log.Info("mesh: no seed reachable yet; reconnect loop keeps trying", "seeds", seeds, "err", err)
+			}
 		} else {
 			m.log.Debug("mesh: joined", "contacted", n)
 		}
@@ -269,6 +271,10 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 	}
 	n, err := m.ml.Join(addrs)
 	if err != nil {
+		if isKeyMismatch(err.Error()) {
+			return n, fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %v",
+				addrs, ErrKeyMismatch, err)
+		}
 		return n, fmt.Errorf("mesh: join %v: %w", addrs, err)
 	}
 	return n, nil

@@ -291,6 +291,9 @@ func TestWrongClusterRefused(t *testing.T) {
 	})
 }
 
+// A node with another gossip key (or none) is refused, and the joining
+// node is told why: Join's error is ErrKeyMismatch, and a join at start
+// (or by the reconnect loop) logs a WARN that says what to check.
 func TestWrongKeyRefused(t *testing.T) {
 	nodes := startCluster(t, 1, nil)
 	for _, tc := range []struct {
@@ -304,11 +307,19 @@ func TestWrongKeyRefused(t *testing.T) {
 			cfg := testConfig(t, "eve")
 			cfg.SecretKey = tc.key
 			eve := start(t, cfg)
-			if _, err := eve.Join([]string{nodes[0].GossipAddr()}); err == nil {
-				t.Fatal("Join with a wrong key succeeded")
+			_, err := eve.Join([]string{nodes[0].GossipAddr()})
+			if !errors.Is(err, mesh.ErrKeyMismatch) || !strings.Contains(err.Error(), "gossip_key_file") {
+				t.Fatalf("Join with a wrong key: %v, want ErrKeyMismatch saying what to check", err)
 			}
 			if _, ok := nodes[0].Member("eve"); ok {
 				t.Error("node with a wrong key became a member")
+			}
+			cfg = testConfig(t, "mallory")
+			cfg.SecretKey = tc.key
+			cfg.Join = []string{nodes[0].GossipAddr()}
+			m := start(t, cfg)
+			if logs := m.logs.String(); strings.Count(logs, "gossip_key_file") != 1 || !strings.Contains(logs, "peer_addr="+nodes[0].GossipAddr()) {
+				t.Errorf("a join at start with a wrong key logged no warning naming the seed and what to check:\n%s", logs)
 			}
 		})
 	}
