@@ -153,7 +153,7 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{err: err}
 	case d.remoteAsk:
-		a.n.respond(d.env, nil, err)
+		a.n.respond(d.senderNode, d.env, nil, err)
 	}
 }
 
@@ -170,12 +170,12 @@ func (a *actor) handle(d *delivery) {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(d.deadlineMs-a.n.store.ElapsedMs())*time.Millisecond)
 		defer cancel()
 	}
-	reply, err := a.call(ctx, &Message{env: env, body: d.body})
+	reply, err := a.call(ctx, &Message{env: env, body: d.body, from: d.senderNode})
 	switch {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
-		a.n.respond(env, reply, err)
+		a.n.respond(d.senderNode, env, reply, err)
 	case err != nil:
 		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", env.GetMsgId(), "err", err)
 	}
@@ -248,7 +248,7 @@ func (a *actor) handleStream(d *delivery) {
 	if d.deadlineMs > 0 {
 		ctx, cancel = contextWithEarlier(ctx, cancel, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
 	}
-	_, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream})
+	_, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream, from: d.senderNode})
 	cancel()
 	if herr == nil {
 		// A nil return is success, even after the deadline.

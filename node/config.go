@@ -41,6 +41,10 @@ type Config struct {
 	// after it is a handler failure; one that returns nil is a success.
 	HandlerTimeout time.Duration
 
+	// Responses bounds the ask responses kept while no ask waits for them
+	// (bytes per peer and in all, EarlyTTL); its TTL is AskResponseTTL.
+	Responses mailbox.RegistryConfig
+
 	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
 	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
 	Outbox    outbox.Config    // durable store tuning (attempts, key window, retention, clock)
@@ -63,6 +67,7 @@ func DefaultConfig(name string) Config {
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
 		HandlerTimeout:  30 * time.Second,
+		Responses:       mailbox.DefaultRegistryConfig(),
 		Mesh:            mesh.DefaultConfig(name),
 		Transport:       transport.DefaultConfig(name),
 		Outbox:          outbox.DefaultConfig(""),
@@ -113,7 +118,17 @@ func (c Config) Validate() error {
 	if c.HandlerTimeout <= 0 {
 		return bad("handler timeout must be positive")
 	}
+	if err := c.responses().Validate(); err != nil {
+		return bad("responses: %v", err)
+	}
 	return nil
+}
+
+// responses is the response registry's config, with AskResponseTTL.
+func (c Config) responses() mailbox.RegistryConfig {
+	r := c.Responses
+	r.TTL = c.AskResponseTTL
+	return r
 }
 
 // lower fills the embedded configs from the top-level fields.

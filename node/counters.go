@@ -18,6 +18,7 @@ type counters struct {
 	reliableDead, unknownPeer                      atomic.Uint64
 	dropped, panics, noSuchActor, expired          atomic.Uint64
 	remoteFull, duplicates, outOfOrder             atomic.Uint64
+	senderMismatch, peerOverBudget                 atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -44,6 +45,9 @@ type Stats struct {
 	RefusedFull                                       uint64 // messages refused because a mailbox was full
 	DedupeHits                                        uint64 // reliable messages answered DUPLICATE (watermark or idempotency key)
 	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
+	SenderMismatch                                    uint64 // envelopes refused because they named another node than the verified peer
+	ResponsesRefused                                  uint64 // ask responses from another node than the one asked, refused
+	RefusedPeerBytes                                  uint64 // messages refused because their peer's queued bytes were at its bound
 	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
 }
@@ -59,7 +63,9 @@ func (n *Node) Stats() Stats {
 		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
 		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(),
 		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
-		Streams: n.in.len(),
+		Streams:        n.in.len(),
+		SenderMismatch: c.senderMismatch.Load(), ResponsesRefused: n.responses.Stats().Refused,
+		RefusedPeerBytes: c.peerOverBudget.Load(),
 	}
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)

@@ -84,7 +84,12 @@
 //
 //   - Messages sent from the node API (not from inside an actor) carry the
 //     sender "@node". The node part of a received message's sender is the
-//     peer verified by TLS.
+//     peer verified by TLS (Message.From): an envelope naming another node
+//     as its sender, or a request whose reply_to names another node, is
+//     refused and counted (Stats.SenderMismatch), never run. A response is
+//     taken only from the node that was asked, and a request is answered
+//     only to the node that sent it. docs/threat-model.md says what a
+//     member can and cannot do to another.
 //   - The direct attempt of TellReliable is bounded by the relay's
 //     DirectTimeout (2 s); a slower handler makes the call return Queued
 //     (the watermark recognises the copy if it ran). Each send of a message

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ratelog"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -49,6 +50,8 @@ type Node struct {
 	startedMs atomic.Int64 // the store's elapsed clock at Start (0 = not started)
 
 	warnedPeers sync.Map // node name -> true: unknown peers already logged once
+
+	claimLog *ratelog.Limiter // envelopes that claim another node: one line a minute per peer
 
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex
@@ -92,19 +95,23 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: create data directory: %w", err)
 	}
+	responses, err := mailbox.NewResponseRegistry(cfg.responses())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
 	n := &Node{
 		cfg:       cfg,
 		name:      cfg.Name,
 		bootID:    mailbox.NewID(),
 		log:       logger.With("node", cfg.Name),
-		responses: mailbox.NewResponseRegistry(cfg.AskResponseTTL),
+		claimLog:  ratelog.New(time.Minute),
+		responses: responses,
 		actors:    make(map[string]*actor),
 		asks:      make(map[string]map[string]struct{}),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
 
-	var err error
 	if n.store, err = outbox.Open(ocfg); err != nil {
 		n.cancel()
 		return nil, fmt.Errorf("node: open outbox: %w", err)
@@ -287,7 +294,7 @@ func (n *Node) shutdown(graceful bool) error {
 // forgets cached stream watermarks nobody used for a while.
 func (n *Node) pruneLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.AskResponseTTL / 2)
+	t := time.NewTicker(min(n.cfg.AskResponseTTL, n.cfg.Responses.EarlyTTL) / 2)
 	defer t.Stop()
 	for {
 		select {

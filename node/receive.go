@@ -43,7 +43,7 @@ func (n *Node) self() transport.PeerInfo {
 func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 	kind := env.GetRpc().GetKind()
 	if kind == pb.RpcMeta_RESPONSE {
-		n.responses.Deliver(env)
+		n.responses.Deliver(from.Name, env) // taken only by an ask to from
 		return
 	}
 	arrival := n.store.ElapsedMs()
@@ -55,11 +55,16 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)
 		if kind == pb.RpcMeta_REQUEST {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	}
 	if env.GetOrigin() != nil {
 		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
+		return
+	}
+	if err := checkClaims(from.Name, env); err != nil {
+		n.refusedClaim(from.Name, err)
+		refuse(pb.Receipt_REJECTED, Permanent(err))
 		return
 	}
 	stream := reply != nil
@@ -76,7 +81,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		n.stats.noSuchActor.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)
 		if kind == pb.RpcMeta_REQUEST {
-			n.respond(env, nil, ErrNoSuchActor)
+			n.respond(from.Name, env, nil, ErrNoSuchActor)
 		}
 		return
 	}
@@ -117,14 +122,14 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		n.stats.remoteFull.Add(1)
 		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
 		if d.remoteAsk {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	default:
 		// The mailbox is closed: the actor is stopping, or the node. Not
 		// the message's fault, so not a verdict: the sender waits.
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "actor "+to.Actor+" is stopping", time.Second, 0)
 		if d.remoteAsk {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	}
 }
@@ -144,19 +149,23 @@ func (n *Node) spawnGraceLeft() time.Duration {
 	return min(left, time.Second)
 }
 
-// respond sends the RESPONSE to a remote REQUEST: the reply, or the error
-// in status headers. Responses are best effort: a lost one ends in the
-// asker's deadline.
-func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
+// respond sends the RESPONSE to a remote REQUEST from the verified peer
+// to: the reply, or the error in status headers. It goes to that peer,
+// never to another node its reply_to may name. Responses are best effort:
+// a lost one ends in the asker's deadline.
+func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr error) {
 	replyTo, _ := parseLoose(req.GetRpc().GetReplyTo())
 	if replyTo.Node == "" {
 		return // nobody waits for it
+	}
+	if replyTo.Node != to {
+		replyTo = Address{Node: to} // refused by checkClaims: the refusal goes to the sender
 	}
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
 		Sender:          req.GetRecipient(),
-		Recipient:       req.GetRpc().GetReplyTo(),
+		Recipient:       replyTo.String(),
 		CreatedAtUnixMs: time.Now().UnixMilli(),
 		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
 	}
@@ -171,7 +180,7 @@ func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
 		}
 	}
 	if replyTo.Node == n.name {
-		n.responses.Deliver(env)
+		n.responses.Deliver(n.name, env)
 		return
 	}
 	if err := n.transport.Send(n.ctx, replyTo.Node, env); err != nil {

@@ -95,7 +95,8 @@ func (n *Node) ask(ctx context.Context, to Address, req proto.Message, resp prot
 	corr := env.GetMsgId()
 	o.rpc.CorrelationId = corr
 	o.rpc.ReplyTo = env.GetSender() // "@node": the node, not an actor, receives the RESPONSE
-	ch, err := n.responses.Register(corr)
+	// Only to.Node may answer it: another member's response is refused.
+	ch, err := n.responses.Register(corr, to.Node)
 	if err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
@@ -231,7 +232,8 @@ func (n *Node) untrackAsk(peer, corr string) {
 	n.askMu.Unlock()
 }
 
-// failAsks answers every pending ask to peer with an Unavailable status.
+// failAsks answers every pending ask to peer with an Unavailable status
+// and drops the responses it had sent early.
 func (n *Node) failAsks(peer, reason string) {
 	n.askMu.Lock()
 	m := n.asks[peer]
@@ -240,6 +242,7 @@ func (n *Node) failAsks(peer, reason string) {
 	for corr := range m {
 		env := &pb.Envelope{Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: corr}}
 		mailbox.SetError(env, &mailbox.RemoteError{Code: mailbox.Unavailable, Message: reason})
-		n.responses.Deliver(env)
+		n.responses.Deliver(peer, env)
 	}
+	n.responses.ForgetPeer(peer)
 }

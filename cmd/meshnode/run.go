@@ -319,6 +319,12 @@ const inboxRetryAfter = time.Second
 func inboxHandler(st *inbox.Store, name string) node.Handler {
 	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
 		env := m.Envelope()
+		if s := m.Sender().String(); env.GetSender() != s {
+			// The node that TLS verified, never the envelope's word (the
+			// node refuses a mismatch; this keeps the file honest anyway).
+			env = proto.CloneOf(env)
+			env.Sender = s
+		}
 		if env.GetBody() == nil {
 			// Local sends carry the value, not the wire bytes.
 			if body, err := m.Body(); err == nil && body != nil {
