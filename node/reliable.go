@@ -215,6 +215,10 @@ func (n *Node) sendOptions(opts []SendOption) sendOptions {
 		o.badOption = fmt.Errorf("TTL %v: %w: it must be positive", o.ttl, ErrBadOption)
 	case o.ttl > n.store.Config().MaxAge():
 		o.badOption = fmt.Errorf("TTL %v: %w: a message waits at most %v", o.ttl, ErrBadOption, n.store.Config().MaxAge())
+	case len(o.headers) > 0:
+		if err := n.cfg.Transport.CheckHeaders(o.headers); err != nil {
+			o.badOption = fmt.Errorf("%w: %w", ErrBadOption, err)
+		}
 	}
 	return o
 }
