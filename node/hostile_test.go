@@ -223,5 +223,3 @@ func TestSenderIsTheVerifiedPeer(t *testing.T) {
 		t.Fatalf("SenderMismatch = %d, want 5", st.SenderMismatch)
 	}
 }
-
-

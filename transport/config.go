@@ -56,25 +56,25 @@ type Config struct {
 func DefaultConfig(nodeName string) Config {
 	return Config{
 		NodeName:         nodeName,
-		Cluster:          "meshnode",      // the cluster name peers must share
-		BootID:           newBootID(),     // random per process start
-		OutboxID:         [16]byte{},      // required: the node sets its outbox's id
-		ListenAddr:       "0.0.0.0:7947",  // next to memberlist's 7946
-		Identity:         Identity{},      // required: set by the caller
-		DataDir:          "",              // no persisted reset key: resets only work within one run
-		MaxFrameSize:     4 << 20,         // 4 MiB: big enough for documents, small enough to bound memory per read
-		SendQueueSize:    8192,            // ~1 MiB of 128-byte messages per peer
-		SendQueueBytes:   64 << 20,        // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
-		Lanes:            16,              // 16 recipients can progress independently per peer
-		MaxReadBytes:     8 << 20,         // two frames of the 4 MiB maximum in progress per connection
+		Cluster:          "meshnode",       // the cluster name peers must share
+		BootID:           newBootID(),      // random per process start
+		OutboxID:         [16]byte{},       // required: the node sets its outbox's id
+		ListenAddr:       "0.0.0.0:7947",   // next to memberlist's 7946
+		Identity:         Identity{},       // required: set by the caller
+		DataDir:          "",               // no persisted reset key: resets only work within one run
+		MaxFrameSize:     4 << 20,          // 4 MiB: big enough for documents, small enough to bound memory per read
+		SendQueueSize:    8192,             // ~1 MiB of 128-byte messages per peer
+		SendQueueBytes:   64 << 20,         // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
+		Lanes:            16,               // 16 recipients can progress independently per peer
+		MaxReadBytes:     8 << 20,          // two frames of the 4 MiB maximum in progress per connection
 		FrameReadTimeout: 30 * time.Second, // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
-		MaxHeaders:       64,              // application headers are few and short
-		MaxHeaderBytes:   16 << 10,        // 16 KiB of keys and values together
-		KeepAlivePeriod:  time.Second,     // ping every second
-		MaxIdleTimeout:   5 * time.Second, // dead peer noticed within 5 s
-		HandshakeTimeout: 3 * time.Second, // a dial never hangs longer than 3 s
-		WrapPacketConn:   nil,             // no fault injection
-		Logger:           slog.Default(),  // the process logger
+		MaxHeaders:       64,               // application headers are few and short
+		MaxHeaderBytes:   16 << 10,         // 16 KiB of keys and values together
+		KeepAlivePeriod:  time.Second,      // ping every second
+		MaxIdleTimeout:   5 * time.Second,  // dead peer noticed within 5 s
+		HandshakeTimeout: 3 * time.Second,  // a dial never hangs longer than 3 s
+		WrapPacketConn:   nil,              // no fault injection
+		Logger:           slog.Default(),   // the process logger
 	}
 }
 

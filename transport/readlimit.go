@@ -47,7 +47,9 @@ type readBudget struct {
 	freed chan struct{} // closed and replaced when bytes are released
 }
 
-func newReadBudget(max int) *readBudget { return &readBudget{max: int64(max), freed: make(chan struct{})} }
+func newReadBudget(max int) *readBudget {
+	return &readBudget{max: int64(max), freed: make(chan struct{})}
+}
 
 // acquire takes n bytes, waiting until deadline (or done) for them. A
 // request alone is always granted, so a frame up to MaxFrameSize fits
@@ -108,8 +110,8 @@ type deadliner interface {
 // above. Owned by the stream's reader goroutine; not thread-safe.
 type streamReader struct {
 	br      *bufio.Reader
-	rs      deadliner     // nil: no deadline (ReadFrame's callers)
-	budget  *readBudget   // nil: no budget
+	rs      deadliner   // nil: no deadline (ReadFrame's callers)
+	budget  *readBudget // nil: no budget
 	done    <-chan struct{}
 	max     int
 	timeout time.Duration
