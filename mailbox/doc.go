@@ -6,7 +6,9 @@
 //
 // # Guarantees
 //
-//   - A Mailbox is bounded. "Full" is never silent: Reject and DropNewest
+//   - A Mailbox is bounded by a count of items and, with MaxBytes, by the
+//     bytes of its queued items (as Size counts them; an item larger than
+//     MaxBytes only enters an empty mailbox). "Full" is never silent: Reject and DropNewest
 //     return a *CapacityError (errors.Is(err, ErrMailboxFull)) with a
 //     positive RetryAfter; every dropped item (DropOldest, DropNewest, Close,
 //     a panicking Handle) reaches OnDrop and is counted in Stats.

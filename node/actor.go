@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -19,6 +20,7 @@ type SpawnOption func(*spawnOptions)
 type spawnOptions struct {
 	capacity int
 	overflow mailbox.Overflow
+	bytes    int64
 }
 
 // WithMailbox sets the actor's mailbox capacity and overflow strategy.
@@ -47,6 +49,8 @@ type delivery struct {
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
 	stream     StreamID          // reliable: the stream it belongs to
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
+	charged    *atomic.Int64     // the sending peer's queued bytes, until uncharge (limits.go)
+	size       int64             // what it was charged
 }
 
 type localReply struct {
@@ -66,13 +70,15 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	if err := addr.Validate(); err != nil {
 		return Address{}, fmt.Errorf("node: spawn: %w", err)
 	}
-	o := spawnOptions{capacity: n.cfg.MailboxCapacity, overflow: n.cfg.Overflow}
+	o := spawnOptions{capacity: n.cfg.MailboxCapacity, overflow: n.cfg.Overflow, bytes: n.cfg.MailboxBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	a := &actor{n: n, name: name, handler: h}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
+		MaxBytes: o.bytes,
+		Size:     deliverySize,
 		Overflow: o.overflow,
 		Handle:   a.handle,
 		OnDrop:   a.dropped,
@@ -130,6 +136,7 @@ func (a *actor) post(d *delivery) error { return a.mb.Post(d) }
 // waits and sends it again; what was chained behind it is refused by the
 // watermark check, since the watermark stays behind it.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
+	d.uncharge()
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
 	if r == mailbox.DroppedNewest {
@@ -159,6 +166,7 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	defer d.uncharge()
 	if d.receipt != nil {
 		a.handleStream(d)
 		return

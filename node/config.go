@@ -41,6 +41,13 @@ type Config struct {
 	// after it is a handler failure; one that returns nil is a success.
 	HandlerTimeout time.Duration
 
+	// MailboxBytes is the default bound of spawned actors' mailboxes in
+	// bytes of queued messages, besides their count (16 MiB).
+	MailboxBytes int64
+	// PeerQueuedBytes bounds the bytes of one peer's messages queued in
+	// all mailboxes together; past it that peer's messages are refused as
+	// "full" while others' still get in (32 MiB).
+	PeerQueuedBytes int64
 	// Responses bounds the ask responses kept while no ask waits for them
 	// (bytes per peer and in all, EarlyTTL); its TTL is AskResponseTTL.
 	Responses mailbox.RegistryConfig
@@ -63,6 +70,8 @@ func DefaultConfig(name string) Config {
 		QUICAddr:        "0.0.0.0:7947",
 		MailboxCapacity: mailbox.DefaultCapacity,
 		Overflow:        mailbox.Reject,
+		MailboxBytes:    16 << 20,
+		PeerQueuedBytes: 32 << 20,
 		AskTimeout:      10 * time.Second,
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
@@ -105,6 +114,9 @@ func (c Config) Validate() error {
 	}
 	if c.MailboxCapacity <= 0 {
 		return bad("mailbox capacity %d must be positive", c.MailboxCapacity)
+	}
+	if c.MailboxBytes <= 0 || c.PeerQueuedBytes <= 0 {
+		return bad("mailbox bytes %d and peer queued bytes %d must be positive", c.MailboxBytes, c.PeerQueuedBytes)
 	}
 	if c.AskTimeout <= 0 {
 		return bad("ask timeout must be positive")

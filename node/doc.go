@@ -98,4 +98,12 @@
 //     min after Start) tells the sender to wait, uncounted.
 //   - Local messages are passed by pointer, not copied: do not modify a
 //     message after sending it.
+//   - Memory held for another node is bounded in bytes and charged to it:
+//     each mailbox holds at most MailboxBytes (WithMailboxBytes) besides its
+//     count, all mailboxes together at most PeerQueuedBytes of one peer's
+//     messages (past it the peer is answered "full", others still get
+//     in), ask responses without a waiter at most Responses.EarlyBytesPerPeer
+//     of one peer's for Responses.EarlyTTL, and the transport bounds what a
+//     connection reads (transport.Config.MaxReadBytes, FrameReadTimeout,
+//     MaxHeaders).
 package node

@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -222,4 +223,97 @@ func TestSenderIsTheVerifiedPeer(t *testing.T) {
 	if st := n.Stats(); st.SenderMismatch != 5 {
 		t.Fatalf("SenderMismatch = %d, want 5", st.SenderMismatch)
 	}
+}
+
+// TestMailboxMemoryChargedToPeer: a member floods actors that are busy
+// with large messages. Each mailbox holds at most its byte bound, and the
+// flooder's messages together at most PeerQueuedBytes, past which its
+// messages are refused as "full" while another peer's still get in.
+func TestMailboxMemoryChargedToPeer(t *testing.T) {
+	const mib = 1 << 20
+	n1 := startNodeWith(t, "n1", t.TempDir(), func(c *node.Config) {
+		c.MailboxBytes, c.PeerQueuedBytes = 4*mib, 6*mib
+	})
+	n2 := startNode(t, "n2", t.TempDir(), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	var ran atomic.Int64
+	for _, a := range []string{"a1", "a2", "a3"} {
+		if _, err := n1.Spawn(a, func(ctx context.Context, m *node.Message) (proto.Message, error) {
+			<-release
+			ran.Add(1)
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var marker atomic.Int64
+	if _, err := n1.Spawn("marker", func(context.Context, *node.Message) (proto.Message, error) {
+		marker.Add(1)
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	heapBefore := heapInUse()
+	evil := rawpeer.Dial(t, testCA(t), "evil", target(n1))
+	lane := evil.Lane(t)
+	big := &anypb.Any{TypeUrl: "type.googleapis.com/google.protobuf.BytesValue", Value: make([]byte, mib)}
+	const flood = 40
+	for i := 0; i < flood; i++ {
+		evil.Send(t, lane, &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprint("big", i), Sender: "@evil",
+			Recipient: fmt.Sprintf("a%d@n1", 1+i%2), Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_EVENT}, Body: big})
+	}
+	evil.Send(t, lane, &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: "marker", Sender: "@evil",
+		Recipient: "marker@n1", Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_EVENT}})
+	testutil.WaitFor(t, 20*time.Second, "the flood was judged", func() bool { return marker.Load() == 1 })
+
+	var queued int64
+	for _, st := range n1.ActorStats() {
+		if st.MaxBytes != 4*mib {
+			t.Fatalf("%s: MaxBytes %d, want the configured %d", st.Name, st.MaxBytes, 4*mib)
+		}
+		if st.Bytes > st.MaxBytes+mib+4096 {
+			t.Fatalf("%s holds %d bytes, bound %d plus one message", st.Name, st.Bytes, st.MaxBytes)
+		}
+		queued += st.Bytes
+	}
+	if queued > 6*mib+mib+8192 {
+		t.Fatalf("the flooder has %d bytes queued, bound %d plus one message", queued, 6*mib)
+	}
+	if st := n1.Stats(); st.RefusedPeerBytes == 0 {
+		t.Fatal("no message was refused for the flooder's bound")
+	}
+	if grown := heapInUse() - heapBefore; grown > 40*mib {
+		t.Fatalf("heap grew by %d MiB after a flood of %d MiB", grown/mib, flood)
+	}
+	// Another peer's large message still gets into a3.
+	if err := n2.Tell(ctxT(t), node.Addr("a3", "n1"), wrapperspb.Bytes(make([]byte, mib))); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "n2's message queued at a3", func() bool {
+		for _, st := range n1.ActorStats() {
+			if st.Name == "a3" {
+				return st.Running || st.Depth > 0
+			}
+		}
+		return false
+	})
+	releaseOnce.Do(func() { close(release) })
+	testutil.WaitFor(t, 10*time.Second, "queued messages handled", func() bool {
+		for _, st := range n1.ActorStats() {
+			if st.Depth > 0 || st.Bytes != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse)
 }

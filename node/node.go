@@ -52,6 +52,7 @@ type Node struct {
 	warnedPeers sync.Map // node name -> true: unknown peers already logged once
 
 	claimLog *ratelog.Limiter // envelopes that claim another node: one line a minute per peer
+	charges  peerCharges      // bytes of each peer's messages queued in mailboxes (limits.go)
 
 	// actorsMu guards the field below.
 	actorsMu sync.RWMutex

@@ -112,10 +112,19 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			return
 		}
 	}
+	if from.Name != n.name && !n.charge(d, from.Name) {
+		err := &CapacityError{RetryAfter: peerFullRetry}
+		receipt(pb.Receipt_CAPACITY, "node: the sender's messages fill this node's mailboxes", peerFullRetry, 0)
+		if d.remoteAsk {
+			n.respond(from.Name, env, nil, err)
+		}
+		return
+	}
 	err := a.post(d)
 	if err == nil {
 		return
 	}
+	d.uncharge()
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
