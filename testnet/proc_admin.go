@@ -65,7 +65,7 @@ func (c *ProcCluster) do(ctx context.Context, i int, method, path string, in, ou
 	if err != nil {
 		return fmt.Errorf("testnet: %s %s on %s: %w", method, path, p.name, err)
 	}
-	if in != nil {
+	if in != nil || method != http.MethodGet {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := p.client.Do(req)

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +30,7 @@ type client struct {
 	base    string
 	token   string
 	timeout time.Duration // per request, beyond what the request asks the daemon to wait
+	http    *http.Client
 }
 
 // addClientFlags adds --admin, --token, --http-timeout (env
@@ -43,6 +46,9 @@ func addClientFlags(cmd *cobra.Command) {
 	cmd.Flags().String("admin", addr, "admin address of the daemon (env MESHNODE_ADMIN_ADDR)")
 	cmd.Flags().String("token", token, "admin token, if the daemon has one (env MESHNODE_ADMIN_TOKEN)")
 	cmd.Flags().Duration("http-timeout", defaultHTTPTimeout, "give up on a daemon that does not answer within this long")
+	adminCA, adminName := os.Getenv("MESHNODE_ADMIN_CA"), os.Getenv("MESHNODE_ADMIN_NAME")
+	cmd.Flags().String("admin-ca", adminCA, "CA certificate to verify an https:// --admin with, e.g. the cluster's ca.crt (env MESHNODE_ADMIN_CA; default: the system's)")
+	cmd.Flags().String("admin-name", adminName, "name the daemon's certificate holds, when not the host of --admin: its node name (env MESHNODE_ADMIN_NAME)")
 	addJSONFlag(cmd)
 }
 
@@ -57,7 +63,36 @@ func newClient(cmd *cobra.Command) (*client, error) {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	return &client{base: strings.TrimSuffix(base, "/"), token: token, timeout: timeout}, nil
+	hc, err := adminHTTPClient(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return &client{base: strings.TrimSuffix(base, "/"), token: token, timeout: timeout, http: hc}, nil
+}
+
+// adminHTTPClient verifies an HTTPS daemon with --admin-ca (the cluster CA
+// for a daemon serving its node certificate) and --admin-name.
+func adminHTTPClient(cmd *cobra.Command) (*http.Client, error) {
+	caFile, _ := cmd.Flags().GetString("admin-ca")
+	name, _ := cmd.Flags().GetString("admin-name")
+	if caFile == "" && name == "" {
+		return http.DefaultClient, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if caFile != "" {
+		pemBytes, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, usagef("--admin-ca: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pemBytes) {
+			return nil, usagef("--admin-ca %s holds no PEM certificate", caFile)
+		}
+		tc.RootCAs = roots
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{Transport: tr}, nil
 }
 
 // do sends a request and decodes a JSON answer into out (a
@@ -80,13 +115,15 @@ func (c *client) do(ctx context.Context, method, path string, body any, out any,
 	if err != nil {
 		return usagef("admin address %q: %w", c.base, err)
 	}
-	if body != nil {
+	if body != nil || method != http.MethodGet {
+		// Also without a body: the daemon refuses a state change that
+		// does not say JSON (a browser's cross-origin form could).
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return c.unreachable(err, wait)
 	}

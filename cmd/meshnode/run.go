@@ -218,6 +218,12 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	acfg := admin.DefaultConfig()
 	acfg.Addr, acfg.Token, acfg.Backend, acfg.Inbox, acfg.Logger = cfg.AdminAddr, cfg.AdminToken, admin.NodeBackend{Node: n}, boxes, logger
 	acfg.Metrics, acfg.Pprof = col, cfg.Pprof
+	acert, atls, err := adminTLS(cfg)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	acfg.TLS = atls
 	acfg.Ready = func() error {
 		if !joined() {
 			return fmt.Errorf("not joined: no seed of %v answered yet", cfg.Join)
@@ -232,10 +238,10 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	srv.Serve(l)
 	defer func() { _ = srv.Close() }()
 	logger.Info("meshnode running", "name", cfg.Name, "cluster", cfg.Cluster, "gossip", n.GossipAddr(),
-		"quic", n.QUICAddr(), "admin", l.Addr().String(), "inboxes", store.Inboxes(), "version", version.Get().Version)
+		"quic", n.QUICAddr(), "admin", l.Addr().String(), "admin_https", atls != nil, "inboxes", store.Inboxes(), "version", version.Get().Version)
 
 	notifyReady(ctx, logger, joined)
-	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv, node: n}
+	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv, node: n, adminCert: acert}
 	for {
 		select {
 		case <-ctx.Done():

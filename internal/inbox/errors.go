@@ -20,7 +20,9 @@ var (
 	// ErrPullBeyond: a pull asks for messages after a cursor that was never
 	// handed out; waiting there would skip the messages stored in between.
 	ErrPullBeyond = errors.New("inbox: pull after a cursor beyond the last stored message")
-	// ErrBadName: an inbox name is empty, too long or has '@', '/' or spaces.
+	// ErrBadName: an inbox name is empty, too long, has a character other
+	// than ASCII letters, digits, '-', '_', '.', ':', is only dots or is a
+	// Windows device name.
 	ErrBadName = errors.New("inbox: bad name")
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("inbox: bad config")

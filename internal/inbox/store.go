@@ -103,25 +103,46 @@ func (s *Store) Close() error {
 	return err
 }
 
-// ValidName checks an inbox name: 1-255 bytes, no '@', '/', space or control character.
+// ValidName checks an inbox name: 1-255 ASCII letters, digits, '-', '_',
+// '.' and ':', not only dots, and not a name Windows reserves for a device
+// (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with or without an extension). An
+// inbox name is an actor name, a key in the file and a word operators read
+// and may use in file names: a path ("..", "a\\b"), text that reorders
+// itself on screen (U+202E) or a device must not pass as one.
 func ValidName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: empty", ErrBadName)
 	case len(name) > 255:
-		return fmt.Errorf("%w: %q is longer than 255 bytes", ErrBadName, name[:32]+"...")
-	case strings.ContainsFunc(name, func(r rune) bool { return r == '@' || r == '/' || r <= ' ' || r == 0x7f }):
-		return fmt.Errorf("%w: %q contains '@', '/', a space or a control character", ErrBadName, name)
+		return fmt.Errorf("%w: %+q is longer than 255 bytes", ErrBadName, name[:32]+"...")
+	case strings.ContainsFunc(name, func(r rune) bool { return !nameRune(r) }):
+		return fmt.Errorf("%w: %+q: use ASCII letters, digits, '-', '_', '.' or ':'", ErrBadName, name)
+	case strings.Trim(name, ".") == "":
+		return fmt.Errorf("%w: %q is only dots", ErrBadName, name)
+	case windowsDevice(name):
+		return fmt.Errorf("%w: %q is a device name on Windows", ErrBadName, name)
 	}
 	return nil
+}
+
+func nameRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':'
+}
+
+// windowsDevice reports CON, PRN, AUX, NUL, COM0-9 and LPT0-9 in any case,
+// alone or before a dot.
+func windowsDevice(name string) bool {
+	base, _, _ := strings.Cut(strings.ToUpper(name), ".")
+	switch base {
+	case "CON", "PRN", "AUX", "NUL":
+		return true
+	}
+	return len(base) == 4 && (strings.HasPrefix(base, "COM") || strings.HasPrefix(base, "LPT")) && base[3] >= '0' && base[3] <= '9'
 }
 
 // Declare creates the inbox name durably (idempotent); created reports
 // whether it is new.
 func (s *Store) Declare(name string) (created bool, err error) {
-	if err := ValidName(name); err != nil {
-		return false, err
-	}
 	s.mu.Lock()
 	_, exists := s.boxes[name]
 	closed := s.closed
@@ -130,7 +151,10 @@ func (s *Store) Declare(name string) (created bool, err error) {
 		return false, ErrClosed
 	}
 	if exists {
-		return false, nil
+		return false, nil // declared before: also a name an older release accepted
+	}
+	if err := ValidName(name); err != nil {
+		return false, err
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists([]byte(prefixQueue + name)); err != nil {
@@ -233,7 +257,8 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 }
 
 // Pull returns up to max messages of inbox name with a cursor greater than
-// after, in cursor order, including ones pulled before but not acknowledged.
+// after, in cursor order, including ones pulled before but not acknowledged,
+// and no more than Config.MaxPullBytes of them (at least one).
 // When there are none it waits up to wait (bounded by Config.MaxWait) for
 // one to arrive; an empty result is not an error.
 func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wait time.Duration) ([]*pb.Envelope, error) {
@@ -294,7 +319,11 @@ func (s *Store) read(name string, after uint64, max int) ([]*pb.Envelope, error)
 			return ErrNoSuchInbox
 		}
 		c := q.Cursor()
+		bytes := 0
 		for k, v := c.Seek(be(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
+			if bytes += len(v); bytes > s.cfg.MaxPullBytes && len(out) > 0 {
+				break
+			}
 			env := &pb.Envelope{}
 			if err := proto.Unmarshal(v, env); err != nil {
 				return fmt.Errorf("message %d is corrupt: %w", binary.BigEndian.Uint64(k), err)

@@ -255,9 +255,15 @@ func TestLockedAndClosed(t *testing.T) {
 
 func TestNamesAndConfig(t *testing.T) {
 	s := openStore(t, filepath.Join(t.TempDir(), "inbox.db"), nil)
-	for _, name := range []string{"", "a@b", "a/b", "a b", "a\x00", string(make([]byte, 300))} {
+	for _, name := range []string{"", "a@b", "a/b", "a b", "a\x00", string(make([]byte, 300)),
+		".", "..", "...", "a\\b", "pay\u202Egnp.exe", "CON", "con", "Nul.txt", "COM1", "lpt9.log", "café", "a\tb"} {
 		if _, err := s.Declare(name); !errors.Is(err, inbox.ErrBadName) {
 			t.Errorf("Declare(%q) = %v, want ErrBadName", name, err)
+		}
+	}
+	for _, name := range []string{"orders", "a.b", "v1:events", "a-b_c", "console", "COM", "com10", ".hidden"} {
+		if err := inbox.ValidName(name); err != nil {
+			t.Errorf("ValidName(%q) = %v, want ok", name, err)
 		}
 	}
 	if _, err := s.Append(context.Background(), "undeclared", env("x")); !errors.Is(err, inbox.ErrNoSuchInbox) {
