@@ -190,5 +190,3 @@ func TestTokenNeverInClearOffLoopback(t *testing.T) {
 		t.Fatalf("HTTPS with the token: %d %v", status, err)
 	}
 }
-
-
