@@ -282,7 +282,11 @@ func (n *Node) shutdown(graceful bool) error {
 		}
 		n.wg.Wait()
 		n.in.wg.Wait()
-		errs = append(errs, n.store.Close())
+		if graceful {
+			errs = append(errs, n.store.Close())
+		} else {
+			errs = append(errs, n.store.Abandon()) // as a crash leaves it: checked in full at the next open
+		}
 		n.log.Info("node stopped", "graceful", graceful)
 	})
 	if err := errors.Join(errs...); err != nil {

@@ -23,6 +23,7 @@ var commands = []func() *cobra.Command{
 	newCACmd,
 	newCertCmd,
 	newKeygenCmd,
+	newDoctorCmd,
 	newVersionCmd,
 	newDemoCmd,
 	newTestnetCmd,

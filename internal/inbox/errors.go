@@ -1,6 +1,10 @@
 package inbox
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/meshnode/meshnode/internal/storecheck"
+)
 
 // Sentinels of the inbox store. Check them with errors.Is.
 var (
@@ -26,4 +30,12 @@ var (
 	ErrBadName = errors.New("inbox: bad name")
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("inbox: bad config")
+	// ErrDamaged: the file's structure is broken; it is not opened.
+	ErrDamaged = storecheck.ErrDamaged
+	// ErrLost: the file is missing or empty but the data directory had an
+	// inbox (recorded in inbox.db.id).
+	ErrLost = storecheck.ErrLost
+	// ErrReplaced: the file is another inbox than the one its data
+	// directory had.
+	ErrReplaced = storecheck.ErrReplaced
 )

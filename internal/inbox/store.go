@@ -2,14 +2,17 @@ package inbox
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/storecheck"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -19,6 +22,8 @@ import (
 var (
 	bucketInboxes = []byte("inboxes") // name -> declared-at unix ms
 	prefixQueue   = "q/"              // q/<name>: big-endian cursor -> pb.Envelope (event_seq = cursor)
+	bucketMeta    = []byte("meta")    // keyStoreID -> 16 random bytes made with the file
+	keyStoreID    = []byte("store_id")
 )
 
 // Store is the durable inbox of a daemon: named queues of envelopes with a
@@ -52,10 +57,26 @@ type Stats struct {
 }
 
 // Open opens (creating if needed) the inbox file. Another process holding
-// it gives ErrLocked after cfg.LockTimeout.
+// it gives ErrLocked after cfg.LockTimeout. The file is checked before
+// bbolt reads it: a damaged file gives ErrDamaged, one that disappeared or
+// was emptied ErrLost, another inbox's file ErrReplaced; each error says
+// what to do.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	dir := filepath.Dir(cfg.Path)
+	switch _, err := storecheck.Before(cfg.Path, cfg.LockTimeout); {
+	case errors.Is(err, storecheck.ErrBusy):
+		// bbolt's own lock reports it, as ErrLocked
+	case errors.Is(err, storecheck.ErrDamaged):
+		return nil, fmt.Errorf("inbox: open %s: %w: do not start on it; run `meshnode doctor --data-dir %s --salvage` to copy what is readable into a new file (the damaged one is kept beside it)",
+			cfg.Path, err, dir)
+	case errors.Is(err, storecheck.ErrLost):
+		return nil, fmt.Errorf("inbox: open %s: %w: its unacknowledged messages would be gone; restore the file from a backup, or run `meshnode doctor --data-dir %s --forget` to start with an empty inbox",
+			cfg.Path, err, dir)
+	case err != nil:
+		return nil, fmt.Errorf("inbox: open %s: %w", cfg.Path, err)
 	}
 	db, err := bolt.Open(cfg.Path, 0o600, &bolt.Options{Timeout: cfg.LockTimeout})
 	if err != nil {
@@ -66,7 +87,20 @@ func Open(cfg Config) (*Store, error) {
 	}
 	db.MaxBatchDelay = cfg.BatchDelay
 	s := &Store{cfg: cfg, db: db, done: make(chan struct{}), boxes: make(map[string]*box)}
+	var id []byte
 	err = db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if id = meta.Get(keyStoreID); len(id) != 16 {
+			id = make([]byte, 16)
+			_, _ = rand.Read(id) // crypto/rand.Read never fails (Go >= 1.24 aborts instead)
+			if err := meta.Put(keyStoreID, id); err != nil {
+				return err
+			}
+		}
+		id = append([]byte(nil), id...)
 		b, err := tx.CreateBucketIfNotExists(bucketInboxes)
 		if err != nil {
 			return err
@@ -85,6 +119,11 @@ func Open(cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("inbox: load %s: %w", cfg.Path, err)
 	}
+	if err := storecheck.Identify(cfg.Path, id); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("inbox: open %s: %w: put back this data directory's own inbox.db, or, to adopt this one, remove %s",
+			cfg.Path, err, storecheck.IDPath(cfg.Path))
+	}
 	return s, nil
 }
 
@@ -97,6 +136,8 @@ func (s *Store) Close() error {
 		s.mu.Unlock()
 		close(s.done)
 		if cerr := s.db.Close(); cerr != nil {
+			err = fmt.Errorf("inbox: close: %w", cerr)
+		} else if cerr := storecheck.MarkClean(s.cfg.Path); cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
 		}
 	})
