@@ -45,11 +45,14 @@ type Stats struct {
 	RefusedFull                                       uint64 // messages refused because a mailbox was full
 	DedupeHits                                        uint64 // reliable messages answered DUPLICATE (watermark or idempotency key)
 	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
-	SenderMismatch                                    uint64 // envelopes refused because they named another node than the verified peer
-	ResponsesRefused                                  uint64 // ask responses from another node than the one asked, refused
-	RefusedPeerBytes                                  uint64 // messages refused because their peer's queued bytes were at its bound
 	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
+
+	// What was refused from other nodes (docs/threat-model.md).
+	SenderMismatch   uint64             // envelopes naming another node than the verified peer as sender or reply-to
+	ResponsesRefused uint64             // ask responses from another node than the one asked
+	RefusedPeerBytes uint64             // messages refused because their sender's queued bytes were at PeerQueuedBytes
+	Refused          transport.Refusals // connections refused for who was at the other end (certificate, identity)
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -63,10 +66,10 @@ func (n *Node) Stats() Stats {
 		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
 		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(),
 		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
-		Streams:        n.in.len(),
-		SenderMismatch: c.senderMismatch.Load(), ResponsesRefused: n.responses.Stats().Refused,
-		RefusedPeerBytes: c.peerOverBudget.Load(),
+		Streams: n.in.len(),
 	}
+	s.SenderMismatch, s.ResponsesRefused = c.senderMismatch.Load(), n.responses.Stats().Refused
+	s.RefusedPeerBytes, s.Refused = c.peerOverBudget.Load(), n.transport.Refusals()
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/transport"
+	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -316,4 +318,34 @@ func heapInUse() int64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapInuse)
+}
+
+// TestRefusedStrangersCounted: a QUIC client with a certificate of
+// another CA, or none, is refused by the node and shows in its Stats.
+func TestRefusedStrangersCounted(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir())
+	foreign, err := transport.NewCA("another cluster", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := foreign.NewIdentity("stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := testCA(t).NewIdentity("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []transport.Identity{stranger, {}} {
+		id.Roots = own.Roots // the stranger trusts the node: only its own side is wrong
+		qc, err := quic.DialAddr(ctxT(t), n.QUICAddr(), rawpeer.ClientTLS(id, "n1"), &quic.Config{HandshakeIdleTimeout: 2 * time.Second})
+		if err == nil {
+			<-qc.Context().Done()
+			_ = qc.CloseWithError(0, "")
+		}
+	}
+	testutil.WaitFor(t, 5*time.Second, "refusals counted", func() bool {
+		r := n.Stats().Refused
+		return r.UnknownCA == 1 && r.NoCertificate == 1
+	})
 }

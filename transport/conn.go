@@ -85,7 +85,11 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		return nil, err
 	}
 	if code, err := t.checkHello(ph, certNames, expect); err != nil {
-		t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
+		if code == CodeNameMismatch {
+			t.countRefusal(kindIdentity, hostOf(qc.RemoteAddr()), err)
+		} else {
+			t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
+		}
 		_ = qc.CloseWithError(code, err.Error())
 		return nil, err
 	}

@@ -5,11 +5,16 @@
 // # Guarantees
 //
 //   - One UDP socket and one quic.Transport per node, for listening and
-//     dialing. TLS 1.3 only, mutual, ALPN "meshnode/1"; a peer's name is the
+//     dialing. TLS 1.3 only, mutual, ALPN "meshnode/2"; a peer's name is the
 //     DNS SAN of its certificate from the cluster CA, and its Hello must
 //     claim that same name, the same cluster and a common protocol version,
 //     else the connection is closed with a distinct application error code
 //     (CodeNameMismatch, CodeIncompatible) and the dialer gets ErrIncompatible.
+//   - Who is refused is counted (Refusals: identity mismatches, unknown CA,
+//     no certificate, bad certificate) and logged at WARN once a minute per
+//     address or peer and kind, on the refusing side: the client's
+//     certificate is verified by the transport (refusals.go), not inside
+//     crypto/tls, which would refuse it without a word.
 //   - At most one connection per peer pair. Envelopes for one recipient
 //     always use the same lane (FNV-1a of the recipient modulo Lanes), one
 //     unidirectional stream per direction, so order per (sender node,

@@ -1,7 +1,9 @@
 package transport_test
 
 import (
+	"errors"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,4 +168,70 @@ func heapInUse() int64 {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapInuse)
+}
+
+// TestRefusedHandshakesCountedAndLogged: the refusing node counts every
+// stranger it turns away (a certificate of another CA, none at all) and
+// logs them at WARN, once a minute per address and kind however often
+// they try.
+func TestRefusedHandshakesCountedAndLogged(t *testing.T) {
+	_, srv, good, _ := hostileSetup(t, nil)
+	foreign, err := newCA(t).NewIdentity("stranger")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		id   transport.Identity
+		want func(transport.Refusals) uint64
+	}{
+		{"certificate of another CA", foreign, func(r transport.Refusals) uint64 { return r.UnknownCA }},
+		{"no certificate", transport.Identity{}, func(r transport.Refusals) uint64 { return r.NoCertificate }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := tc.id
+			id.Roots = good.cfg.Identity.Roots // the client trusts the server: only its own side is wrong
+			const tries = 5
+			for i := 0; i < tries; i++ {
+				ctx := ctxT(t, 5*time.Second)
+				qc, err := quic.DialAddr(ctx, srv.LocalAddr().String(), rawpeer.ClientTLS(id, "srv"), &quic.Config{HandshakeIdleTimeout: 2 * time.Second})
+				if err == nil {
+					<-qc.Context().Done() // TLS 1.3: the server's refusal may come after the client finished
+					_ = qc.CloseWithError(0, "")
+				}
+			}
+			testutil.WaitFor(t, 5*time.Second, "refusals counted", func() bool { return tc.want(srv.Refusals()) == tries })
+			logs := srv.logs.String()
+			if lines := strings.Count(logs, "connection refused: "); lines != 1 || !strings.Contains(logs, "peer=127.0.0.1") {
+				t.Fatalf("%d WARN lines for %d refusals from one address, want 1 naming it:\n%s", lines, tries, logs)
+			}
+		})
+		srv.logs.Reset()
+	}
+	assertGoodPeerWorks(t, srv, good)
+}
+
+// TestImpostorAtAMembersAddress: membership says n1 is at an address
+// where "mallory", with a valid certificate for mallory, now listens. The
+// dialer refuses it, counts an identity mismatch and says so, once.
+func TestImpostorAtAMembersAddress(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
+	mallory := startNode(t, testConfig(t, ca, "mallory"), r, &recorder{})
+	r.Set("n1", mallory.LocalAddr().String())
+	const tries = 4
+	for i := 0; i < tries; i++ {
+		err := a.Send(ctxT(t, 5*time.Second), "n1", envTo(t, "x@n1", pb.Envelope_RECEIPT_NONE))
+		if !errors.Is(err, transport.ErrUnreachable) {
+			t.Fatalf("send to n1 at mallory's address: %v, want ErrUnreachable", err)
+		}
+	}
+	if got := a.Refusals().IdentityMismatch; got != tries {
+		t.Fatalf("identity mismatches %d, want %d", got, tries)
+	}
+	logs := a.logs.String()
+	if strings.Count(logs, "connection refused: identity mismatch") != 1 || !strings.Contains(logs, "mallory") {
+		t.Fatalf("want one WARN naming the certificate's name:\n%s", logs)
+	}
 }

@@ -35,18 +35,20 @@ type Target struct {
 }
 
 // ClientTLS returns the TLS config of a client holding id (a zero
-// Identity sends no certificate), verifying the server against roots.
+// Identity sends no certificate), verifying the server against roots. The
+// certificate is sent whatever CAs the server asks for, as an attacker
+// would (crypto/tls's own choice would send none from another CA).
 func ClientTLS(id transport.Identity, serverName string) *tls.Config {
-	c := &tls.Config{
+	cert := id.Cert
+	return &tls.Config{
 		RootCAs:    id.Roots,
 		ServerName: serverName,
 		NextProtos: []string{transport.ALPN},
 		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return &cert, nil // an empty one sends none
+		},
 	}
-	if len(id.Cert.Certificate) > 0 {
-		c.Certificates = []tls.Certificate{id.Cert}
-	}
-	return c
 }
 
 // Dial connects to tgt as name, with a certificate for name from ca, and
