@@ -330,5 +330,3 @@ func TestRegistryConcurrentAsks(t *testing.T) {
 	r.ForgetPeer("mallory")
 	assertLen(t, r, 0, 0)
 }
-
-
