@@ -19,4 +19,7 @@ var (
 	ErrRefused = errors.New("mesh: node refused")
 	// ErrBadMessage means bytes from the network could not be decoded.
 	ErrBadMessage = errors.New("mesh: bad message")
+	// ErrNoSeedAnswered means a join reached none of its seeds. Its
+	// message says why that is usually so.
+	ErrNoSeedAnswered = errors.New("mesh: no seed answered the join")
 )
