@@ -149,6 +149,11 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 			KeepAlivePeriod:       cfg.KeepAlivePeriod,
 			MaxIncomingStreams:    -1,              // only unidirectional streams are used
 			MaxIncomingUniStreams: 2*maxLanes + 16, // a peer's lanes + control, whatever its Lanes setting
+			// What quic-go buffers of a peer's data that this node has not
+			// read yet: part of the per-connection bound (readlimit.go).
+			// quic-go's defaults, set here so that they stay what is documented.
+			MaxStreamReceiveWindow:     6 << 20,
+			MaxConnectionReceiveWindow: 15 << 20,
 		},
 	}
 	t.certs = NewCertificateSource(cfg.Identity)
