@@ -307,5 +307,3 @@ func liveBytes() uint64 {
 }
 
 func (h *liveHeap) finish() { close(h.stop); <-h.done }
-
-
