@@ -47,14 +47,6 @@ func (c *peerCharges) take(peer string, size, limit int64) *atomic.Int64 {
 	}
 }
 
-// queued returns the bytes peer has queued now.
-func (c *peerCharges) queued(peer string) int64 {
-	if v, ok := c.m.Load(peer); ok {
-		return v.(*atomic.Int64).Load()
-	}
-	return 0
-}
-
 // charge charges d to the peer it came from; false means the peer is at
 // its bound and d must be refused.
 func (n *Node) charge(d *delivery, peer string) bool {
