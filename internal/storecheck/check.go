@@ -114,6 +114,11 @@ type walker struct {
 	deep  bool
 	meta  meta
 	reach []uint64 // bitset of reachable pages, HighWater bits
+	// budget is how many more elements the walk may decode. Every element
+	// of a sound file takes 16 bytes of it, so there can be no more than
+	// its size / 16; more means elements of inline buckets that point at
+	// each other's bytes, which would make the walk exponential.
+	budget int64
 
 	// visit, when set, is called for every readable key and value (path is
 	// the bucket's, outermost first), and bucket for every bucket with its
@@ -187,6 +192,7 @@ func newWalker(f *os.File, r *Report, lenient bool) (*walker, error) {
 		return nil, r.Err()
 	}
 	w.reach = make([]uint64, (w.meta.hw+63)/64)
+	w.budget = r.Size/elemSize + 1
 	return w, nil
 }
 
@@ -339,6 +345,12 @@ func (w *walker) elems(b []byte, id uint64, where string) ([]elem, bool) {
 	}
 	if pageHeaderSize+count*elemSize > len(b) {
 		w.r.problem("%s: page %d claims %d elements, more than it holds", where, id, count)
+		return nil, false
+	}
+	if w.budget -= int64(count); w.budget < 0 {
+		if w.budget+int64(count) >= 0 { // say it once
+			w.r.problem("%s: page %d: more elements than the file can hold: inline buckets point at each other", where, id)
+		}
 		return nil, false
 	}
 	out := make([]elem, count)

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"testing"
@@ -385,4 +386,91 @@ func FuzzCheck(f *testing.F) {
 		}
 		readAll(t, path, opts)
 	})
+}
+
+// TestInlineBucketsPointingAtEachOther: the elements of a leaf may all
+// point at the same value, an inline bucket whose elements all point at
+// the same inline bucket inside it, and so on: a naive walk is k^depth.
+// The check stops and refuses the file.
+func TestInlineBucketsPointingAtEachOther(t *testing.T) {
+	const ps, k, depth = 4096, 8, 30
+	order := binary.NativeEndian
+	// inline returns a bucket value (header + inline leaf) whose k
+	// elements are all the bucket "k" with value next.
+	inline := func(next []byte) []byte {
+		v := make([]byte, 32+16*k+1+len(next))
+		order.PutUint16(v[16+8:], 0x02) // the inline page: a leaf
+		if next != nil {
+			order.PutUint16(v[16+10:], k)
+			for i := 0; i < k; i++ {
+				e := v[32+16*i:]
+				order.PutUint32(e[0:], 1)                // a bucket
+				order.PutUint32(e[4:], uint32(16*(k-i))) // the key, after the elements
+				order.PutUint32(e[8:], 1)
+				order.PutUint32(e[12:], uint32(len(next)))
+			}
+			v[32+16*k] = 'k'
+			copy(v[32+16*k+1:], next)
+		}
+		return v
+	}
+	var v []byte
+	for d := 0; d < depth; d++ {
+		v = inline(v)
+	}
+	b := make([]byte, 6*ps)
+	for i := 0; i < 2; i++ {
+		p := b[i*ps:]
+		order.PutUint64(p[0:], uint64(i))
+		order.PutUint16(p[8:], 0x04)
+		m := p[16:]
+		order.PutUint32(m[0:], 0xED0CDAED)
+		order.PutUint32(m[4:], 2)
+		order.PutUint32(m[8:], ps)
+		order.PutUint64(m[16:], 2)          // root
+		order.PutUint64(m[32:], ^uint64(0)) // no free list
+		order.PutUint64(m[40:], 6)          // high water
+		order.PutUint64(m[48:], uint64(i))  // txid
+		h := fnv.New64a()
+		h.Write(m[:56])
+		order.PutUint64(m[56:], h.Sum64())
+	}
+	// Page 2 (with 3 overflow pages): the root leaf, k elements all the
+	// bucket "k" with value v.
+	p := b[2*ps:]
+	order.PutUint64(p[0:], 2)
+	order.PutUint16(p[8:], 0x02)
+	order.PutUint16(p[10:], k)
+	order.PutUint32(p[12:], 3)
+	for i := 0; i < k; i++ {
+		e := p[16+16*i:]
+		order.PutUint32(e[0:], 1)
+		order.PutUint32(e[4:], uint32(16*(k-i)))
+		order.PutUint32(e[8:], 1)
+		order.PutUint32(e[12:], uint32(len(v)))
+	}
+	p[16+16*k] = 'k'
+	if n := copy(p[16+16*k+1:], v); n != len(v) {
+		t.Fatalf("the value of %d bytes does not fit", len(v))
+	}
+	path := filepath.Join(t.TempDir(), "loop.db")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []func() error{
+		func() error { _, err := storecheck.Check(path, true); return err },
+		func() error { _, err := storecheck.Salvage(path, filepath.Join(t.TempDir(), "out.db")); return err },
+	} {
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		select {
+		case err := <-done:
+			t.Log(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the walk did not finish: it is exponential")
+		}
+	}
+	if _, err := storecheck.Check(path, true); !errors.Is(err, storecheck.ErrDamaged) {
+		t.Fatalf("Check = %v, want ErrDamaged", err)
+	}
 }
