@@ -167,14 +167,17 @@ func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr er
 	if replyTo.Node == "" {
 		return // nobody waits for it
 	}
+	recipient := req.GetRpc().GetReplyTo()
 	if replyTo.Node != to {
-		replyTo = Address{Node: to} // refused by checkClaims: the refusal goes to the sender
+		// Refused by checkClaims: the refusal goes to the sender.
+		replyTo = Address{Node: to}
+		recipient = replyTo.String()
 	}
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
 		Sender:          req.GetRecipient(),
-		Recipient:       replyTo.String(),
+		Recipient:       recipient,
 		CreatedAtUnixMs: time.Now().UnixMilli(),
 		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
 	}
