@@ -119,19 +119,22 @@ func BenchmarkIdleMailboxMemory(b *testing.B) {
 
 // BenchmarkRegistry measures one ask's registry work: Register + Deliver + receive.
 func BenchmarkRegistry(b *testing.B) {
-	r := mailbox.NewResponseRegistry(time.Minute)
+	r, err := mailbox.NewResponseRegistry(mailbox.DefaultRegistryConfig())
+	if err != nil {
+		b.Fatal(err)
+	}
 	b.ReportAllocs()
 	var next atomic.Int64
 	b.RunParallel(func(pbt *testing.PB) {
 		for pbt.Next() {
 			id := strconv.FormatInt(next.Add(1), 36)
-			ch, err := r.Register(id)
+			ch, err := r.Register(id, "n2")
 			if err != nil {
 				b.Error(err)
 				return
 			}
 			env := &pb.Envelope{Rpc: &pb.RpcMeta{CorrelationId: id}}
-			if !r.Deliver(env) {
+			if !r.Deliver("n2", env) {
 				b.Error("not delivered")
 				return
 			}

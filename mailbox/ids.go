@@ -1,10 +1,13 @@
 package mailbox
 
 import (
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"sync"
 	"sync/atomic"
 )
 
@@ -12,37 +15,71 @@ import (
 const idAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 var (
-	// idPrefix is random per process, so IDs differ across restarts.
-	idPrefix  [11]byte
+	// idCipher is AES under a key made at start-up: NewID encrypts a
+	// counter with it, so IDs are unique within the process (a
+	// permutation of distinct counters) and unpredictable to anyone who
+	// has seen others (without the key, the next one is a random 128-bit
+	// value). An Ask's correlation id is its message id: a member that
+	// sees one of this node's ids must not be able to guess the next.
+	idCipher  cipher.Block
 	idCounter atomic.Uint64
+	// idEpoch is random per process: the high half of the counter block,
+	// so two processes never encrypt the same block under equal keys.
+	idEpoch uint64
 )
 
 func init() {
-	var b [16]byte
+	var b [48]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go >= 1.24 aborts instead)
-	encode64(idPrefix[:], binary.BigEndian.Uint64(b[:8]))
-	// A random start also makes IDs of two processes with an equal prefix
-	// (p = 2^-64) unlikely to collide.
-	idCounter.Store(binary.BigEndian.Uint64(b[8:]))
-}
-
-// encode64 writes v as 11 base64url digits (66 bits, big-endian).
-func encode64(dst []byte, v uint64) {
-	for i := 10; i >= 0; i-- {
-		dst[i] = idAlphabet[v&63]
-		v >>= 6
+	c, err := aes.NewCipher(b[:32])
+	if err != nil {
+		panic("mailbox: AES-256 with a 32-byte key: " + err.Error()) // cannot happen: the key size is fixed
 	}
+	idCipher = c
+	idEpoch = binary.BigEndian.Uint64(b[32:40])
+	idCounter.Store(binary.BigEndian.Uint64(b[40:48]))
 }
 
-// NewID returns a 22-character identifier unique within the process and,
-// with overwhelming probability, across processes and restarts: a random
-// 64-bit per-process prefix followed by an atomic counter. No syscall, one
-// allocation (the string).
+// NewID returns a 22-character identifier (128 bits, base64url) unique
+// within the process and, with overwhelming probability, across processes
+// and restarts, and unpredictable from any other ID: the AES encryption,
+// under a random per-process key, of a counter. No syscall, one allocation
+// (the string).
 func NewID() string {
+	// The blocks go through an interface call, so they would escape:
+	// pooled, they cost no allocation.
+	s := idScratch.Get().(*[32]byte)
+	binary.BigEndian.PutUint64(s[:8], idEpoch)
+	binary.BigEndian.PutUint64(s[8:16], idCounter.Add(1))
+	idCipher.Encrypt(s[16:], s[:16])
 	var b [22]byte
-	copy(b[:11], idPrefix[:])
-	encode64(b[11:], idCounter.Add(1))
+	encode128(&b, (*[16]byte)(s[16:]))
+	idScratch.Put(s)
 	return string(b[:])
+}
+
+var idScratch = sync.Pool{New: func() any { return new([32]byte) }}
+
+// encode128 writes the 128 bits of v as 22 base64url digits, big-endian
+// (the last digit carries the last 2 bits).
+func encode128(dst *[22]byte, v *[16]byte) {
+	hi, lo := binary.BigEndian.Uint64(v[:8]), binary.BigEndian.Uint64(v[8:])
+	for i := 0; i < 22; i++ {
+		// The 6 bits starting at bit 6*i of the 132-bit string v<<4.
+		shift := 6 * i
+		var d uint64
+		switch {
+		case shift+6 <= 64:
+			d = hi >> (58 - shift)
+		case shift < 64:
+			d = hi<<(shift-58) | lo>>(122-shift)
+		case shift+6 <= 128:
+			d = lo >> (122 - shift)
+		default:
+			d = lo << (shift - 122)
+		}
+		dst[i] = idAlphabet[d&63]
+	}
 }
 
 // DeterministicID returns 32 hex characters (128 bits) of the SHA-256 of

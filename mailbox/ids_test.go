@@ -89,3 +89,25 @@ func TestIdempotencyKeyFor(t *testing.T) {
 		}
 	}
 }
+
+// TestNewIDUnpredictable: an Ask's correlation id is its message id, so a
+// member that has seen some of a node's ids must not be able to derive the
+// next ones. Consecutive ids share no more than chance would give (a
+// counter, however it is encoded, shares its leading digits).
+func TestNewIDUnpredictable(t *testing.T) {
+	const n = 2000
+	prev := mailbox.NewID()
+	common := 0
+	for i := 0; i < n; i++ {
+		id := mailbox.NewID()
+		for j := 0; j < len(id) && id[j] == prev[j]; j++ {
+			common++
+		}
+		prev = id
+	}
+	// Random base64 digits match with p = 1/64: about n/63 leading digits
+	// in common over n pairs; a counter shares ~11 per pair.
+	if common > n/8 {
+		t.Fatalf("consecutive ids share %d leading digits over %d pairs: predictable", common, n)
+	}
+}

@@ -102,6 +102,14 @@ type Config[T any] struct {
 	// Capacity is the maximum number of queued items (not counting the one
 	// being handled); 0 means DefaultCapacity, < 0 is invalid.
 	Capacity int
+	// MaxBytes bounds the queued items by Size as well (0: no bound). An
+	// item that alone is larger is accepted into an empty mailbox only, so
+	// any item can get through; the mailbox then holds at most MaxBytes
+	// plus one item.
+	MaxBytes int64
+	// Size is what an item costs against MaxBytes; required with MaxBytes.
+	// It must give the same value for an item every time.
+	Size func(T) int64
 	// Overflow says what happens to a new item when the mailbox is full.
 	Overflow Overflow
 	// Handle is required. It is called for one item at a time, in FIFO
@@ -119,6 +127,8 @@ type Config[T any] struct {
 func DefaultConfig[T any]() Config[T] {
 	return Config[T]{
 		Capacity: DefaultCapacity, // bounded: 1024 queued items per actor
+		MaxBytes: 0,               // no byte bound: the caller knows what its items cost (Size)
+		Size:     nil,             // required with MaxBytes
 		Overflow: Reject,          // refuse and tell the sender when to retry
 		Handle:   nil,             // required: the caller supplies it
 		OnDrop:   nil,             // optional: dead-letter events are counted in Stats anyway
@@ -136,6 +146,9 @@ func (c Config[T]) Validate() error {
 	if c.Handle == nil {
 		return fmt.Errorf("mailbox: config: Handle is required: %w", ErrBadConfig)
 	}
+	if c.MaxBytes < 0 || (c.MaxBytes > 0 && c.Size == nil) {
+		return fmt.Errorf("mailbox: config: MaxBytes %d needs Size and must not be negative: %w", c.MaxBytes, ErrBadConfig)
+	}
 	return nil
 }
 
@@ -143,6 +156,8 @@ func (c Config[T]) Validate() error {
 type Stats struct {
 	Depth          int           // items queued now
 	Capacity       int           // maximum items queued
+	Bytes          int64         // Size of the items queued now (0 without MaxBytes)
+	MaxBytes       int64         // maximum Bytes (0: none)
 	Processed      uint64        // Handle calls that returned (including panics)
 	Rejected       uint64        // Posts refused under Reject
 	DroppedOldest  uint64        // items evicted under DropOldest
@@ -172,6 +187,8 @@ const (
 // that goroutine exits when the queue is empty. Safe for concurrent use.
 type Mailbox[T any] struct {
 	capacity int
+	maxBytes int64
+	size     func(T) int64
 	overflow Overflow
 	handle   func(T)
 	onDrop   func(T, DropReason)
@@ -187,6 +204,7 @@ type Mailbox[T any] struct {
 	buf     []T
 	head    int
 	n       int
+	bytes   int64         // Size of the queued items (with maxBytes)
 	running bool          // a handler goroutine exists
 	closed  bool          // Close was called
 	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
@@ -204,6 +222,8 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 	}
 	m := &Mailbox[T]{
 		capacity: cfg.Capacity,
+		maxBytes: cfg.MaxBytes,
+		size:     cfg.Size,
 		overflow: cfg.Overflow,
 		handle:   cfg.Handle,
 		onDrop:   cfg.OnDrop,
@@ -214,28 +234,39 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 
 // Post enqueues item.
 //
-// When the mailbox is full: under Reject, Post returns a *CapacityError with
-// a positive RetryAfter; under DropNewest, item is not queued, OnDrop(item,
+// When the mailbox is full (Capacity items, or item would take the queued
+// bytes over MaxBytes): under Reject, Post returns a *CapacityError with a
+// positive RetryAfter; under DropNewest, item is not queued, OnDrop(item,
 // DroppedNewest) is called and Post returns a *CapacityError (a drop never
-// reports success); under DropOldest, the oldest queued item goes to
-// OnDrop(old, DroppedOldest), item is queued and Post returns nil.
-// After Close, Post returns ErrClosed and does not call OnDrop.
+// reports success); under DropOldest, the oldest queued items go to
+// OnDrop(old, DroppedOldest) until item fits, item is queued and Post
+// returns nil. After Close, Post returns ErrClosed and does not call
+// OnDrop.
 func (m *Mailbox[T]) Post(item T) error {
+	var size int64
+	if m.maxBytes > 0 {
+		size = m.size(item)
+	}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return ErrClosed
 	}
-	if m.n >= m.capacity {
+	if m.fullLocked(size) {
 		switch m.overflow {
 		case DropOldest:
-			old := m.popLocked()
-			m.pushLocked(item)
-			m.stats.DroppedOldest++
+			var old []T
+			for m.fullLocked(size) {
+				old = append(old, m.popLocked())
+			}
+			m.pushLocked(item, size)
+			m.stats.DroppedOldest += uint64(len(old))
 			// A runner must exist: the queue was non-empty and runners only
 			// exit on an empty queue.
 			m.mu.Unlock()
-			m.drop(old, DroppedOldest)
+			for _, o := range old {
+				m.drop(o, DroppedOldest)
+			}
 			return nil
 		case DropNewest:
 			m.stats.DroppedNewest++
@@ -250,7 +281,7 @@ func (m *Mailbox[T]) Post(item T) error {
 			return err
 		}
 	}
-	m.pushLocked(item)
+	m.pushLocked(item, size)
 	if !m.running {
 		m.running = true
 		m.stats.Wakeups++
@@ -278,6 +309,7 @@ func (m *Mailbox[T]) Stats() Stats {
 	s := m.stats
 	s.Depth = m.n
 	s.Capacity = m.capacity
+	s.Bytes, s.MaxBytes = m.bytes, m.maxBytes
 	s.Running = m.running
 	s.Closed = m.closed
 	s.HandleTimeEWMA = time.Duration(m.ewmaNs)
@@ -307,7 +339,7 @@ func (m *Mailbox[T]) Close() {
 	for m.n > 0 {
 		left = append(left, m.popLocked())
 	}
-	m.buf, m.head = nil, 0
+	m.buf, m.head, m.bytes = nil, 0, 0
 	m.stats.DroppedClosed += uint64(len(left))
 	if !m.running {
 		m.signalIdleLocked()
@@ -420,7 +452,15 @@ func (m *Mailbox[T]) retryAfterLocked(depth int) time.Duration {
 	return min(max(d, minRetryAfter), maxRetryAfter)
 }
 
-func (m *Mailbox[T]) pushLocked(item T) {
+// fullLocked reports whether an item of size finds no room: Capacity items
+// are queued, or it would take the bytes over MaxBytes (unless the mailbox
+// is empty: any item fits an empty mailbox).
+func (m *Mailbox[T]) fullLocked(size int64) bool {
+	return m.n >= m.capacity || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes)
+}
+
+func (m *Mailbox[T]) pushLocked(item T, size int64) {
+	m.bytes += size
 	if m.n == len(m.buf) {
 		m.growLocked()
 	}
@@ -443,6 +483,9 @@ func (m *Mailbox[T]) popLocked() T {
 	m.n--
 	if m.n == 0 {
 		m.head = 0
+	}
+	if m.maxBytes > 0 {
+		m.bytes -= m.size(item)
 	}
 	return item
 }

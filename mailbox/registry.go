@@ -3,64 +3,125 @@ package mailbox
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"google.golang.org/protobuf/proto"
 )
 
-const (
-	registryShards = 16
-	// MaxBufferedResponses bounds the early responses a ResponseRegistry
-	// keeps (split evenly over its shards; the oldest of a shard is evicted).
-	MaxBufferedResponses = 10000
-	perShardBuffered     = MaxBufferedResponses / registryShards
-	defaultRegistryTTL   = time.Minute
-)
+const registryShards = 16
 
-// ResponseRegistry matches ask responses to the goroutines waiting for them,
-// by correlation id. It is sharded by a hash of the id so concurrent asks do
-// not contend on one lock. It starts no goroutine: the owner calls Prune
-// periodically. Safe for concurrent use.
+// earlyOverhead is what one buffered early response costs beyond its
+// encoded size (the entry, its map slots, the decoded message's headers):
+// charged with it, so that many tiny responses are bounded too.
+const earlyOverhead = 256
+
+// RegistryConfig bounds a ResponseRegistry. Start from DefaultRegistryConfig.
+type RegistryConfig struct {
+	// TTL: a waiter not answered within it is pruned (its channel closed).
+	TTL time.Duration
+	// EarlyTTL: a response that found no waiter is kept this long for a
+	// Register of its correlation id by the same peer, then dropped.
+	EarlyTTL time.Duration
+	// EarlyBytesPerPeer bounds the early responses kept from one peer
+	// (encoded bytes plus a fixed overhead each); the peer's oldest go
+	// first. 0 keeps none.
+	EarlyBytesPerPeer int
+	// EarlyBytes bounds the early responses of all peers together; over
+	// it, the oldest of the peer holding the most go first.
+	EarlyBytes int
+}
+
+// DefaultRegistryConfig returns a RegistryConfig with every field set.
+func DefaultRegistryConfig() RegistryConfig {
+	return RegistryConfig{
+		TTL:               time.Minute,     // no ask waits longer without a deadline of its own
+		EarlyTTL:          5 * time.Second, // a response that beats its Register does so by far less
+		EarlyBytesPerPeer: 1 << 20,         // 1 MiB: one peer cannot make the buffer large
+		EarlyBytes:        8 << 20,         // 8 MiB: nor can all of them together
+	}
+}
+
+// Validate reports the first invalid field.
+func (c RegistryConfig) Validate() error {
+	switch {
+	case c.TTL <= 0:
+		return fmt.Errorf("mailbox: registry config: TTL %v must be positive: %w", c.TTL, ErrBadConfig)
+	case c.EarlyTTL <= 0:
+		return fmt.Errorf("mailbox: registry config: EarlyTTL %v must be positive: %w", c.EarlyTTL, ErrBadConfig)
+	case c.EarlyBytesPerPeer < 0 || c.EarlyBytes < c.EarlyBytesPerPeer:
+		return fmt.Errorf("mailbox: registry config: need 0 <= EarlyBytesPerPeer (%d) <= EarlyBytes (%d): %w",
+			c.EarlyBytesPerPeer, c.EarlyBytes, ErrBadConfig)
+	}
+	return nil
+}
+
+// ResponseRegistry matches ask responses to the goroutines waiting for
+// them, by correlation id and by the peer that was asked: a response is
+// handed to a waiter only when it comes from the peer the waiter named, so
+// another member cannot answer in that peer's place. Waiters are sharded
+// by a hash of the id so concurrent asks do not contend on one lock. It
+// starts no goroutine: the owner calls Prune periodically. Safe for
+// concurrent use.
+//
+// Lock order: a shard's mu before early.mu.
 type ResponseRegistry struct {
-	ttl    time.Duration
-	shards [registryShards]registryShard
+	cfg     RegistryConfig
+	shards  [registryShards]registryShard
+	early   earlyBuffer
+	refused atomic.Uint64 // responses from another peer than the waiter's
+	dropped atomic.Uint64 // early responses dropped for room, or kept none
 }
 
 type waiter struct {
-	ch chan *pb.Envelope // buffer 1: Deliver never blocks
-	at time.Time         // registration time, for Prune
-}
-
-type buffered struct {
-	env *pb.Envelope
-	at  time.Time // arrival time, for Prune
-	seq uint64    // matches the entry in order
-}
-
-type orderEntry struct {
-	id  string
-	seq uint64
+	ch   chan *pb.Envelope // buffer 1: Deliver never blocks
+	at   time.Time         // registration time, for Prune
+	peer string            // the only peer whose response this waiter takes
 }
 
 type registryShard struct {
-	// mu guards the fields below.
+	// mu guards the field below.
 	mu      sync.Mutex
 	waiters map[string]waiter
-	early   map[string]buffered
-	// order lists buffered ids oldest first; entries whose seq no longer
-	// matches early[id] are stale (consumed) and skipped.
-	order []orderEntry
-	seq   uint64
-	_     [40]byte // keep shards' mutexes on separate cache lines
+	_       [40]byte // keep shards' mutexes on separate cache lines
 }
 
-// NewResponseRegistry returns a registry whose entries expire after ttl
-// (ttl <= 0 means one minute) when Prune runs.
-func NewResponseRegistry(ttl time.Duration) *ResponseRegistry {
-	if ttl <= 0 {
-		ttl = defaultRegistryTTL
+// earlyBuffer holds responses that found no waiter, charged to the peer
+// that sent them.
+type earlyBuffer struct {
+	n atomic.Int64 // entries: Register skips the lock when there are none
+
+	// mu guards the fields below.
+	mu    sync.Mutex
+	byKey map[earlyKey]*earlyEntry
+	peers map[string]*earlyPeer
+	bytes int
+}
+
+type earlyKey struct{ peer, id string }
+
+type earlyEntry struct {
+	key  earlyKey
+	env  *pb.Envelope
+	size int
+	at   time.Time
+	gone bool // taken, pruned or evicted; its slot in the peer's queue is stale
+}
+
+// earlyPeer is one peer's early responses, oldest first (with stale slots).
+type earlyPeer struct {
+	q     []*earlyEntry
+	live  int
+	bytes int
+}
+
+// NewResponseRegistry returns a registry bounded by cfg.
+func NewResponseRegistry(cfg RegistryConfig) (*ResponseRegistry, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	return &ResponseRegistry{ttl: ttl}
+	return &ResponseRegistry{cfg: cfg}, nil
 }
 
 func (r *ResponseRegistry) shard(id string) *registryShard {
@@ -73,11 +134,12 @@ func (r *ResponseRegistry) shard(id string) *registryShard {
 	return &r.shards[h%registryShards]
 }
 
-// Register announces a waiter for correlationID; call it before sending the
-// request. The returned channel (buffer 1) receives the response. If the
-// response already arrived (buffered), it is in the channel at once. A
-// channel whose waiter is pruned is closed (receive gives nil, false).
-func (r *ResponseRegistry) Register(correlationID string) (<-chan *pb.Envelope, error) {
+// Register announces a waiter for correlationID that takes a response only
+// from peer; call it before sending the request. The returned channel
+// (buffer 1) receives the response. If that peer's response already
+// arrived (buffered), it is in the channel at once. A channel whose waiter
+// is pruned is closed (receive gives nil, false).
+func (r *ResponseRegistry) Register(correlationID, peer string) (<-chan *pb.Envelope, error) {
 	if correlationID == "" {
 		return nil, fmt.Errorf("mailbox: register: %w", ErrEmptyCorrelation)
 	}
@@ -88,24 +150,26 @@ func (r *ResponseRegistry) Register(correlationID string) (<-chan *pb.Envelope, 
 	if _, ok := s.waiters[correlationID]; ok {
 		return nil, fmt.Errorf("mailbox: register %q: %w", correlationID, ErrDuplicateCorrelation)
 	}
-	if b, ok := s.early[correlationID]; ok {
-		delete(s.early, correlationID)
-		ch <- b.env
-		return ch, nil
+	if r.early.n.Load() > 0 {
+		if env := r.early.take(earlyKey{peer, correlationID}); env != nil {
+			ch <- env
+			return ch, nil
+		}
 	}
 	if s.waiters == nil {
 		s.waiters = make(map[string]waiter)
 	}
-	s.waiters[correlationID] = waiter{ch: ch, at: time.Now()}
+	s.waiters[correlationID] = waiter{ch: ch, at: time.Now(), peer: peer}
 	return ch, nil
 }
 
-// Deliver hands env to the waiter of env.Rpc.CorrelationId and returns
-// true. With no waiter it buffers env for a later Register (at most
-// MaxBufferedResponses; the oldest are evicted) and returns false. An
-// envelope without a correlation id is neither delivered nor buffered.
-// Never blocks.
-func (r *ResponseRegistry) Deliver(env *pb.Envelope) (delivered bool) {
+// Deliver hands env, a response that came from peer, to the waiter of
+// env.Rpc.CorrelationId and returns true. A waiter that named another
+// peer does not take it: it is refused (counted) and dropped. With no
+// waiter it is kept for a later Register by the same peer, within the
+// early-response bounds, and Deliver returns false. An envelope without a
+// correlation id is neither delivered nor kept. Never blocks.
+func (r *ResponseRegistry) Deliver(peer string, env *pb.Envelope) (delivered bool) {
 	id := env.GetRpc().GetCorrelationId()
 	if id == "" {
 		return false
@@ -114,63 +178,55 @@ func (r *ResponseRegistry) Deliver(env *pb.Envelope) (delivered bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if w, ok := s.waiters[id]; ok {
+		if w.peer != peer {
+			r.refused.Add(1)
+			return false
+		}
 		delete(s.waiters, id)
 		w.ch <- env // buffer 1 and one send per waiter: never blocks
 		return true
 	}
-	if s.early == nil {
-		s.early = make(map[string]buffered)
-	}
-	s.seq++
-	s.early[id] = buffered{env: env, at: time.Now(), seq: s.seq}
-	s.order = append(s.order, orderEntry{id: id, seq: s.seq})
-	for len(s.early) > perShardBuffered {
-		s.popOldestLocked()
-	}
-	if len(s.order) > 2*perShardBuffered+16 {
-		s.compactLocked()
-	}
+	// Under the shard's lock, so a Register of this id either found the
+	// waiter gone above or finds the response in the buffer.
+	r.dropped.Add(uint64(r.early.put(r.cfg, earlyKey{peer, id}, env)))
 	return false
 }
 
-// popOldestLocked evicts the oldest live buffered entry.
-func (s *registryShard) popOldestLocked() {
-	for len(s.order) > 0 {
-		e := s.order[0]
-		s.order[0] = orderEntry{}
-		s.order = s.order[1:]
-		if b, ok := s.early[e.id]; ok && b.seq == e.seq {
-			delete(s.early, e.id)
-			return
-		}
-	}
-}
-
-// compactLocked drops stale order entries so order stays bounded.
-func (s *registryShard) compactLocked() {
-	live := make([]orderEntry, 0, len(s.early))
-	for _, e := range s.order {
-		if b, ok := s.early[e.id]; ok && b.seq == e.seq {
-			live = append(live, e)
-		}
-	}
-	s.order = live
-}
-
-// Cancel forgets the waiter of correlationID (timeout, cancel) and any
-// response buffered for it. The waiter's channel is not closed.
+// Cancel forgets the waiter of correlationID (timeout, cancel). The
+// waiter's channel is not closed; a response that arrives later is kept
+// as an early one until EarlyTTL.
 func (r *ResponseRegistry) Cancel(correlationID string) {
 	s := r.shard(correlationID)
 	s.mu.Lock()
 	delete(s.waiters, correlationID)
-	delete(s.early, correlationID)
 	s.mu.Unlock()
 }
 
-// Prune drops waiters registered and responses buffered before now-ttl, and
-// returns how many of each it dropped. Pruned waiters' channels are closed.
+// ForgetPeer drops the early responses of peer (it left or restarted) and
+// returns how many.
+func (r *ResponseRegistry) ForgetPeer(peer string) int {
+	b := &r.early
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p := b.peers[peer]
+	if p == nil {
+		return 0
+	}
+	n := p.live
+	for _, e := range p.q {
+		if !e.gone {
+			b.removeLocked(e)
+		}
+	}
+	delete(b.peers, peer)
+	return n
+}
+
+// Prune drops waiters registered before now-TTL and early responses that
+// arrived before now-EarlyTTL, and returns how many of each it dropped.
+// Pruned waiters' channels are closed.
 func (r *ResponseRegistry) Prune(now time.Time) (waiters, buffered int) {
-	cutoff := now.Add(-r.ttl)
+	cutoff := now.Add(-r.cfg.TTL)
 	for i := range r.shards {
 		s := &r.shards[i]
 		s.mu.Lock()
@@ -181,27 +237,9 @@ func (r *ResponseRegistry) Prune(now time.Time) (waiters, buffered int) {
 				waiters++
 			}
 		}
-		// order is oldest first, so stop at the first live young entry.
-		for len(s.order) > 0 {
-			e := s.order[0]
-			b, ok := s.early[e.id]
-			live := ok && b.seq == e.seq
-			if live && !b.at.Before(cutoff) {
-				break
-			}
-			if live {
-				delete(s.early, e.id)
-				buffered++
-			}
-			s.order[0] = orderEntry{}
-			s.order = s.order[1:]
-		}
-		if len(s.early) == 0 {
-			s.early, s.order = nil, nil // release memory after a burst
-		}
 		s.mu.Unlock()
 	}
-	return waiters, buffered
+	return waiters, r.early.prune(now.Add(-r.cfg.EarlyTTL))
 }
 
 // Len returns how many waiters and buffered responses the registry holds.
@@ -210,8 +248,151 @@ func (r *ResponseRegistry) Len() (waiters, buffered int) {
 		s := &r.shards[i]
 		s.mu.Lock()
 		waiters += len(s.waiters)
-		buffered += len(s.early)
 		s.mu.Unlock()
 	}
-	return waiters, buffered
+	return waiters, int(r.early.n.Load())
+}
+
+// RegistryStats describes a ResponseRegistry.
+type RegistryStats struct {
+	Waiters    int    // asks waiting
+	Early      int    // responses kept for a Register
+	EarlyBytes int    // their charged bytes
+	Refused    uint64 // responses from another peer than the one asked
+	Dropped    uint64 // responses without a waiter that were not kept, or evicted
+}
+
+// Stats returns a snapshot.
+func (r *ResponseRegistry) Stats() RegistryStats {
+	w, e := r.Len()
+	r.early.mu.Lock()
+	bytes := r.early.bytes
+	r.early.mu.Unlock()
+	return RegistryStats{Waiters: w, Early: e, EarlyBytes: bytes, Refused: r.refused.Load(), Dropped: r.dropped.Load()}
+}
+
+// take removes and returns the response key holds, or nil.
+func (b *earlyBuffer) take(key earlyKey) *pb.Envelope {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.byKey[key]
+	if e == nil {
+		return nil
+	}
+	env := e.env
+	b.removeLocked(e)
+	return env
+}
+
+// put keeps env for key within cfg's bounds and returns how many
+// responses were dropped for it (env itself included when it cannot be
+// kept).
+func (b *earlyBuffer) put(cfg RegistryConfig, key earlyKey, env *pb.Envelope) (dropped int) {
+	size := proto.Size(env) + earlyOverhead
+	if size > cfg.EarlyBytesPerPeer {
+		return 1
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old := b.byKey[key]; old != nil {
+		b.removeLocked(old) // a second response to one id: the newest stays
+		dropped++
+	}
+	p := b.peers[key.peer]
+	if p == nil {
+		if b.peers == nil {
+			b.peers = make(map[string]*earlyPeer)
+			b.byKey = make(map[earlyKey]*earlyEntry)
+		}
+		p = &earlyPeer{}
+		b.peers[key.peer] = p
+	}
+	for p.bytes+size > cfg.EarlyBytesPerPeer {
+		b.popOldestLocked(p)
+		dropped++
+	}
+	for b.bytes+size > cfg.EarlyBytes {
+		b.popOldestLocked(b.largestLocked())
+		dropped++
+	}
+	b.peers[key.peer] = p // evicting its last response may have removed it
+	e := &earlyEntry{key: key, env: env, size: size, at: time.Now()}
+	b.byKey[key] = e
+	p.q = append(p.q, e)
+	p.live++
+	p.bytes += size
+	b.bytes += size
+	b.n.Add(1)
+	return dropped
+}
+
+// removeLocked drops e from the indexes; its queue slot goes stale.
+func (b *earlyBuffer) removeLocked(e *earlyEntry) {
+	e.gone = true
+	e.env = nil
+	delete(b.byKey, e.key)
+	p := b.peers[e.key.peer]
+	p.live--
+	p.bytes -= e.size
+	b.bytes -= e.size
+	b.n.Add(-1)
+	if p.live == 0 {
+		delete(b.peers, e.key.peer)
+	} else if len(p.q) > 2*p.live+16 {
+		live := make([]*earlyEntry, 0, p.live)
+		for _, x := range p.q {
+			if !x.gone {
+				live = append(live, x)
+			}
+		}
+		p.q = live
+	}
+}
+
+// popOldestLocked drops p's oldest live response.
+func (b *earlyBuffer) popOldestLocked(p *earlyPeer) {
+	for len(p.q) > 0 {
+		e := p.q[0]
+		p.q[0] = nil
+		p.q = p.q[1:]
+		if !e.gone {
+			b.removeLocked(e)
+			return
+		}
+	}
+}
+
+// largestLocked returns the peer charged the most bytes.
+func (b *earlyBuffer) largestLocked() *earlyPeer {
+	var best *earlyPeer
+	for _, p := range b.peers {
+		if best == nil || p.bytes > best.bytes {
+			best = p
+		}
+	}
+	return best
+}
+
+// prune drops responses that arrived before cutoff and returns how many.
+func (b *earlyBuffer) prune(cutoff time.Time) (n int) {
+	if b.n.Load() == 0 {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range b.peers {
+		for len(p.q) > 0 && p.live > 0 {
+			e := p.q[0]
+			if !e.gone && !e.at.Before(cutoff) {
+				break
+			}
+			p.q[0] = nil
+			p.q = p.q[1:]
+			if !e.gone {
+				b.removeLocked(e) // may delete p from peers: safe while ranging
+				n++
+			}
+		}
+	}
+	return n
 }

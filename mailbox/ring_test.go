@@ -24,7 +24,7 @@ func TestRingMatchesModel(t *testing.T) {
 				}
 				model = model[1:]
 			case m.n < capacity: // push
-				m.pushLocked(next)
+				m.pushLocked(next, 0)
 				model = append(model, next)
 				next++
 			default: // full: DropOldest
@@ -32,7 +32,7 @@ func TestRingMatchesModel(t *testing.T) {
 				if old != model[0] {
 					rt.Fatalf("evicted %d, want %d", old, model[0])
 				}
-				m.pushLocked(next)
+				m.pushLocked(next, 0)
 				model = append(model[1:], next)
 				next++
 			}

@@ -23,4 +23,7 @@ var (
 	ErrKeyMismatch = errors.New("mesh: the peer uses a different gossip key")
 	// ErrBadMessage means bytes from the network could not be decoded.
 	ErrBadMessage = errors.New("mesh: bad message")
+	// ErrNoSeedAnswered means a join reached none of its seeds. Its
+	// message says why that is usually so.
+	ErrNoSeedAnswered = errors.New("mesh: no seed answered the join")
 )

@@ -152,7 +152,7 @@ func New(cfg Config) (*Mesh, error) {
 	if seeds := m.initialSeeds(); len(seeds) > 0 {
 		if n, err := ml.Join(seeds); err != nil {
 			if !isKeyMismatch(err.Error()) { // memberlist's own line says it: a WARN (logging.go)
-				m.log.Info("mesh: no seed reachable yet; reconnect loop keeps trying", "seeds", seeds, "err", err)
+				m.log.Warn("mesh: no seed answered yet; the reconnect loop keeps trying", "err", m.joinFailed(seeds, err))
 			}
 		} else {
 			m.log.Debug("mesh: joined", "contacted", n)
@@ -271,13 +271,28 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 	}
 	n, err := m.ml.Join(addrs)
 	if err != nil {
-		if isKeyMismatch(err.Error()) {
-			return n, fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %v",
-				addrs, ErrKeyMismatch, err)
-		}
-		return n, fmt.Errorf("mesh: join %v: %w", addrs, err)
+		return n, m.joinFailed(addrs, err)
 	}
 	return n, nil
+}
+
+// joinFailed says why a join may have failed. memberlist reports what the
+// socket said: a seed that is down refuses the connection or times out,
+// but one that is up and in another cluster, or with another gossip key,
+// reads the first bytes and closes the connection, which the joiner sees
+// as a bare "EOF". The seed cannot say which: it never authenticated us.
+func (m *Mesh) joinFailed(addrs []string, err error) error {
+	if isKeyMismatch(err.Error()) {
+		return fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %v",
+			addrs, ErrKeyMismatch, err)
+	}
+	gossip := "unencrypted (no gossip key)"
+	if len(m.cfg.SecretKey) > 0 {
+		gossip = "encrypted with this node's gossip key"
+	}
+	return fmt.Errorf("mesh: join %v: %w: %v; a seed that is up but closes the connection without an answer (EOF) "+
+		"belongs to another cluster or uses another gossip key: this node is in cluster %q, its gossip %s",
+		addrs, ErrNoSeedAnswered, err, m.cfg.Cluster, gossip)
 }
 
 // UpdateMeta replaces this node's metadata and gossips it. Empty fields are

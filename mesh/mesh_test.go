@@ -264,8 +264,16 @@ func TestWrongClusterRefused(t *testing.T) {
 		cfg.Cluster = "other"
 		cfg.Join = []string{nodes[0].GossipAddr()}
 		in := start(t, cfg)
-		if n, err := in.Join([]string{nodes[0].GossipAddr()}); err == nil {
+		n, err := in.Join([]string{nodes[0].GossipAddr()})
+		if err == nil {
 			t.Errorf("Join across clusters succeeded (%d)", n)
+		}
+		// It says why, not just "EOF".
+		if !errors.Is(err, mesh.ErrNoSeedAnswered) || !strings.Contains(err.Error(), `another cluster`) || !strings.Contains(err.Error(), `cluster "other"`) {
+			t.Errorf("join error %v does not say the seed may be in another cluster", err)
+		}
+		if !strings.Contains(in.logs.String(), "another cluster") {
+			t.Errorf("the failed join at start was not explained in the log:\n%s", in.logs.String())
 		}
 		if _, ok := nodes[0].Member("intruder"); ok {
 			t.Error("node of another cluster became a member")

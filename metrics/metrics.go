@@ -71,6 +71,12 @@ var (
 	dStreamRefused  = newDesc("meshnode_stream_refused_total", "Reliable messages this receiver did not run, by reason: out_of_order (its predecessor has not run here; the sender resends from it) or forgotten (older than a stream this node forgot after its retention; the sender dead-letters it).", prometheus.CounterValue, "reason")
 	dActors         = newDesc("meshnode_actors", "Actors running on this node.", prometheus.GaugeValue)
 
+	dIdentity       = newDesc("meshnode_identity_mismatches_total", "Connections refused because the peer's certificate names another node than the one dialed, or than its Hello claims (an impostor at a member's address, or a node moved without its certificate).", prometheus.CounterValue)
+	dHandshakes     = newDesc("meshnode_handshakes_refused_total", "QUIC handshakes refused for the client's certificate, by reason: unknown_ca (not the cluster CA), no_certificate, bad_certificate (expired, wrong use, unreadable).", prometheus.CounterValue, "reason")
+	dClaims         = newDesc("meshnode_sender_mismatches_total", "Envelopes refused because they named another node than the verified peer as their sender or as the node to reply to.", prometheus.CounterValue)
+	dForgedReplies  = newDesc("meshnode_ask_responses_refused_total", "Ask responses refused because they came from another node than the one asked.", prometheus.CounterValue)
+	dPeerBytesLimit = newDesc("meshnode_peer_bytes_refused_total", "Messages refused because their sender's messages already held its share of this node's mailboxes (PeerQueuedBytes).", prometheus.CounterValue)
+
 	dOutboxDepth    = newDesc("meshnode_outbox_depth", "Messages waiting in the outbox, all recipients.", prometheus.GaugeValue)
 	dOutboxOldest   = newDesc("meshnode_outbox_oldest_age_seconds", "Age of the oldest message waiting in the outbox; 0 when it is empty.", prometheus.GaugeValue)
 	dOutboxInFlight = newDesc("meshnode_outbox_in_flight", "Outbox deliveries in flight (AIMD slots held), all peers.", prometheus.GaugeValue)
@@ -93,6 +99,7 @@ var (
 )
 
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
+	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
 	dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
 
@@ -259,6 +266,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dStreamRefused, float64(ns.OutOfOrder), "out_of_order")
 	emit(dStreamRefused, float64(ns.Forgotten), "forgotten")
 	emit(dActors, float64(ns.Actors))
+	emit(dIdentity, float64(ns.Refused.IdentityMismatch))
+	emit(dHandshakes, float64(ns.Refused.UnknownCA), "unknown_ca")
+	emit(dHandshakes, float64(ns.Refused.NoCertificate), "no_certificate")
+	emit(dHandshakes, float64(ns.Refused.BadCertificate), "bad_certificate")
+	emit(dClaims, float64(ns.SenderMismatch))
+	emit(dForgedReplies, float64(ns.ResponsesRefused))
+	emit(dPeerBytesLimit, float64(ns.RefusedPeerBytes))
 
 	os := c.src.OutboxStats()
 	emit(dOutboxDepth, float64(os.Depth))

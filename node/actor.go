@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -19,6 +20,7 @@ type SpawnOption func(*spawnOptions)
 type spawnOptions struct {
 	capacity int
 	overflow mailbox.Overflow
+	bytes    int64
 }
 
 // WithMailbox sets the actor's mailbox capacity and overflow strategy.
@@ -49,6 +51,8 @@ type delivery struct {
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
 	values     context.Context   // local tell or ask: the caller's context, for its values
+	charged    *atomic.Int64     // the sending peer's queued bytes, until uncharge (limits.go)
+	size       int64             // what it was charged
 }
 
 type localReply struct {
@@ -68,13 +72,15 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	if err := addr.Validate(); err != nil {
 		return Address{}, fmt.Errorf("node: spawn: %w", err)
 	}
-	o := spawnOptions{capacity: n.cfg.MailboxCapacity, overflow: n.cfg.Overflow}
+	o := spawnOptions{capacity: n.cfg.MailboxCapacity, overflow: n.cfg.Overflow, bytes: n.cfg.MailboxBytes}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h)}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
+		MaxBytes: o.bytes,
+		Size:     deliverySize,
 		Overflow: o.overflow,
 		Handle:   a.handle,
 		OnDrop:   a.dropped,
@@ -132,6 +138,7 @@ func (a *actor) post(d *delivery) error { return a.mb.Post(d) }
 // waits and sends it again; what was chained behind it is refused by the
 // watermark check, since the watermark stays behind it.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
+	d.uncharge()
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
 	if r == mailbox.DroppedNewest {
@@ -155,12 +162,13 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{err: err}
 	case d.remoteAsk:
-		a.n.respond(d.env, nil, err)
+		a.n.respond(d.senderNode, d.env, nil, err)
 	}
 }
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	defer d.uncharge()
 	if a.n.ctx.Err() != nil {
 		// The node is closing: what is still queued is dropped and counted
 		// (a reliable message is sent again), not run with a dead context.
@@ -192,7 +200,7 @@ func (a *actor) handle(d *delivery) {
 	if d.values != nil {
 		ctx = valueContext{Context: ctx, values: d.values}
 	}
-	reply, err := a.call(ctx, &Message{env: env, body: d.body})
+	reply, err := a.call(ctx, &Message{env: env, body: d.body, from: d.senderNode})
 	a.answer(d, reply, err)
 }
 
@@ -202,7 +210,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
-		a.n.respond(d.env, reply, err)
+		a.n.respond(d.senderNode, d.env, reply, err)
 	case err != nil:
 		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", d.env.GetMsgId(), "err", err)
 	}
@@ -283,7 +291,7 @@ func (a *actor) handleStream(d *delivery) {
 	if d.deadlineMs > 0 {
 		ctx, cancel = contextWithEarlier(ctx, cancel, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
 	}
-	reply, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream})
+	reply, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream, from: d.senderNode})
 	cancel()
 	if isRequest(env) && (herr == nil || mailbox.IsPermanent(herr)) {
 		if err := a.storeReply(d, reply, herr); err != nil {

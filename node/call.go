@@ -135,7 +135,7 @@ func (n *Node) newCall(kind CallKind, to Address, req, reply proto.Message, opts
 	case c.o.key != "", c.o.coalesce != "", c.o.ttlSet, !c.o.replyTo.IsZero(), c.o.correlation != "":
 		return c, fmt.Errorf("%w: idempotency keys, overwrite, TTL, reply-to and correlation ids are for reliable sends (a tell or an ask is bounded by its context's deadline)", ErrBadOption)
 	}
-	return c, nil
+	return c, n.checkHeaders(&c.o)
 }
 
 // putCall recycles c; nothing may use it after.

@@ -62,6 +62,16 @@ type Config struct {
 	// (nil: W3C trace context and baggage when TracerProvider is set, and
 	// nothing otherwise).
 	Propagator propagation.TextMapPropagator
+	// MailboxBytes is the default bound of spawned actors' mailboxes in
+	// bytes of queued messages, besides their count (16 MiB).
+	MailboxBytes int64
+	// PeerQueuedBytes bounds the bytes of one peer's messages queued in
+	// all mailboxes together; past it that peer's messages are refused as
+	// "full" while others' still get in (32 MiB).
+	PeerQueuedBytes int64
+	// Responses bounds the ask responses kept while no ask waits for them
+	// (bytes per peer and in all, EarlyTTL); its TTL is AskResponseTTL.
+	Responses mailbox.RegistryConfig
 
 	Mesh      mesh.Config      // membership tuning (failure detection, reconnect)
 	Transport transport.Config // QUIC tuning (queues, lanes, timeouts, frame size)
@@ -81,6 +91,8 @@ func DefaultConfig(name string) Config {
 		QUICAddr:        "0.0.0.0:7947",
 		MailboxCapacity: mailbox.DefaultCapacity,
 		Overflow:        mailbox.Reject,
+		MailboxBytes:    16 << 20,
+		PeerQueuedBytes: 32 << 20,
 		AskTimeout:      10 * time.Second,
 		AskResponseTTL:  time.Minute,
 		SpawnGrace:      2 * time.Minute,
@@ -91,6 +103,7 @@ func DefaultConfig(name string) Config {
 		ServerInterceptors: nil,
 		TracerProvider:     nil,
 		Propagator:         nil,
+		Responses:          mailbox.DefaultRegistryConfig(),
 		Mesh:               mesh.DefaultConfig(name),
 		Transport:          transport.DefaultConfig(name),
 		Outbox:             outbox.DefaultConfig(""),
@@ -129,6 +142,9 @@ func (c Config) Validate() error {
 	if c.MailboxCapacity <= 0 {
 		return bad("mailbox capacity %d must be positive", c.MailboxCapacity)
 	}
+	if c.MailboxBytes <= 0 || c.PeerQueuedBytes <= 0 {
+		return bad("mailbox bytes %d and peer queued bytes %d must be positive", c.MailboxBytes, c.PeerQueuedBytes)
+	}
 	if c.AskTimeout <= 0 {
 		return bad("ask timeout must be positive")
 	}
@@ -148,7 +164,17 @@ func (c Config) Validate() error {
 		slices.ContainsFunc(c.ServerInterceptors, func(f ServerInterceptor) bool { return f == nil }) {
 		return bad("an interceptor is nil")
 	}
+	if err := c.responses().Validate(); err != nil {
+		return bad("responses: %v", err)
+	}
 	return nil
+}
+
+// responses is the response registry's config, with AskResponseTTL.
+func (c Config) responses() mailbox.RegistryConfig {
+	r := c.Responses
+	r.TTL = c.AskResponseTTL
+	return r
 }
 
 // lower fills the embedded configs from the top-level fields. Mesh.OnEvent

@@ -20,6 +20,7 @@ type counters struct {
 	remoteFull, duplicates, outOfOrder, forgotten  atomic.Uint64
 	stopping                                       atomic.Uint64
 	memberEventsMissed                             atomic.Uint64
+	senderMismatch, peerOverBudget                 atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -51,6 +52,12 @@ type Stats struct {
 	MemberEventsMissed                                uint64 // membership events a slow subscriber or callback did not get
 	Streams                                           int    // reliable streams whose watermark is cached in memory
 	Actors                                            int
+
+	// What was refused from other nodes (docs/threat-model.md).
+	SenderMismatch   uint64             // envelopes naming another node than the verified peer as sender or reply-to
+	ResponsesRefused uint64             // ask responses from another node than the one asked
+	RefusedPeerBytes uint64             // messages refused because their sender's queued bytes were at PeerQueuedBytes
+	Refused          transport.Refusals // connections refused for who was at the other end (certificate, identity)
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -67,6 +74,8 @@ func (n *Node) Stats() Stats {
 		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
 		Streams: n.in.len(),
 	}
+	s.SenderMismatch, s.ResponsesRefused = c.senderMismatch.Load(), n.responses.Stats().Refused
+	s.RefusedPeerBytes, s.Refused = c.peerOverBudget.Load(), n.transport.Refusals()
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
 	}

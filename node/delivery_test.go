@@ -563,7 +563,7 @@ func TestDataDirOfFirstReleaseIsMigrated(t *testing.T) {
 	}
 	var rs receipts
 	env := streamEnv("sink", "n1", 1, 0)
-	env.IdempotencyKey = "paid-7"
+	env.IdempotencyKey, env.Sender = "paid-7", "@n3"
 	n1.DeliverIncoming(transport.PeerInfo{Name: "n3", OutboxID: [16]byte{3}}, env, rs.reply(env.GetMsgId()))
 	testutil.WaitFor(t, 5*time.Second, "receipt", func() bool { return rs.len() == 1 })
 	if c := rs.code(env.GetMsgId()); c != pb.Receipt_DUPLICATE || runs.Load() != 0 {

@@ -148,7 +148,12 @@
 //
 //   - Messages sent from the node API (not from inside an actor) carry the
 //     sender "@node". The node part of a received message's sender is the
-//     peer verified by TLS.
+//     peer verified by TLS (Message.From): an envelope naming another node
+//     as its sender, or a request whose reply_to names another node, is
+//     refused and counted (Stats.SenderMismatch), never run. A response is
+//     taken only from the node that was asked, and a request is answered
+//     only to the node that sent it. docs/threat-model.md says what a
+//     member can and cannot do to another.
 //   - The direct attempt of TellReliable is bounded by the relay's
 //     DirectTimeout (2 s); a slower handler makes the call return Queued
 //     (the watermark recognises the copy if it ran). Each send of a message
@@ -163,4 +168,12 @@
 //     that cannot be stored makes the request run again), under an
 //     idempotency key made from the correlation id, so a request re-run in
 //     the crash window still gives one reply at the requester.
+//   - Memory held for another node is bounded in bytes and charged to it:
+//     each mailbox holds at most MailboxBytes (WithMailboxBytes) besides its
+//     count, all mailboxes together at most PeerQueuedBytes of one peer's
+//     messages (past it the peer is answered "full", others still get
+//     in), ask responses without a waiter at most Responses.EarlyBytesPerPeer
+//     of one peer's for Responses.EarlyTTL, and the transport bounds what a
+//     connection reads (transport.Config.MaxReadBytes, FrameReadTimeout,
+//     MaxHeaders).
 package node

@@ -41,6 +41,10 @@ var (
 	ErrUnknownMethod = mailbox.ErrUnknownMethod
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
+	// ErrSenderMismatch: an envelope from a peer named another node as its
+	// sender (or as the node its reply goes to) than the one its
+	// certificate proves. It is refused, never run.
+	ErrSenderMismatch = errors.New("node: envelope claims another node than the verified peer")
 )
 
 // CapacityError says the recipient is full and when to try again.

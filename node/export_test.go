@@ -3,6 +3,7 @@ package node
 import (
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
 )
@@ -14,6 +15,9 @@ import (
 func (n *Node) DeliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 	n.deliverIncoming(from, env, reply)
 }
+
+// ResponseStats returns the ask response registry's stats.
+func (n *Node) ResponseStats() mailbox.RegistryStats { return n.responses.Stats() }
 
 // OutboxID returns the node's outbox id.
 func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }

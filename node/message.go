@@ -25,6 +25,7 @@ type Message struct {
 	env    *pb.Envelope
 	body   proto.Message // the sender's value on the local path; nil when it came over the wire
 	stream StreamID      // reliable messages: the stream it belongs to
+	from   string        // the node that sent it, as verified by TLS (this node for local sends)
 }
 
 // Envelope returns the wire envelope (ids, headers, rpc metadata). Treat it as read-only.
@@ -47,8 +48,21 @@ func (m *Message) Stream() StreamID { return m.stream }
 // ask): increasing in the order the sender sent them, never reused.
 func (m *Message) Sequence() uint64 { return m.env.GetSequence() }
 
-// Sender returns who sent the message ("@node" when it came from the node API, not an actor).
-func (m *Message) Sender() Address { a, _ := parseLoose(m.env.GetSender()); return a }
+// Sender returns who sent the message ("@node" when it came from the node
+// API, not an actor). Its node part is always From(): an envelope that
+// names another node is refused before any handler sees it. The actor part
+// is the sending node's word.
+func (m *Message) Sender() Address {
+	a, _ := parseLoose(m.env.GetSender())
+	if m.from != "" {
+		a.Node = m.from
+	}
+	return a
+}
+
+// From returns the node that sent the message, as its certificate proves
+// (this node's name for a local send).
+func (m *Message) From() string { return m.from }
 
 // Recipient returns the actor the message was sent to.
 func (m *Message) Recipient() Address { a, _ := parseLoose(m.env.GetRecipient()); return a }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ratelog"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/outbox"
@@ -50,7 +51,9 @@ type Node struct {
 
 	warnedPeers sync.Map // node name -> true: unknown peers already logged once
 
-	invoke             Invoker // the client interceptors around send; nil when there are none
+	claimLog           *ratelog.Limiter // envelopes that claim another node: one line a minute per peer
+	charges            peerCharges      // bytes of each peer's messages queued in mailboxes (limits.go)
+	invoke             Invoker          // the client interceptors around send; nil when there are none
 	serverInterceptors []ServerInterceptor
 	draining           atomic.Bool // Shutdown began: no new message enters a mailbox
 
@@ -105,12 +108,17 @@ func Open(cfg Config) (*Node, error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: create data directory: %w", err)
 	}
+	responses, err := mailbox.NewResponseRegistry(cfg.responses())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
 	n := &Node{
 		cfg:       cfg,
 		name:      cfg.Name,
 		bootID:    mailbox.NewID(),
 		log:       logger.With("node", cfg.Name),
-		responses: mailbox.NewResponseRegistry(cfg.AskResponseTTL),
+		claimLog:  ratelog.New(time.Minute),
+		responses: responses,
 		actors:    make(map[string]*actor),
 		asks:      make(map[string]map[string]struct{}),
 		tags:      maps.Clone(cfg.Tags),
@@ -120,7 +128,6 @@ func Open(cfg Config) (*Node, error) {
 	n.events = newMemberEvents(n, cfg.Mesh.OnEvent)
 	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
 
-	var err error
 	if n.store, err = outbox.Open(ocfg); err != nil {
 		n.cancel()
 		return nil, fmt.Errorf("node: open outbox: %w", err)
@@ -296,7 +303,11 @@ func (n *Node) shutdown(graceful bool) error {
 		n.wg.Wait()
 		n.events.wait()
 		n.in.wg.Wait()
-		errs = append(errs, n.store.Close())
+		if graceful {
+			errs = append(errs, n.store.Close())
+		} else {
+			errs = append(errs, n.store.Abandon()) // as a crash leaves it: checked in full at the next open
+		}
 		n.log.Info("node stopped", "graceful", graceful)
 	})
 	if err := errors.Join(errs...); err != nil {
@@ -309,7 +320,7 @@ func (n *Node) shutdown(graceful bool) error {
 // forgets cached stream watermarks nobody used for a while.
 func (n *Node) pruneLoop() {
 	defer n.wg.Done()
-	t := time.NewTicker(n.cfg.AskResponseTTL / 2)
+	t := time.NewTicker(min(n.cfg.AskResponseTTL, n.cfg.Responses.EarlyTTL) / 2)
 	defer t.Stop()
 	for {
 		select {

@@ -585,7 +585,7 @@ func TestStopSpawnWhileStreamInFlight(t *testing.T) {
 	var rs receipts
 	deliver := func(from transport.PeerInfo, id string, seq, prev uint64) {
 		env := streamEnv("a", "n1", seq, prev)
-		env.MsgId = id
+		env.MsgId, env.Sender = id, "@"+from.Name
 		n.DeliverIncoming(from, env, rs.reply(id))
 	}
 	deliver(peerP, "m1", 1, 0)

@@ -44,7 +44,9 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	kind := env.GetRpc().GetKind()
 	stream := reply != nil
 	if kind == pb.RpcMeta_RESPONSE && !stream {
-		n.responses.Deliver(env) // an ask's; a reliable request's reply is a stream message for an actor
+		// An ask's, taken only by an ask to from; a reliable request's
+		// reply is a stream message for an actor.
+		n.responses.Deliver(from.Name, env)
 		return
 	}
 	ask := kind == pb.RpcMeta_REQUEST && !stream // a reliable request's reply is stored, not sent from here
@@ -57,7 +59,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)
 		if ask {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	}
 	if n.draining.Load() {
@@ -67,12 +69,17 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		n.stats.stopping.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
 		if ask {
-			n.respond(env, nil, mailbox.ErrClosed)
+			n.respond(from.Name, env, nil, mailbox.ErrClosed)
 		}
 		return
 	}
 	if env.GetOrigin() != nil {
 		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
+		return
+	}
+	if err := checkClaims(from.Name, env); err != nil {
+		n.refusedClaim(from.Name, err)
+		refuse(pb.Receipt_REJECTED, Permanent(err))
 		return
 	}
 	if stream && (env.GetSequence() == 0 || env.GetReceipt() != pb.Envelope_RECEIPT_PROCESSED) {
@@ -88,7 +95,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		n.stats.noSuchActor.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)
 		if ask {
-			n.respond(env, nil, ErrNoSuchActor)
+			n.respond(from.Name, env, nil, ErrNoSuchActor)
 		}
 		return
 	}
@@ -119,17 +126,26 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			return
 		}
 	}
+	if from.Name != n.name && !n.charge(d, from.Name) {
+		err := &CapacityError{RetryAfter: peerFullRetry}
+		receipt(pb.Receipt_CAPACITY, "node: the sender's messages fill this node's mailboxes", peerFullRetry, 0)
+		if d.remoteAsk {
+			n.respond(from.Name, env, nil, err)
+		}
+		return
+	}
 	err := a.post(d)
 	if err == nil {
 		return
 	}
+	d.uncharge()
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
 		n.stats.remoteFull.Add(1)
 		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
 		if d.remoteAsk {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	default:
 		// The mailbox is closed: the actor is stopping, or the node. Not
@@ -137,7 +153,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		n.stats.stopping.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "actor "+to.Actor+" is stopping", time.Second, 0)
 		if d.remoteAsk {
-			n.respond(env, nil, err)
+			n.respond(from.Name, env, nil, err)
 		}
 	}
 }
@@ -157,19 +173,26 @@ func (n *Node) spawnGraceLeft() time.Duration {
 	return min(left, time.Second)
 }
 
-// respond sends the RESPONSE to a remote REQUEST: the reply, or the error
-// in status headers. Responses are best effort: a lost one ends in the
-// asker's deadline.
-func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
+// respond sends the RESPONSE to a remote REQUEST from the verified peer
+// to: the reply, or the error in status headers. It goes to that peer,
+// never to another node its reply_to may name. Responses are best effort:
+// a lost one ends in the asker's deadline.
+func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr error) {
 	replyTo, _ := parseLoose(req.GetRpc().GetReplyTo())
 	if replyTo.Node == "" {
 		return // nobody waits for it
+	}
+	recipient := req.GetRpc().GetReplyTo()
+	if replyTo.Node != to {
+		// Refused by checkClaims: the refusal goes to the sender.
+		replyTo = Address{Node: to}
+		recipient = replyTo.String()
 	}
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
 		Sender:          req.GetRecipient(),
-		Recipient:       req.GetRpc().GetReplyTo(),
+		Recipient:       recipient,
 		CreatedAtUnixMs: time.Now().UnixMilli(),
 		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
 	}
@@ -184,7 +207,7 @@ func (n *Node) respond(req *pb.Envelope, reply proto.Message, herr error) {
 		}
 	}
 	if replyTo.Node == n.name {
-		n.responses.Deliver(env)
+		n.responses.Deliver(n.name, env)
 		return
 	}
 	if err := n.transport.Send(n.ctx, replyTo.Node, env); err != nil {

@@ -245,8 +245,23 @@ func (n *Node) checkReliable(o *sendOptions) {
 	case o.ttl > n.store.Config().MaxAge():
 		o.badOption = fmt.Errorf("TTL %v: %w: a message waits at most %v", o.ttl, ErrBadOption, n.store.Config().MaxAge())
 	default:
+		o.badOption = n.checkHeaders(o)
+	}
+	if o.badOption == nil {
 		o.badOption = n.checkReplyTo(o)
 	}
+}
+
+// checkHeaders refuses headers a peer would refuse (too many, too large),
+// before anything is sent or stored.
+func (n *Node) checkHeaders(o *sendOptions) error {
+	if len(o.headers) == 0 {
+		return nil
+	}
+	if err := n.cfg.Transport.CheckHeaders(o.headers); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadOption, err)
+	}
+	return nil
 }
 
 // reliableMessage builds the stored form of a reliable message to to.

@@ -148,7 +148,8 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	corr := env.GetMsgId()
 	o.rpc.CorrelationId = corr
 	o.rpc.ReplyTo = env.GetSender() // "@node": the node, not an actor, receives the RESPONSE
-	ch, err := n.responses.Register(corr)
+	// Only to.Node may answer it: another member's response is refused.
+	ch, err := n.responses.Register(corr, to.Node)
 	if err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
@@ -309,7 +310,8 @@ func (n *Node) untrackAsk(peer, corr string) {
 	n.askMu.Unlock()
 }
 
-// failAsks answers every pending ask to peer with an Unavailable status.
+// failAsks answers every pending ask to peer with an Unavailable status
+// and drops the responses it had sent early.
 func (n *Node) failAsks(peer, reason string) {
 	n.askMu.Lock()
 	m := n.asks[peer]
@@ -318,6 +320,7 @@ func (n *Node) failAsks(peer, reason string) {
 	for corr := range m {
 		env := &pb.Envelope{Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: corr}}
 		mailbox.SetError(env, &mailbox.RemoteError{Code: mailbox.Unavailable, Message: reason})
-		n.responses.Deliver(env)
+		n.responses.Deliver(peer, env)
 	}
+	n.responses.ForgetPeer(peer)
 }

@@ -117,7 +117,9 @@ func BenchmarkReceiverStreamState(b *testing.B) {
 		rcs := make(chan *pb.Receipt, streams)
 		for i := range streams {
 			from := transport.PeerInfo{Name: fmt.Sprintf("%032d", i), OutboxID: [16]byte{byte(i), byte(i >> 8), 7}}
-			n.DeliverIncoming(from, streamEnv(actor, "n1", 1, 0), func(rc *pb.Receipt) { rcs <- rc })
+			env := streamEnv(actor, "n1", 1, 0)
+			env.Sender = "@" + from.Name
+			n.DeliverIncoming(from, env, func(rc *pb.Receipt) { rcs <- rc })
 		}
 		for range streams {
 			if rc := <-rcs; rc.GetCode() != pb.Receipt_PROCESSED {

@@ -277,7 +277,7 @@ func TestIdempotencyKeyScopeIsUnambiguous(t *testing.T) {
 	var rs receipts
 	for _, c := range []struct{ sender, actor string }{{"x", "y>z"}, {"x>y", "z"}} {
 		env := streamEnv(c.actor, "r", 1, 0)
-		env.IdempotencyKey, env.MsgId = "order-1", c.sender+c.actor
+		env.IdempotencyKey, env.MsgId, env.Sender = "order-1", c.sender+c.actor, "@"+c.sender
 		n.DeliverIncoming(transport.PeerInfo{Name: c.sender, OutboxID: [16]byte{1}}, env, rs.reply(env.GetMsgId()))
 		testutil.WaitFor(t, 5*time.Second, "receipt", func() bool { return rs.code(env.GetMsgId()) != 0 })
 		if got := rs.code(env.GetMsgId()); got != pb.Receipt_PROCESSED {

@@ -28,6 +28,15 @@
 //     with a newer OVERWRITE version, or into the dead-letter queue (Fail,
 //     Expire, DropQueue, or Head giving it up for age).
 //   - Head never returns a message whose TTL or age has run out.
+//   - The file is checked before bbolt reads it (internal/storecheck): a
+//     damaged structure is refused with ErrDamaged instead of crashing the
+//     process; a file that disappeared or was emptied while outbox.db.id
+//     records the outbox's id is refused with ErrLost instead of starting
+//     empty; another outbox's file with ErrReplaced. The structure is
+//     checked at every Open (about as long as bbolt's own scan of the file
+//     at open), the key order too when outbox.db.clean, written by Close and
+//     removed by Open, is missing: the last run did not end cleanly. The
+//     errors name `meshnode doctor`, which salvages or accepts the loss.
 //   - A receiver's watermark never goes back, and is durable together
 //     with the keys that took effect with it (one transaction).
 //   - Memory holds small per-queue state (count, head, send_at) and the

@@ -1,6 +1,10 @@
 package outbox
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/meshnode/meshnode/internal/storecheck"
+)
 
 // Sentinel errors. Wrapped errors name the operation that failed; match them
 // with errors.Is.
@@ -33,6 +37,17 @@ var (
 	// ErrSuperseded means Replay was asked for an OVERWRITE dead letter
 	// whose coalesce key has a newer version.
 	ErrSuperseded = errors.New("outbox: superseded by a newer version")
+	// ErrDamaged means the file's structure is broken: bbolt would crash on
+	// it, so it is not opened (`meshnode doctor --salvage` copies what is
+	// readable into a new file).
+	ErrDamaged = storecheck.ErrDamaged
+	// ErrLost means the file is missing or empty but its data directory had
+	// an outbox (recorded in outbox.db.id): its messages would silently be
+	// gone (`meshnode doctor --forget` accepts that).
+	ErrLost = storecheck.ErrLost
+	// ErrReplaced means the file is another outbox than the one its data
+	// directory had.
+	ErrReplaced = storecheck.ErrReplaced
 )
 
 // MaxKeyLen bounds idempotency and coalesce keys (plus the names scoping

@@ -6,12 +6,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/google/btree"
+	"github.com/meshnode/meshnode/internal/storecheck"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 
@@ -116,10 +118,16 @@ type Store struct {
 
 // Open opens (creating if needed) the outbox file, migrates a file of the
 // first format and rebuilds the in-memory indexes. If another process holds
-// the file, Open fails with ErrLocked after cfg.LockTimeout.
+// the file, Open fails with ErrLocked after cfg.LockTimeout. The file is
+// checked before bbolt reads it (storecheck): a damaged file fails with
+// ErrDamaged, a file that disappeared or was emptied with ErrLost, another
+// store's file with ErrReplaced; each error says what to do.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("outbox: open: %w", err)
+	}
+	if err := check(cfg); err != nil {
+		return nil, err
 	}
 	// NoFreelistSync keeps durability (every commit is still fsynced; the
 	// freelist is rebuilt by scanning the file at Open) and saves writing
@@ -154,8 +162,37 @@ func Open(cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
 	}
+	if err := storecheck.Identify(cfg.Path, s.outboxID[:]); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("outbox: open %s: %w: put back this data directory's own outbox.db, or, to adopt this one, remove %s",
+			cfg.Path, err, storecheck.IDPath(cfg.Path))
+	}
 	go s.run()
 	return s, nil
+}
+
+// check looks at the file before bbolt is trusted with it (see Open).
+func check(cfg Config) error {
+	start := time.Now()
+	o, err := storecheck.Before(cfg.Path, cfg.LockTimeout)
+	dir := filepath.Dir(cfg.Path)
+	switch {
+	case errors.Is(err, storecheck.ErrBusy):
+		return nil // bbolt's own lock reports it, as ErrLocked
+	case errors.Is(err, storecheck.ErrDamaged):
+		return fmt.Errorf("outbox: open %s: %w: do not start on it; stop the node and run `meshnode doctor --data-dir %s --salvage` to copy what is readable into a new file (the damaged one is kept beside it)",
+			cfg.Path, err, dir)
+	case errors.Is(err, storecheck.ErrLost):
+		return fmt.Errorf("outbox: open %s: %w: its queued messages would be gone; restore the file from a backup, or run `meshnode doctor --data-dir %s --forget` to start with an empty outbox",
+			cfg.Path, err, dir)
+	case err != nil:
+		return fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
+	}
+	if !o.New && !o.Clean {
+		cfg.Logger.Warn("outbox: the last run did not close the store cleanly: checked it page by page",
+			"pages", o.Report.Pages, "keys", o.Report.Keys, "took", time.Since(start).Round(time.Millisecond).String())
+	}
+	return nil
 }
 
 // load creates the buckets, migrates an old layout and rebuilds every
@@ -311,6 +348,30 @@ func (s *Store) setSendAt(st *queue, at int64) {
 // queued, then closes the file. The first call returns the file's close
 // error; later calls return ErrClosed.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.isClosed {
+		s.closeMu.Unlock()
+		return ErrClosed
+	}
+	s.isClosed = true
+	s.asyncMu.Lock()
+	close(s.closing)
+	s.asyncMu.Unlock()
+	s.closeMu.Unlock()
+	<-s.stopped
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("outbox: close: %w", err)
+	}
+	if err := storecheck.MarkClean(s.cfg.Path); err != nil {
+		return fmt.Errorf("outbox: close: %w", err)
+	}
+	return nil
+}
+
+// Abandon closes the store as a crash would leave it, without the mark of
+// a clean shutdown, so that the next Open checks the whole file. For fault
+// injection (node.Kill); everything acknowledged was already fsynced.
+func (s *Store) Abandon() error {
 	s.closeMu.Lock()
 	if s.isClosed {
 		s.closeMu.Unlock()

@@ -34,6 +34,12 @@ type Config struct {
 	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
 	Lanes          int // unidirectional envelope streams per connection and direction
 
+	// What one peer may make this node hold while reading (see readlimit.go).
+	MaxReadBytes     int           // bytes of frames being read on one connection at once, over all its streams
+	FrameReadTimeout time.Duration // a frame must be complete this long after its first byte arrived
+	MaxHeaders       int           // header entries a received envelope may carry
+	MaxHeaderBytes   int           // encoded bytes of those entries together
+
 	KeepAlivePeriod  time.Duration // PING interval so an idle connection stays open and a dead one is noticed
 	MaxIdleTimeout   time.Duration // a connection with no packets from the peer for this long is dead
 	HandshakeTimeout time.Duration // dial + TLS + Hello exchange must finish within this
@@ -50,21 +56,25 @@ type Config struct {
 func DefaultConfig(nodeName string) Config {
 	return Config{
 		NodeName:         nodeName,
-		Cluster:          "meshnode",      // the cluster name peers must share
-		BootID:           newBootID(),     // random per process start
-		OutboxID:         [16]byte{},      // required: the node sets its outbox's id
-		ListenAddr:       "0.0.0.0:7947",  // next to memberlist's 7946
-		Identity:         Identity{},      // required: set by the caller
-		DataDir:          "",              // no persisted reset key: resets only work within one run
-		MaxFrameSize:     4 << 20,         // 4 MiB: big enough for documents, small enough to bound memory per read
-		SendQueueSize:    8192,            // ~1 MiB of 128-byte messages per peer
-		SendQueueBytes:   64 << 20,        // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
-		Lanes:            16,              // 16 recipients can progress independently per peer
-		KeepAlivePeriod:  time.Second,     // ping every second
-		MaxIdleTimeout:   5 * time.Second, // dead peer noticed within 5 s
-		HandshakeTimeout: 3 * time.Second, // a dial never hangs longer than 3 s
-		WrapPacketConn:   nil,             // no fault injection
-		Logger:           slog.Default(),  // the process logger
+		Cluster:          "meshnode",       // the cluster name peers must share
+		BootID:           newBootID(),      // random per process start
+		OutboxID:         [16]byte{},       // required: the node sets its outbox's id
+		ListenAddr:       "0.0.0.0:7947",   // next to memberlist's 7946
+		Identity:         Identity{},       // required: set by the caller
+		DataDir:          "",               // no persisted reset key: resets only work within one run
+		MaxFrameSize:     4 << 20,          // 4 MiB: big enough for documents, small enough to bound memory per read
+		SendQueueSize:    8192,             // ~1 MiB of 128-byte messages per peer
+		SendQueueBytes:   64 << 20,         // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
+		Lanes:            16,               // 16 recipients can progress independently per peer
+		MaxReadBytes:     8 << 20,          // two frames of the 4 MiB maximum in progress per connection
+		FrameReadTimeout: 30 * time.Second, // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
+		MaxHeaders:       64,               // application headers are few and short
+		MaxHeaderBytes:   16 << 10,         // 16 KiB of keys and values together
+		KeepAlivePeriod:  time.Second,      // ping every second
+		MaxIdleTimeout:   5 * time.Second,  // dead peer noticed within 5 s
+		HandshakeTimeout: 3 * time.Second,  // a dial never hangs longer than 3 s
+		WrapPacketConn:   nil,              // no fault injection
+		Logger:           slog.Default(),   // the process logger
 	}
 }
 
@@ -97,6 +107,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: SendQueueBytes %d must hold one frame of MaxFrameSize %d", ErrBadConfig, c.SendQueueBytes, c.MaxFrameSize)
 	case c.Lanes < 1 || c.Lanes > maxLanes:
 		return fmt.Errorf("%w: Lanes %d outside [1, %d]", ErrBadConfig, c.Lanes, maxLanes)
+	case c.MaxReadBytes < c.MaxFrameSize:
+		return fmt.Errorf("%w: MaxReadBytes %d must hold one frame of MaxFrameSize %d", ErrBadConfig, c.MaxReadBytes, c.MaxFrameSize)
+	case c.FrameReadTimeout <= 0:
+		return fmt.Errorf("%w: FrameReadTimeout must be positive", ErrBadConfig)
+	case c.MaxHeaders < 0 || c.MaxHeaderBytes < 0:
+		return fmt.Errorf("%w: MaxHeaders and MaxHeaderBytes must not be negative", ErrBadConfig)
 	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:
 		return fmt.Errorf("%w: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive", ErrBadConfig)
 	case c.KeepAlivePeriod >= c.MaxIdleTimeout:

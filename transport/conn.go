@@ -17,8 +17,9 @@ import (
 )
 
 // readBufSize is the bufio buffer per received stream; frames up to this
-// size are decoded without copying them out first.
-const readBufSize = 64 << 10
+// size are decoded without copying them out first. A peer may open up to
+// 2 x maxLanes + 16 streams: they hold at most 8.25 MiB of buffers.
+const readBufSize = 16 << 10
 
 // conn is one established, Hello-verified connection to a peer.
 type conn struct {
@@ -29,6 +30,7 @@ type conn struct {
 	dialed bool                   // this node dialed it
 	remote netip.AddrPort         // the peer's UDP address
 	done   chan struct{}          // closed by shutdown
+	reads  *readBudget            // bytes of large frames being read, all streams together
 	queued atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	lanes  []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
@@ -70,19 +72,24 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	var ctrl *quic.SendStream
 	var ph *pb.Hello
 	var br *bufio.Reader
+	var ctrlStream *quic.ReceiveStream
 	var err error
 	if dialed {
 		if ctrl, err = t.sendHello(ctx, qc); err != nil {
 			return nil, err
 		}
-		if ph, br, err = t.readHello(ctx, qc); err != nil {
+		if ph, br, ctrlStream, err = t.readHello(ctx, qc); err != nil {
 			return nil, err
 		}
-	} else if ph, br, err = t.readHello(ctx, qc); err != nil {
+	} else if ph, br, ctrlStream, err = t.readHello(ctx, qc); err != nil {
 		return nil, err
 	}
 	if code, err := t.checkHello(ph, certNames, expect); err != nil {
-		t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
+		if code == CodeNameMismatch {
+			t.countRefusal(kindIdentity, hostOf(qc.RemoteAddr()), err)
+		} else {
+			t.log.Warn("peer refused", "remote", qc.RemoteAddr(), "err", err)
+		}
 		_ = qc.CloseWithError(code, err.Error())
 		return nil, err
 	}
@@ -98,6 +105,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		dialed:  dialed,
 		remote:  remoteAddrPort(qc),
 		done:    make(chan struct{}),
+		reads:   newReadBudget(t.cfg.MaxReadBytes),
 		waiters: make(map[string]*waiter),
 	}
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
@@ -121,7 +129,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	for _, l := range c.lanes {
 		go l.run()
 	}
-	go c.readControl(br)
+	go c.readControl(c.streamReader(br, ctrlStream))
 	go c.acceptStreams()
 	if loser != nil {
 		t.log.Info("replacing connection", "peer", c.peer.Name, "reason", reason)
@@ -164,11 +172,11 @@ func (t *Transport) sendHello(ctx context.Context, qc *quic.Conn) (*quic.SendStr
 }
 
 // readHello accepts the peer's control stream and reads its Hello.
-func (t *Transport) readHello(ctx context.Context, qc *quic.Conn) (*pb.Hello, *bufio.Reader, error) {
+func (t *Transport) readHello(ctx context.Context, qc *quic.Conn) (*pb.Hello, *bufio.Reader, *quic.ReceiveStream, error) {
 	rs, err := qc.AcceptUniStream(ctx)
 	if err != nil {
 		_ = qc.CloseWithError(CodeProtocol, "no control stream")
-		return nil, nil, fmt.Errorf("transport: await hello: %w", closeCause(qc, err))
+		return nil, nil, nil, fmt.Errorf("transport: await hello: %w", closeCause(qc, err))
 	}
 	if dl, ok := ctx.Deadline(); ok {
 		_ = rs.SetReadDeadline(dl)
@@ -177,15 +185,15 @@ func (t *Transport) readHello(ctx context.Context, qc *quic.Conn) (*pb.Hello, *b
 	var f pb.Frame
 	if _, err := ReadFrame(br, t.cfg.MaxFrameSize, &f); err != nil {
 		_ = qc.CloseWithError(CodeProtocol, "bad hello")
-		return nil, nil, fmt.Errorf("transport: read hello: %w", closeCause(qc, err))
+		return nil, nil, nil, fmt.Errorf("transport: read hello: %w", closeCause(qc, err))
 	}
 	_ = rs.SetReadDeadline(time.Time{})
 	h := f.GetHello()
 	if h == nil {
 		_ = qc.CloseWithError(CodeProtocol, "first frame is not a hello")
-		return nil, nil, fmt.Errorf("%w: first frame from %s is not a hello", ErrBadFrame, qc.RemoteAddr())
+		return nil, nil, nil, fmt.Errorf("%w: first frame from %s is not a hello", ErrBadFrame, qc.RemoteAddr())
 	}
-	return h, br, nil
+	return h, br, rs, nil
 }
 
 // checkHello validates the peer's Hello against its certificate and our
@@ -368,12 +376,19 @@ func (c *conn) complete(rc *pb.Receipt) {
 	close(w.done)
 }
 
+// streamReader reads frames from one of the peer's streams within the
+// connection's limits.
+func (c *conn) streamReader(br *bufio.Reader, rs deadliner) *streamReader {
+	return &streamReader{br: br, rs: rs, budget: c.reads, done: c.done,
+		max: c.t.cfg.MaxFrameSize, timeout: c.t.cfg.FrameReadTimeout}
+}
+
 // readControl reads receipts and GoAway from the peer's control stream.
-func (c *conn) readControl(br *bufio.Reader) {
+func (c *conn) readControl(sr *streamReader) {
 	defer c.t.wg.Done()
 	var f pb.Frame
 	for {
-		n, err := ReadFrame(br, c.t.cfg.MaxFrameSize, &f)
+		n, err := sr.readFrame(&f)
 		if err != nil {
 			c.readFailed("control", err)
 			return
@@ -411,9 +426,9 @@ func (c *conn) acceptStreams() {
 // readLane delivers the envelopes of one lane stream to the handler, in order.
 func (c *conn) readLane(rs *quic.ReceiveStream) {
 	defer c.t.wg.Done()
-	br := bufio.NewReaderSize(rs, readBufSize)
+	sr := c.streamReader(bufio.NewReaderSize(rs, readBufSize), rs)
 	for {
-		env, other, n, err := readEnvelopeFrame(br, c.t.cfg.MaxFrameSize)
+		env, other, n, err := sr.readEnvelopeFrame(c.t.cfg.MaxHeaders, c.t.cfg.MaxHeaderBytes)
 		if err != nil {
 			c.readFailed("lane", err)
 			return
@@ -439,6 +454,8 @@ func (c *conn) readFailed(stream string, err error) {
 		// connection ends through the other paths.
 	case errors.Is(err, ErrFrameTooLarge):
 		c.protocolError(CodeFrameTooLarge, err.Error())
+	case errors.Is(err, errFrameTimeout):
+		c.protocolError(CodeProtocol, fmt.Sprintf("a frame on the %s stream was not complete within %v", stream, c.t.cfg.FrameReadTimeout))
 	case errors.Is(err, ErrBadFrame):
 		c.protocolError(CodeProtocol, err.Error())
 	default:

@@ -5,11 +5,16 @@
 // # Guarantees
 //
 //   - One UDP socket and one quic.Transport per node, for listening and
-//     dialing. TLS 1.3 only, mutual, ALPN "meshnode/1"; a peer's name is the
+//     dialing. TLS 1.3 only, mutual, ALPN "meshnode/2"; a peer's name is the
 //     DNS SAN of its certificate from the cluster CA, and its Hello must
 //     claim that same name, the same cluster and a common protocol version,
 //     else the connection is closed with a distinct application error code
 //     (CodeNameMismatch, CodeIncompatible) and the dialer gets ErrIncompatible.
+//   - Who is refused is counted (Refusals: identity mismatches, unknown CA,
+//     no certificate, bad certificate) and logged at WARN once a minute per
+//     address or peer and kind, on the refusing side: the client's
+//     certificate is verified by the transport (refusals.go), not inside
+//     crypto/tls, which would refuse it without a word.
 //   - At most one connection per peer pair. Envelopes for one recipient
 //     always use the same lane (FNV-1a of the recipient modulo Lanes), one
 //     unidirectional stream per direction, so order per (sender node,
@@ -19,6 +24,13 @@
 //     allocating on receive.
 //   - Bad bytes from a peer close that connection only (CodeProtocol,
 //     CodeFrameTooLarge), logged with the reason; other peers are unaffected.
+//     A stream that ends inside a frame, or a frame not complete within
+//     FrameReadTimeout of its first byte, is bad bytes.
+//   - What a member can make this node hold while reading is bounded per
+//     connection (readlimit.go): quic-go's receive window, 16 KiB per
+//     received stream, MaxReadBytes of large frames in progress; an
+//     envelope with more than MaxHeaders headers or MaxHeaderBytes of them
+//     is refused before it is decoded.
 //   - Request waiters end with the receipt, ErrConnLost when their
 //     connection fails or is closed, or the context error.
 //   - Close sends GoAway, closes every connection and the socket, and waits
@@ -65,7 +77,11 @@
 //     The decoder copies the envelope bytes once and points every string
 //     into that copy (unsafe.String over bytes never written again); the
 //     body value gets a copy of its own, since a handler may write into
-//     it, so an envelope costs three allocations. Unknown or repeated
+//     it, so an envelope costs three allocations. A frame larger than the
+//     stream's read buffer was read into a buffer of its own: then the
+//     body is that buffer's bytes and the strings are small copies, so a
+//     4 MiB envelope holds 4 MiB, not 8, and a kept message id does not pin
+//     its body. Unknown or repeated
 //     fields, wire types that do
 //     not match, reordered map entries or invalid UTF-8 go to
 //     proto.Unmarshal. Both directions are checked against the generated

@@ -270,10 +270,20 @@ type inEnv struct {
 }
 
 // decodeEnvelope decodes b as proto.Unmarshal into a new pb.Envelope would.
-// The fast path copies b once; every string and a small body value point
-// into that copy. Input it was not written for is handed to proto.Unmarshal.
+// The fast path copies b once; every string points into that copy and the
+// body value is a copy of its own. Input it was not written for is handed
+// to proto.Unmarshal.
 func decodeEnvelope(b []byte) (*pb.Envelope, error) {
-	if env, ok := decodeEnvelopeFast(b); ok {
+	return decodeEnvelopeOwned(b, false)
+}
+
+// decodeEnvelopeOwned is decodeEnvelope for a b that nothing else refers
+// to or writes (owned: a frame read into a buffer of its own). Then the
+// body value is b's own bytes and the strings are small copies, so the
+// envelope holds the frame's bytes once, and a string an application keeps
+// (a message id) does not pin a large body.
+func decodeEnvelopeOwned(b []byte, owned bool) (*pb.Envelope, error) {
+	if env, ok := decodeEnvelopeFastMode(b, owned); ok {
 		return env, nil
 	}
 	env := new(pb.Envelope)
@@ -285,14 +295,12 @@ func decodeEnvelope(b []byte) (*pb.Envelope, error) {
 
 // decodeEnvelopeFast is decodeEnvelope's fast path; ok=false means "use
 // proto.Unmarshal", never that b is bad.
-func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
-	var buf []byte
-	if len(b) > 0 {
-		buf = make([]byte, len(b))
-		copy(buf, b)
-	}
+func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) { return decodeEnvelopeFastMode(b, false) }
+
+// decodeEnvelopeFastMode is the fast path of decodeEnvelopeOwned.
+func decodeEnvelopeFastMode(b []byte, owned bool) (*pb.Envelope, bool) {
 	// str returns buf[off:off+n] as a string without copying; buf is never
-	// written after the copy above, which is what unsafe.String requires.
+	// written after the copy below, which is what unsafe.String requires.
 	str := func(v []byte) (string, bool) {
 		if len(v) == 0 {
 			return "", true
@@ -301,6 +309,23 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 			return "", false
 		}
 		return unsafe.String(&v[0], len(v)), true
+	}
+	val := value
+	buf := b
+	switch {
+	case owned:
+		// The strings are copied and the body is b's: a handler may
+		// write into its body, never into anything a string points to.
+		str = func(v []byte) (string, bool) {
+			if !utf8.Valid(v) {
+				return "", false
+			}
+			return string(v), true
+		}
+		val = func(s []byte) []byte { return s[:len(s):len(s)] }
+	case len(b) > 0:
+		buf = make([]byte, len(b))
+		copy(buf, b)
 	}
 	m := new(inEnv)
 	env := &m.env
@@ -346,7 +371,7 @@ func decodeEnvelopeFast(b []byte) (*pb.Envelope, bool) {
 			case envHeaders:
 				ok = decodeHeader(env, v, str)
 			case envBody:
-				ok = decodeAny(&m.body, v, str)
+				ok = decodeAny(&m.body, v, str, val)
 				env.Body = &m.body
 			case envRPC:
 				ok = decodeRPC(&m.rpc, v, str)
@@ -437,7 +462,7 @@ func value(s []byte) []byte {
 }
 
 // decodeAny decodes a body in the form appendEnvelope writes it.
-func decodeAny(a *anypb.Any, v []byte, str func([]byte) (string, bool)) bool {
+func decodeAny(a *anypb.Any, v []byte, str func([]byte) (string, bool), val func([]byte) []byte) bool {
 	var seen uint8
 	for len(v) > 0 {
 		num, typ, n := protowire.ConsumeTag(v)
@@ -457,7 +482,7 @@ func decodeAny(a *anypb.Any, v []byte, str func([]byte) (string, bool)) bool {
 				return false
 			}
 		} else {
-			a.Value = value(s)
+			a.Value = val(s)
 		}
 	}
 	return true

@@ -51,3 +51,25 @@ func AppendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
 
 // DecodeEnvelopeFrame exposes the lane streams' frame decoder.
 func DecodeEnvelopeFrame(b []byte) (*pb.Envelope, any, error) { return decodeEnvelopeFrame(b) }
+
+// ReadBytesInUse returns the bytes of frames being read on t's connection
+// from node (0 without one).
+func ReadBytesInUse(t *Transport, node string) int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	if p == nil || p.conn == nil {
+		return 0
+	}
+	return p.conn.reads.inUse()
+}
+
+// DecodeEnvelopeFrameOwned exposes the frame decoder with its owned mode.
+func DecodeEnvelopeFrameOwned(b []byte, owned bool) (*pb.Envelope, any, error) {
+	return decodeEnvelopeFrameOwned(b, owned)
+}
+
+// CheckEnvelopeLimits exposes the header pre-check.
+func CheckEnvelopeLimits(frame []byte, maxHeaders, maxHeaderBytes int) error {
+	return checkEnvelopeLimits(frame, maxHeaders, maxHeaderBytes)
+}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -185,7 +186,26 @@ func TestAppendMsgFrameTooLarge(t *testing.T) {
 // of a pb.Frame on every input: same error-ness, same envelope, same kind.
 func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 	t.Helper()
-	env, other, err := transport.DecodeEnvelopeFrame(b)
+	checkDecodeEnvelopeFrameMode(t, b, false)
+	// Owned: the decoder keeps b itself; it must still agree, and leave
+	// the strings untouched when the body bytes are overwritten.
+	owned := append([]byte(nil), b...)
+	env := checkDecodeEnvelopeFrameMode(t, owned, true)
+	if env != nil {
+		want := proto.Clone(env).(*pb.Envelope)
+		clear(env.GetBody().GetValue())
+		if env.GetBody() != nil {
+			want.Body.Value = env.Body.Value
+		}
+		if !proto.Equal(env, want) {
+			t.Fatalf("writing into the body changed other fields: %v, want %v", env, want)
+		}
+	}
+}
+
+func checkDecodeEnvelopeFrameMode(t *testing.T, b []byte, owned bool) *pb.Envelope {
+	t.Helper()
+	env, other, err := transport.DecodeEnvelopeFrameOwned(b, owned)
 	var f pb.Frame
 	ref := proto.Unmarshal(b, &f)
 	if (err != nil) != (ref != nil) {
@@ -195,13 +215,13 @@ func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 		if !errors.Is(err, transport.ErrBadFrame) {
 			t.Fatalf("err %v does not wrap ErrBadFrame", err)
 		}
-		return
+		return nil
 	}
 	if want := f.GetEnvelope(); want != nil {
 		if env == nil || !proto.Equal(env, want) {
-			t.Fatalf("fast decoder gave %v, reference %v", env, want)
+			t.Fatalf("fast decoder (owned %v) gave %v, reference %v", owned, env, want)
 		}
-		return
+		return env
 	}
 	if env != nil {
 		t.Fatalf("fast decoder gave an envelope for a %T frame", f.Kind)
@@ -209,6 +229,33 @@ func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 	if fmt.Sprintf("%T", other) != fmt.Sprintf("%T", f.Kind) {
 		t.Fatalf("other kind %T, reference %T", other, f.Kind)
 	}
+	return nil
+}
+
+// FuzzEnvelopeLimits: the header pre-check never panics, and an envelope
+// it lets through decodes to no more headers than the limit.
+func FuzzEnvelopeLimits(f *testing.F) {
+	for _, b := range decodeSeeds(f) {
+		f.Add(b, 2, 64)
+	}
+	many := &pb.Envelope{Headers: map[string]string{"a": "1", "b": "2", "c": "3"}}
+	if b, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Envelope{Envelope: many}}); err == nil {
+		_, n := protowire.ConsumeVarint(b)
+		f.Add(b[n:], 2, 64)
+		f.Add(append(b[n:], b[n:]...), 4, 64) // the envelope twice: proto merges the maps
+	}
+	f.Fuzz(func(t *testing.T, b []byte, maxHeaders, maxBytes int) {
+		maxHeaders, maxBytes = max(maxHeaders%100, 0), max(maxBytes%10000, 0)
+		if transport.CheckEnvelopeLimits(b, maxHeaders, maxBytes) != nil {
+			return
+		}
+		var fr pb.Frame
+		if proto.Unmarshal(b, &fr) == nil {
+			if n := len(fr.GetEnvelope().GetHeaders()); n > maxHeaders {
+				t.Fatalf("%d headers passed a limit of %d", n, maxHeaders)
+			}
+		}
+	})
 }
 
 func decodeSeeds(tb testing.TB) [][]byte {
@@ -248,4 +295,29 @@ func FuzzDecodeEnvelopeFrame(f *testing.F) {
 		f.Add(b)
 	}
 	f.Fuzz(func(t *testing.T, b []byte) { checkDecodeEnvelopeFrame(t, b) })
+}
+
+// TestCheckHeadersAgreesWithReceiver: what a sender checks is exactly
+// what a receiver with the same limits accepts.
+func TestCheckHeadersAgreesWithReceiver(t *testing.T) {
+	cfg := transport.DefaultConfig("n")
+	cfg.MaxHeaders, cfg.MaxHeaderBytes = 8, 200
+	for n := 0; n < 12; n++ {
+		for _, vlen := range []int{0, 5, 20, 40} {
+			h := map[string]string{}
+			for i := 0; i < n; i++ {
+				h[fmt.Sprint("k", i)] = string(bytes.Repeat([]byte{'v'}, vlen))
+			}
+			b, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Envelope{Envelope: &pb.Envelope{MsgId: "m", Headers: h}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, k := protowire.ConsumeVarint(b)
+			sender := cfg.CheckHeaders(h) == nil
+			receiver := transport.CheckEnvelopeLimits(b[k:], cfg.MaxHeaders, cfg.MaxHeaderBytes) == nil
+			if sender != receiver {
+				t.Fatalf("%d headers of %d bytes: sender ok %v, receiver ok %v", n, vlen, sender, receiver)
+			}
+		}
+	}
 }

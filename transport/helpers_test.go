@@ -202,3 +202,9 @@ func (b *blackhole) ReadFrom(p []byte) (int, net.Addr, error) {
 		}
 	}
 }
+
+func (b *syncBuffer) Reset() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Reset()
+}

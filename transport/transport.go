@@ -90,6 +90,7 @@ type Transport struct {
 	serverTLS *tls.Config
 	clientTLS *tls.Config
 	certs     *CertificateSource // the certificate presented at each handshake
+	refused   *refusals          // peers refused for who they are
 
 	ctx    context.Context // ends on Close; bounds dials and handshakes
 	cancel context.CancelFunc
@@ -134,29 +135,40 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 		pc = cfg.WrapPacketConn(udp)
 	}
 	t := &Transport{
-		cfg:   cfg,
-		r:     r,
-		h:     h,
-		log:   log,
-		udp:   udp,
-		qt:    &quic.Transport{Conn: pc, StatelessResetKey: key},
-		peers: make(map[string]*peer),
+		cfg:     cfg,
+		r:       r,
+		h:       h,
+		log:     log,
+		refused: newRefusals(),
+		udp:     udp,
+		qt:      &quic.Transport{Conn: pc, StatelessResetKey: key},
+		peers:   make(map[string]*peer),
 		qconf: &quic.Config{
 			HandshakeIdleTimeout:  cfg.HandshakeTimeout,
 			MaxIdleTimeout:        cfg.MaxIdleTimeout,
 			KeepAlivePeriod:       cfg.KeepAlivePeriod,
 			MaxIncomingStreams:    -1,              // only unidirectional streams are used
 			MaxIncomingUniStreams: 2*maxLanes + 16, // a peer's lanes + control, whatever its Lanes setting
+			// What quic-go buffers of a peer's data that this node has not
+			// read yet: part of the per-connection bound (readlimit.go).
+			// quic-go's defaults, set here so that they stay what is documented.
+			MaxStreamReceiveWindow:     6 << 20,
+			MaxConnectionReceiveWindow: 15 << 20,
 		},
 	}
 	t.certs = NewCertificateSource(cfg.Identity)
-	t.serverTLS = &tls.Config{
+	// The client's certificate is required and verified against the
+	// cluster CA by verifyClient, not by crypto/tls, so that a refused one
+	// is counted and logged (refusals.go).
+	base := &tls.Config{
 		MinVersion:     tls.VersionTLS13,
 		GetCertificate: t.certs.GetCertificate,
-		ClientAuth:     tls.RequireAndVerifyClientCert,
+		ClientAuth:     tls.RequestClientCert,
 		ClientCAs:      cfg.Identity.Roots,
 		NextProtos:     append([]string{ALPN}, oldALPNs...),
 	}
+	t.serverTLS = base.Clone()
+	t.serverTLS.GetConfigForClient = t.serverTLSFor(base)
 	t.clientTLS = &tls.Config{
 		MinVersion:           tls.VersionTLS13,
 		GetClientCertificate: t.certs.GetClientCertificate,
@@ -498,6 +510,7 @@ func (t *Transport) dialConn(node, addr string) (*conn, error) {
 		if t.ctx.Err() != nil {
 			return nil, ErrClosed
 		}
+		t.dialRefused(node, addr, err)
 		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
 	}
 	c, err := t.setup(ctx, qc, true, node)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,6 +40,9 @@ func addClientFlags(cmd *cobra.Command) {
 	cmd.Flags().String("admin", addr, "admin address of the daemon (env MESHNODE_ADMIN_ADDR)")
 	cmd.Flags().String("token", token, "admin token, if the daemon has one (env MESHNODE_ADMIN_TOKEN)")
 	cmd.Flags().Duration("http-timeout", defaultHTTPTimeout, "give up on a daemon that does not answer within this long")
+	adminCA, adminName := os.Getenv("MESHNODE_ADMIN_CA"), os.Getenv("MESHNODE_ADMIN_NAME")
+	cmd.Flags().String("admin-ca", adminCA, "CA certificate to verify an https:// --admin with, e.g. the cluster's ca.crt (env MESHNODE_ADMIN_CA; default: the system's)")
+	cmd.Flags().String("admin-name", adminName, "name the daemon's certificate holds, when not the host of --admin: its node name (env MESHNODE_ADMIN_NAME)")
 	addJSONFlag(cmd)
 }
 
@@ -48,7 +53,36 @@ func newClient(cmd *cobra.Command) (*client, error) {
 	if timeout <= 0 {
 		return nil, usagef("--http-timeout %v must be positive", timeout)
 	}
-	return &client{admin.NewClient(addr, token, timeout)}, nil
+	hc, err := adminHTTPClient(cmd)
+	if err != nil {
+		return nil, err
+	}
+	return &client{admin.NewClient(addr, token, timeout).WithHTTPClient(hc)}, nil
+}
+
+// adminHTTPClient verifies an HTTPS daemon with --admin-ca (the cluster CA
+// for a daemon serving its node certificate) and --admin-name.
+func adminHTTPClient(cmd *cobra.Command) (*http.Client, error) {
+	caFile, _ := cmd.Flags().GetString("admin-ca")
+	name, _ := cmd.Flags().GetString("admin-name")
+	if caFile == "" && name == "" {
+		return http.DefaultClient, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}
+	if caFile != "" {
+		pemBytes, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, usagef("--admin-ca: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pemBytes) {
+			return nil, usagef("--admin-ca %s holds no PEM certificate", caFile)
+		}
+		tc.RootCAs = roots
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tc
+	return &http.Client{Transport: tr}, nil
 }
 
 // do is admin.Client.Do with the daemon's errors turned into exit codes

@@ -34,6 +34,8 @@ type Config struct {
 	KeyFile         string   `toml:"key_file"`         // this node's key; "" = <dir of ca_file>/<name>.key
 	AdminAddr       string   `toml:"admin_addr"`       // admin HTTP API and /metrics; loopback unless admin_token is set ("127.0.0.1:7948")
 	AdminToken      string   `toml:"admin_token"`      // bearer token required by the admin API; "" = none
+	AdminTLSCert    string   `toml:"admin_tls_cert"`   // certificate the admin API serves HTTPS with; "" = the node's own off loopback, none on it
+	AdminTLSKey     string   `toml:"admin_tls_key"`    // its key (with admin_tls_cert)
 	LogFormat       string   `toml:"log_format"`       // "text" or "json" ("text")
 	LogLevel        string   `toml:"log_level"`        // "debug", "info", "warn" or "error" ("info")
 	MailboxCapacity int      `toml:"mailbox_capacity"` // mailbox capacity of each actor (1024)
@@ -81,7 +83,7 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", errBadConfig, fmt.Sprintf(format, args...))
 	}
-	if err := inbox.ValidName(c.Name); err != nil || strings.ContainsAny(c.Name, "/") {
+	if strings.ContainsFunc(c.Name, func(r rune) bool { return r == '@' || r == '/' || r <= ' ' || r == 0x7f }) || c.Name == "" || len(c.Name) > 255 {
 		return bad("name %q: use letters, digits, '-' or '.' (set --name)", c.Name)
 	}
 	if c.Cluster == "" {
@@ -102,8 +104,13 @@ func (c Config) Validate() error {
 			return bad("join address %q is not host:port", j)
 		}
 	}
-	if err := admin.CheckAddr(c.AdminAddr, c.AdminToken); err != nil {
+	// Off loopback the daemon always serves HTTPS (adminTLS), so only the
+	// token is the operator's to give.
+	if err := admin.CheckAddr(c.AdminAddr, c.AdminToken, true); err != nil {
 		return bad("admin_addr %q is not loopback: set admin_token (--admin-token) to expose the admin API, or use 127.0.0.1", c.AdminAddr)
+	}
+	if (c.AdminTLSCert == "") != (c.AdminTLSKey == "") {
+		return bad("admin_tls_cert and admin_tls_key go together: set both or neither")
 	}
 	if !slices.Contains([]string{"text", "json"}, c.LogFormat) {
 		return bad("log_format %q: want text or json", c.LogFormat)
@@ -155,6 +162,8 @@ var settings = []setting{
 	{key: "key_file", usage: "node private key (default <dir of ca_file>/<name>.key)", str: func(c *Config) *string { return &c.KeyFile }},
 	{key: "admin_addr", usage: "admin API and /metrics address; loopback unless admin_token is set", str: func(c *Config) *string { return &c.AdminAddr }},
 	{key: "admin_token", usage: "bearer token the admin API requires (needed for a non-loopback admin_addr)", str: func(c *Config) *string { return &c.AdminToken }},
+	{key: "admin_tls_cert", usage: "certificate for HTTPS on admin_addr (default off loopback: the node's own; on loopback: plain HTTP)", str: func(c *Config) *string { return &c.AdminTLSCert }},
+	{key: "admin_tls_key", usage: "key of admin_tls_cert", str: func(c *Config) *string { return &c.AdminTLSKey }},
 	{key: "log_format", usage: "log format: text or json", str: func(c *Config) *string { return &c.LogFormat }},
 	{key: "log_level", usage: "log level: debug, info, warn or error", str: func(c *Config) *string { return &c.LogLevel }},
 	{key: "mailbox_capacity", usage: "mailbox capacity of each actor", num: func(c *Config) *int { return &c.MailboxCapacity }},

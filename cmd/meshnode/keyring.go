@@ -135,21 +135,24 @@ gossip_key_file at the new key.`,
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "Show every member's gossip keys (fingerprints)",
-		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return runKeyring(cmd, "list", "") },
+		Example: `  meshnode keyring list
+  meshnode keyring list --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runKeyring(cmd, "list", "") },
 	}
 	addClientFlags(list)
 	kr.AddCommand(list)
-	for _, op := range []struct{ name, short string }{
-		{"install", "Install a key on every member (gossip encrypted with it is accepted)"},
-		{"use", "Make an installed key the one every member encrypts with"},
-		{"remove", "Remove a key (not the one in use) from every member"},
+	for _, op := range []struct{ name, short, example string }{
+		{"install", "Install a key on every member (gossip encrypted with it is accepted)", "  meshnode keyring install --key-file certs/gossip-2.key"},
+		{"use", "Make an installed key the one every member encrypts with", "  meshnode keyring use --key-file certs/gossip-2.key"},
+		{"remove", "Remove a key (not the one in use) from every member", "  meshnode keyring remove --key-file certs/gossip.key"},
 	} {
 		var keyFile string
 		c := &cobra.Command{
-			Use:   op.name + " --key-file FILE",
-			Short: op.short,
-			Args:  cobra.NoArgs,
+			Use:     op.name + " --key-file FILE",
+			Short:   op.short,
+			Example: op.example,
+			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if keyFile == "" {
 					return usagef("keyring %s: --key-file is required", op.name)

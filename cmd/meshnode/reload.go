@@ -16,6 +16,8 @@ type daemonState struct {
 	level *slog.LevelVar
 	srv   *admin.Server
 	node  *node.Node
+
+	adminCert *adminCert // nil: the admin API is plain HTTP
 }
 
 // reload re-reads the configuration on SIGHUP and applies what can change
@@ -57,6 +59,13 @@ func (d *daemonState) reload(load func() (Config, error)) {
 	} else {
 		applied = append(applied, "certificate")
 		d.log.Info("reload: certificate presented on new connections", "name", id.Name, "not_after", id.Cert.Leaf.NotAfter.Format(time.RFC3339))
+	}
+	if d.adminCert != nil {
+		if err := d.adminCert.load(); err != nil {
+			d.log.Error("reload: admin API certificate not usable: keeping the current one", "err", err)
+		} else {
+			applied = append(applied, "admin_tls")
+		}
 	}
 	if next.GossipKeyFile != "" {
 		if _, err := readGossipKey(next.GossipKeyFile); err != nil {

@@ -24,6 +24,7 @@ var commands = []func() *cobra.Command{
 	newCertCmd,
 	newKeygenCmd,
 	newKeyringCmd,
+	newDoctorCmd,
 	newVersionCmd,
 	newDemoCmd,
 	newTestnetCmd,

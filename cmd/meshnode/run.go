@@ -225,6 +225,12 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	acfg := admin.DefaultConfig()
 	acfg.Addr, acfg.Token, acfg.Backend, acfg.Inbox, acfg.Logger = cfg.AdminAddr, cfg.AdminToken, admin.NodeBackend{Node: n}, boxes, logger
 	acfg.Metrics, acfg.Pprof = col, cfg.Pprof
+	acert, atls, err := adminTLS(cfg)
+	if err != nil {
+		_ = l.Close()
+		return err
+	}
+	acfg.TLS = atls
 	if nc.GossipKey != nil {
 		acfg.Keyring = keyringFanOut(n)
 	}
@@ -242,10 +248,10 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	srv.Serve(l)
 	defer func() { _ = srv.Close() }()
 	logger.Info("meshnode running", "name", cfg.Name, "cluster", cfg.Cluster, "gossip", n.GossipAddr(),
-		"quic", n.QUICAddr(), "admin", l.Addr().String(), "inboxes", store.Inboxes(), "version", version.Get().Version)
+		"quic", n.QUICAddr(), "admin", l.Addr().String(), "admin_https", atls != nil, "inboxes", store.Inboxes(), "version", version.Get().Version)
 
 	notifyReady(ctx, logger, joined)
-	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv, node: n}
+	d := &daemonState{cfg: cfg, log: logger, level: level, srv: srv, node: n, adminCert: acert}
 	for {
 		select {
 		case <-ctx.Done():
@@ -328,6 +334,12 @@ const inboxRetryAfter = time.Second
 func inboxHandler(st *inbox.Store, name string) node.Handler {
 	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
 		env := m.Envelope()
+		if s := m.Sender().String(); env.GetSender() != s {
+			// The node that TLS verified, never the envelope's word (the
+			// node refuses a mismatch; this keeps the file honest anyway).
+			env = proto.CloneOf(env)
+			env.Sender = s
+		}
 		if env.GetBody() == nil {
 			// Local sends carry the value, not the wire bytes.
 			if body, err := m.Body(); err == nil && body != nil {

@@ -78,7 +78,9 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any, wait 
 	if err != nil {
 		return fmt.Errorf("admin: address %q: %w", c.base, err)
 	}
-	if in != nil {
+	if in != nil || method != http.MethodGet {
+		// Also without a body: the daemon refuses a state change that
+		// does not say JSON (a browser's cross-origin form could send one).
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if c.token != "" {

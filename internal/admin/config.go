@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -66,8 +67,9 @@ func (b NodeBackend) Purge(f outbox.DLQFilter) (int, error) { return b.Outbox().
 
 // Config configures a Server.
 type Config struct {
-	Addr       string        // listen address; must be loopback unless Token is set (127.0.0.1:7948)
+	Addr       string        // listen address; must be loopback unless Token and TLS are set (127.0.0.1:7948)
 	Token      string        // bearer token every request must carry; "" = none (loopback only)
+	TLS        *tls.Config   // serve HTTPS with it; required off loopback, so a token never crosses the network in clear (nil: HTTP)
 	Backend    Backend       // the node (required)
 	Inbox      Inbox         // the any-language inbox; nil disables /v1/inbox
 	AskTimeout time.Duration // deadline of /v1/ask when the request names none (10 s)
@@ -108,20 +110,25 @@ func (c Config) Validate() error {
 	if c.MaxBody <= 0 {
 		return fmt.Errorf("%w: max body must be positive", ErrBadConfig)
 	}
-	return CheckAddr(c.Addr, c.Token)
+	return CheckAddr(c.Addr, c.Token, c.TLS != nil)
 }
 
 // CheckAddr refuses an admin address that is not loopback unless a token
-// protects it.
-func CheckAddr(addr, token string) error {
+// protects it and TLS (tlsOn) keeps that token off the wire in clear.
+func CheckAddr(addr, token string, tlsOn bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%w: admin address %q: %w", ErrBadConfig, addr, err)
 	}
-	if token != "" || IsLoopback(host) {
+	switch {
+	case IsLoopback(host):
 		return nil
+	case token == "":
+		return fmt.Errorf("%w: admin address %q is not loopback: set admin_token (--admin-token) to expose it, or use 127.0.0.1", ErrBadConfig, addr)
+	case !tlsOn:
+		return fmt.Errorf("%w: admin address %q is not loopback: the admin API must be served over TLS there, so that its token is not sent in clear", ErrBadConfig, addr)
 	}
-	return fmt.Errorf("%w: admin address %q is not loopback: set admin_token (--admin-token) to expose it, or use 127.0.0.1", ErrBadConfig, addr)
+	return nil
 }
 
 // IsLoopback reports whether host is "localhost" or a loopback IP; an empty

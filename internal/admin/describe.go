@@ -30,7 +30,7 @@ const (
 
 func codeOf(status int) string {
 	switch status {
-	case http.StatusBadRequest, http.StatusRequestEntityTooLarge:
+	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
 		return CodeBadRequest
 	case http.StatusUnauthorized, http.StatusForbidden:
 		return CodeUnauthorized

@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -89,7 +90,7 @@ func TestSetToken(t *testing.T) {
 	if st, _ := call(t, ts, "GET", "/v1/members", "", "new"); st != http.StatusOK {
 		t.Errorf("new token after reload: %d, want 200", st)
 	}
-	_, public, _ := newServerWith(t, func(c *admin.Config) { c.Addr, c.Token = "0.0.0.0:7948", "t" })
+	_, public, _ := newServerWith(t, func(c *admin.Config) { c.Addr, c.Token, c.TLS = "0.0.0.0:7948", "t", &tls.Config{} })
 	if err := public.SetToken(""); !errors.Is(err, admin.ErrBadConfig) {
 		t.Errorf("removing the token of a public API: %v, want ErrBadConfig", err)
 	}

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -62,7 +63,7 @@ func New(cfg Config) (*Server, error) {
 // daemon's reload). An empty token is refused when the API listens on a
 // non-loopback address.
 func (s *Server) SetToken(token string) error {
-	if err := CheckAddr(s.cfg.Addr, token); err != nil {
+	if err := CheckAddr(s.cfg.Addr, token, s.cfg.TLS != nil); err != nil {
 		return err
 	}
 	s.token.Store(&token)
@@ -72,8 +73,12 @@ func (s *Server) SetToken(token string) error {
 // Metrics returns the node's collector, for handlers to be instrumented.
 func (s *Server) Metrics() *metrics.Collector { return s.metrics }
 
-// Serve serves the API on l in a tracked goroutine until Close.
+// Serve serves the API on l in a tracked goroutine until Close, over TLS
+// when Config.TLS is set.
 func (s *Server) Serve(l net.Listener) {
+	if s.cfg.TLS != nil {
+		l = tls.NewListener(l, s.cfg.TLS)
+	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -98,12 +103,17 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// ServeHTTP checks the token (or, without one, that the request really is
-// a local one), then routes. The probes (/healthz, /readyz) need no token:
-// they reveal nothing and supervisors rarely hold one.
+// ServeHTTP refuses what a browser could send on behalf of a web page,
+// checks the token (or, without one, that the request really is a local
+// one), then routes. The probes (/healthz, /readyz) need no token: they
+// reveal nothing and supervisors rarely hold one.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz") {
 		s.mux.ServeHTTP(w, r)
+		return
+	}
+	if status, err := notFromABrowser(r); err != nil {
+		writeError(w, status, err)
 		return
 	}
 	if token := *s.token.Load(); token != "" {
@@ -183,8 +193,11 @@ func statusOf(err error) int {
 	var re *node.RemoteError
 	switch {
 	case errors.Is(err, ErrBadRequest), errors.Is(err, node.ErrBadAddress), errors.Is(err, inbox.ErrBadName),
-		errors.Is(err, outbox.ErrEmptyFilter), errors.Is(err, outbox.ErrBadRecipient), errors.Is(err, outbox.ErrExpired):
+		errors.Is(err, outbox.ErrEmptyFilter), errors.Is(err, outbox.ErrBadRecipient), errors.Is(err, outbox.ErrExpired),
+		errors.Is(err, node.ErrBadKey), errors.Is(err, node.ErrBadOption):
 		return http.StatusBadRequest
+	case errors.Is(err, node.ErrTooLarge):
+		return http.StatusRequestEntityTooLarge
 	case errors.As(err, &ce), errors.Is(err, inbox.ErrFull):
 		return http.StatusTooManyRequests
 	case errors.Is(err, node.ErrNoSuchActor), errors.Is(err, inbox.ErrNoSuchInbox):
@@ -547,9 +560,8 @@ func (s *Server) inboxAck(w http.ResponseWriter, r *http.Request) {
 }
 
 // localRequest guards a token-less API against web pages in a browser on the
-// same device: a DNS-rebound name fails the Host check, and a cross-origin
-// "simple" POST cannot carry Content-Type application/json without a CORS
-// preflight, which this server never answers.
+// same device whose requests notFromABrowser let through: a DNS-rebound
+// name fails the Host check.
 func localRequest(r *http.Request) error {
 	host := r.Host
 	if h, _, err := net.SplitHostPort(host); err == nil {
@@ -558,10 +570,33 @@ func localRequest(r *http.Request) error {
 	if !IsLoopback(host) {
 		return fmt.Errorf("%w: Host %q is not a loopback address; without admin_token the API only answers local requests", ErrUnauthorized, r.Host)
 	}
-	if r.Method == http.MethodPost && r.ContentLength != 0 {
-		if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
-			return fmt.Errorf("%w: a POST body must be sent with Content-Type: application/json", ErrBadRequest)
-		}
-	}
 	return nil
+}
+
+// notFromABrowser refuses a request a web page could have made a browser
+// send, with or without a token. The API serves no page, so no request
+// of its own comes from any origin:
+//
+//   - a request with an Origin header, or with a Sec-Fetch-Site other than
+//     "none" (typed or bookmarked), was made by a page: refused (403);
+//   - a request that changes state (any method but GET, HEAD, OPTIONS)
+//     must say Content-Type: application/json, even without a body: a
+//     page can send a cross-origin "simple" POST only with a form or text
+//     type, and a JSON one needs a CORS preflight this server never
+//     answers (415).
+func notFromABrowser(r *http.Request) (int, error) {
+	if o := r.Header.Get("Origin"); o != "" {
+		return http.StatusForbidden, fmt.Errorf("%w: request from the web page at %q refused: the admin API answers programs, not pages", ErrUnauthorized, o)
+	}
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "none" {
+		return http.StatusForbidden, fmt.Errorf("%w: a %s request from a web page refused: the admin API answers programs, not pages", ErrUnauthorized, site)
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions:
+		return 0, nil
+	}
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct != "application/json" {
+		return http.StatusUnsupportedMediaType, fmt.Errorf("%w: a %s must be sent with Content-Type: application/json, also without a body", ErrBadRequest, r.Method)
+	}
+	return 0, nil
 }

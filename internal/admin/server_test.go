@@ -141,7 +141,7 @@ func newServer(tb testing.TB, token string) (*httptest.Server, *fakeBackend, *in
 func call(tb testing.TB, ts *httptest.Server, method, path, body string, token string) (int, map[string]any) {
 	tb.Helper()
 	req, _ := http.NewRequest(method, ts.URL+path, strings.NewReader(body))
-	if body != "" {
+	if body != "" || method != http.MethodGet {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if token != "" {
@@ -270,20 +270,23 @@ func TestToken(t *testing.T) {
 func TestCheckAddr(t *testing.T) {
 	tests := []struct {
 		addr, token string
+		tls         bool
 		ok          bool
 	}{
-		{"127.0.0.1:7948", "", true},
-		{"[::1]:7948", "", true},
-		{"localhost:7948", "", true},
-		{"0.0.0.0:7948", "", false},
-		{":7948", "", false},
-		{"10.1.2.3:7948", "", false},
-		{"10.1.2.3:7948", "tok", true},
-		{"nonsense", "tok", false},
+		{"127.0.0.1:7948", "", false, true},
+		{"[::1]:7948", "", false, true},
+		{"localhost:7948", "", false, true},
+		{"127.0.0.1:7948", "tok", false, true}, // a token on loopback never crosses the network
+		{"0.0.0.0:7948", "", true, false},
+		{":7948", "", true, false},
+		{"10.1.2.3:7948", "", true, false},
+		{"10.1.2.3:7948", "tok", false, false}, // the token would cross the network in clear
+		{"10.1.2.3:7948", "tok", true, true},
+		{"nonsense", "tok", true, false},
 	}
 	for _, tt := range tests {
-		if err := admin.CheckAddr(tt.addr, tt.token); (err == nil) != tt.ok {
-			t.Errorf("CheckAddr(%q, %q) = %v, want ok=%v", tt.addr, tt.token, err, tt.ok)
+		if err := admin.CheckAddr(tt.addr, tt.token, tt.tls); (err == nil) != tt.ok {
+			t.Errorf("CheckAddr(%q, %q, tls %v) = %v, want ok=%v", tt.addr, tt.token, tt.tls, err, tt.ok)
 		}
 	}
 }
@@ -508,8 +511,8 @@ func TestTokenlessAPIRefusesBrowserRequests(t *testing.T) {
 		{"local json", "", "application/json", http.StatusOK},
 		{"localhost name", "localhost:7948", "application/json; charset=utf-8", http.StatusOK},
 		{"rebound host", "evil.example:7948", "application/json", http.StatusForbidden},
-		{"text/plain post", "", "text/plain", http.StatusForbidden},
-		{"no content type", "", "", http.StatusForbidden},
+		{"text/plain post", "", "text/plain", http.StatusUnsupportedMediaType},
+		{"no content type", "", "", http.StatusUnsupportedMediaType},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

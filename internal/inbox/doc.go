@@ -26,7 +26,10 @@
 //     stored message is refused (ErrAckBeyond): the watermark never passes
 //     durable work. Acks are idempotent.
 //   - Each inbox is bounded (MaxMessages); Append on a full inbox returns
-//     ErrFull and stores nothing.
+//     ErrFull and stores nothing. A Pull returns at most MaxPullBytes of
+//     messages (at least one).
+//   - The file is checked before bbolt reads it, as the outbox's is
+//     (ErrDamaged, ErrLost with inbox.db.id, ErrReplaced, inbox.db.clean).
 //
 // # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //

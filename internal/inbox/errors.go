@@ -1,6 +1,10 @@
 package inbox
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/meshnode/meshnode/internal/storecheck"
+)
 
 // Sentinels of the inbox store. Check them with errors.Is.
 var (
@@ -20,8 +24,18 @@ var (
 	// ErrPullBeyond: a pull asks for messages after a cursor that was never
 	// handed out; waiting there would skip the messages stored in between.
 	ErrPullBeyond = errors.New("inbox: pull after a cursor beyond the last stored message")
-	// ErrBadName: an inbox name is empty, too long or has '@', '/' or spaces.
+	// ErrBadName: an inbox name is empty, too long, has a character other
+	// than ASCII letters, digits, '-', '_', '.', ':', is only dots or is a
+	// Windows device name.
 	ErrBadName = errors.New("inbox: bad name")
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("inbox: bad config")
+	// ErrDamaged: the file's structure is broken; it is not opened.
+	ErrDamaged = storecheck.ErrDamaged
+	// ErrLost: the file is missing or empty but the data directory had an
+	// inbox (recorded in inbox.db.id).
+	ErrLost = storecheck.ErrLost
+	// ErrReplaced: the file is another inbox than the one its data
+	// directory had.
+	ErrReplaced = storecheck.ErrReplaced
 )

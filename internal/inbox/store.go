@@ -2,14 +2,17 @@ package inbox
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/storecheck"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -19,6 +22,8 @@ import (
 var (
 	bucketInboxes = []byte("inboxes") // name -> declared-at unix ms
 	prefixQueue   = "q/"              // q/<name>: big-endian cursor -> pb.Envelope (event_seq = cursor)
+	bucketMeta    = []byte("meta")    // keyStoreID -> 16 random bytes made with the file
+	keyStoreID    = []byte("store_id")
 )
 
 // Store is the durable inbox of a daemon: named queues of envelopes with a
@@ -52,10 +57,26 @@ type Stats struct {
 }
 
 // Open opens (creating if needed) the inbox file. Another process holding
-// it gives ErrLocked after cfg.LockTimeout.
+// it gives ErrLocked after cfg.LockTimeout. The file is checked before
+// bbolt reads it: a damaged file gives ErrDamaged, one that disappeared or
+// was emptied ErrLost, another inbox's file ErrReplaced; each error says
+// what to do.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	dir := filepath.Dir(cfg.Path)
+	switch _, err := storecheck.Before(cfg.Path, cfg.LockTimeout); {
+	case errors.Is(err, storecheck.ErrBusy):
+		// bbolt's own lock reports it, as ErrLocked
+	case errors.Is(err, storecheck.ErrDamaged):
+		return nil, fmt.Errorf("inbox: open %s: %w: do not start on it; run `meshnode doctor --data-dir %s --salvage` to copy what is readable into a new file (the damaged one is kept beside it)",
+			cfg.Path, err, dir)
+	case errors.Is(err, storecheck.ErrLost):
+		return nil, fmt.Errorf("inbox: open %s: %w: its unacknowledged messages would be gone; restore the file from a backup, or run `meshnode doctor --data-dir %s --forget` to start with an empty inbox",
+			cfg.Path, err, dir)
+	case err != nil:
+		return nil, fmt.Errorf("inbox: open %s: %w", cfg.Path, err)
 	}
 	db, err := bolt.Open(cfg.Path, 0o600, &bolt.Options{Timeout: cfg.LockTimeout})
 	if err != nil {
@@ -66,7 +87,20 @@ func Open(cfg Config) (*Store, error) {
 	}
 	db.MaxBatchDelay = cfg.BatchDelay
 	s := &Store{cfg: cfg, db: db, done: make(chan struct{}), boxes: make(map[string]*box)}
+	var id []byte
 	err = db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if id = meta.Get(keyStoreID); len(id) != 16 {
+			id = make([]byte, 16)
+			_, _ = rand.Read(id) // crypto/rand.Read never fails (Go >= 1.24 aborts instead)
+			if err := meta.Put(keyStoreID, id); err != nil {
+				return err
+			}
+		}
+		id = append([]byte(nil), id...)
 		b, err := tx.CreateBucketIfNotExists(bucketInboxes)
 		if err != nil {
 			return err
@@ -85,6 +119,11 @@ func Open(cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("inbox: load %s: %w", cfg.Path, err)
 	}
+	if err := storecheck.Identify(cfg.Path, id); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("inbox: open %s: %w: put back this data directory's own inbox.db, or, to adopt this one, remove %s",
+			cfg.Path, err, storecheck.IDPath(cfg.Path))
+	}
 	return s, nil
 }
 
@@ -98,30 +137,53 @@ func (s *Store) Close() error {
 		close(s.done)
 		if cerr := s.db.Close(); cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
+		} else if cerr := storecheck.MarkClean(s.cfg.Path); cerr != nil {
+			err = fmt.Errorf("inbox: close: %w", cerr)
 		}
 	})
 	return err
 }
 
-// ValidName checks an inbox name: 1-255 bytes, no '@', '/', space or control character.
+// ValidName checks an inbox name: 1-255 ASCII letters, digits, '-', '_',
+// '.' and ':', not only dots, and not a name Windows reserves for a device
+// (CON, PRN, AUX, NUL, COM0-9, LPT0-9, with or without an extension). An
+// inbox name is an actor name, a key in the file and a word operators read
+// and may use in file names: a path ("..", "a\\b"), text that reorders
+// itself on screen (U+202E) or a device must not pass as one.
 func ValidName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("%w: empty", ErrBadName)
 	case len(name) > 255:
-		return fmt.Errorf("%w: %q is longer than 255 bytes", ErrBadName, name[:32]+"...")
-	case strings.ContainsFunc(name, func(r rune) bool { return r == '@' || r == '/' || r <= ' ' || r == 0x7f }):
-		return fmt.Errorf("%w: %q contains '@', '/', a space or a control character", ErrBadName, name)
+		return fmt.Errorf("%w: %+q is longer than 255 bytes", ErrBadName, name[:32]+"...")
+	case strings.ContainsFunc(name, func(r rune) bool { return !nameRune(r) }):
+		return fmt.Errorf("%w: %+q: use ASCII letters, digits, '-', '_', '.' or ':'", ErrBadName, name)
+	case strings.Trim(name, ".") == "":
+		return fmt.Errorf("%w: %q is only dots", ErrBadName, name)
+	case windowsDevice(name):
+		return fmt.Errorf("%w: %q is a device name on Windows", ErrBadName, name)
 	}
 	return nil
+}
+
+func nameRune(r rune) bool {
+	return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':'
+}
+
+// windowsDevice reports CON, PRN, AUX, NUL, COM0-9 and LPT0-9 in any case,
+// alone or before a dot.
+func windowsDevice(name string) bool {
+	base, _, _ := strings.Cut(strings.ToUpper(name), ".")
+	switch base {
+	case "CON", "PRN", "AUX", "NUL":
+		return true
+	}
+	return len(base) == 4 && (strings.HasPrefix(base, "COM") || strings.HasPrefix(base, "LPT")) && base[3] >= '0' && base[3] <= '9'
 }
 
 // Declare creates the inbox name durably (idempotent); created reports
 // whether it is new.
 func (s *Store) Declare(name string) (created bool, err error) {
-	if err := ValidName(name); err != nil {
-		return false, err
-	}
 	s.mu.Lock()
 	_, exists := s.boxes[name]
 	closed := s.closed
@@ -130,7 +192,10 @@ func (s *Store) Declare(name string) (created bool, err error) {
 		return false, ErrClosed
 	}
 	if exists {
-		return false, nil
+		return false, nil // declared before: also a name an older release accepted
+	}
+	if err := ValidName(name); err != nil {
+		return false, err
 	}
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists([]byte(prefixQueue + name)); err != nil {
@@ -233,7 +298,8 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 }
 
 // Pull returns up to max messages of inbox name with a cursor greater than
-// after, in cursor order, including ones pulled before but not acknowledged.
+// after, in cursor order, including ones pulled before but not acknowledged,
+// and no more than Config.MaxPullBytes of them (at least one).
 // When there are none it waits up to wait (bounded by Config.MaxWait) for
 // one to arrive; an empty result is not an error.
 func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wait time.Duration) ([]*pb.Envelope, error) {
@@ -294,7 +360,11 @@ func (s *Store) read(name string, after uint64, max int) ([]*pb.Envelope, error)
 			return ErrNoSuchInbox
 		}
 		c := q.Cursor()
+		bytes := 0
 		for k, v := c.Seek(be(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
+			if bytes += len(v); bytes > s.cfg.MaxPullBytes && len(out) > 0 {
+				break
+			}
 			env := &pb.Envelope{}
 			if err := proto.Unmarshal(v, env); err != nil {
 				return fmt.Errorf("message %d is corrupt: %w", binary.BigEndian.Uint64(k), err)

@@ -2,8 +2,10 @@ package inbox_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -255,9 +257,15 @@ func TestLockedAndClosed(t *testing.T) {
 
 func TestNamesAndConfig(t *testing.T) {
 	s := openStore(t, filepath.Join(t.TempDir(), "inbox.db"), nil)
-	for _, name := range []string{"", "a@b", "a/b", "a b", "a\x00", string(make([]byte, 300))} {
+	for _, name := range []string{"", "a@b", "a/b", "a b", "a\x00", string(make([]byte, 300)),
+		".", "..", "...", "a\\b", "pay\u202Egnp.exe", "CON", "con", "Nul.txt", "COM1", "lpt9.log", "café", "a\tb"} {
 		if _, err := s.Declare(name); !errors.Is(err, inbox.ErrBadName) {
 			t.Errorf("Declare(%q) = %v, want ErrBadName", name, err)
+		}
+	}
+	for _, name := range []string{"orders", "a.b", "v1:events", "a-b_c", "console", "COM", "com10", ".hidden"} {
+		if err := inbox.ValidName(name); err != nil {
+			t.Errorf("ValidName(%q) = %v, want ok", name, err)
 		}
 	}
 	if _, err := s.Append(context.Background(), "undeclared", env("x")); !errors.Is(err, inbox.ErrNoSuchInbox) {
@@ -350,4 +358,60 @@ func BenchmarkPull(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N*100)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// TestEmptiedOrDamagedInboxRefused: unacknowledged messages must not
+// vanish because inbox.db was emptied, and a damaged file is refused, not
+// handed to bbolt.
+func TestEmptiedOrDamagedInboxRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	s := openStore(t, path, nil)
+	_, _ = s.Declare("box")
+	appendN(t, s, "box", 0, 50)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every page after the metas claims to be another one.
+	ps := os.Getpagesize()
+	damaged := append([]byte(nil), b...)
+	for p := 2; (p+1)*ps <= len(damaged); p++ {
+		binary.NativeEndian.PutUint64(damaged[p*ps:], 0)
+	}
+	if err := os.WriteFile(path, damaged, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.Open(inbox.DefaultConfig(path)); !errors.Is(err, inbox.ErrDamaged) {
+		t.Fatalf("damaged: %v, want ErrDamaged", err)
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.Open(inbox.DefaultConfig(path)); !errors.Is(err, inbox.ErrLost) {
+		t.Fatalf("emptied: %v, want ErrLost", err)
+	}
+	// Another inbox's file in its place.
+	other := filepath.Join(t.TempDir(), "inbox.db")
+	_ = openStore(t, other, nil).Close()
+	ob, err := os.ReadFile(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, ob, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inbox.Open(inbox.DefaultConfig(path)); !errors.Is(err, inbox.ErrReplaced) {
+		t.Fatalf("replaced: %v, want ErrReplaced", err)
+	}
+	// The original file back: opens with its 50 messages.
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = openStore(t, path, nil)
+	if got := s.Stats()["box"].Depth; got != 50 {
+		t.Fatalf("depth %d, want 50", got)
+	}
 }
