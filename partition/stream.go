@@ -226,7 +226,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	if len(rcs) > 0 {
 		rc = rcs[0]
 	}
-	v := r.judge(st, wire, rc, derr, 0, seen)
+	v := r.judge(st, wire, rc, derr, 0, seen, seq)
 	if v.capacity {
 		lim.OnCapacity()
 	}
@@ -573,7 +573,7 @@ func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelop
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
-		v := r.judge(st, e, rc, derr, i, seen)
+		v := r.judge(st, e, rc, derr, i, seen, envs[len(envs)-1].GetSequence())
 		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())
@@ -620,7 +620,8 @@ type verdict struct {
 // judge turns the outcome of one message of an emission (index i) into a
 // verdict, and feeds the peer's limiter its successes (the caller halves
 // it, once per emission, on a verdict marked capacity). seen is the
-// stream's emitted high-water before the emission.
+// stream's emitted high-water before the emission, top the emission's
+// highest sequence.
 //
 // Only the receiver's verdict on the message itself counts toward
 // MaxAttempts: a handler failure, or NO_SUCH_ACTOR from a node past its
@@ -629,7 +630,7 @@ type verdict struct {
 // down, an OUT_OF_ORDER refusal, another message of the emission failing)
 // is deferred, never counted; so a healthy message never reaches the
 // dead-letter queue.
-func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i int, seen uint64) verdict {
+func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i int, seen, top uint64) verdict {
 	lim := r.Limiter(st.node)
 	var un *UnsendableError
 	if errors.As(derr, &un) {
@@ -652,10 +653,11 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vDefer, reason: reason}
 	}
-	restored := func() bool {
-		w := rc.GetWatermark()
-		return w > seen && w > e.GetSequence()
-	}
+	// A watermark above everything this stream ever emitted, this
+	// emission included, means the sender's state went back. This
+	// emission counts: a DUPLICATE receipt waits for a durable watermark,
+	// which may already cover later messages of the same emission.
+	restored := func() bool { return rc.GetWatermark() > max(seen, top) }
 	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
 	switch rc.GetCode() {
 	case pb.Receipt_PROCESSED:

@@ -430,6 +430,44 @@ func TestDuplicateWithinEmittedIsAck(t *testing.T) {
 	}
 }
 
+// A DUPLICATE receipt waits for the receiver's durable watermark, which may
+// already cover later messages of the same emission (they ran while it
+// waited). Such a watermark is above the message and above what the stream
+// emitted before, but not above this emission: it is an ack, not a
+// restored sender, and nothing runs again.
+func TestDuplicateCoveringItsOwnEmissionIsAck(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if n > 0 || len(envs) < 2 {
+				return nil, nil, false
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				rcs[i] = f.receive(e)
+			}
+			top := envs[len(envs)-1].GetSequence()
+			rcs[1] = &pb.Receipt{MsgId: envs[1].GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: top}
+			return rcs, nil, true
+		}
+	})
+	msgs := names("m", 4)
+	rg.queue(t, "a@n1", msgs...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if st := rg.relay.Stats(); st.Restores != 0 {
+		t.Fatalf("restores %d, want 0", st.Restores)
+	}
+	if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
+		t.Fatalf("epoch changed to %d", e)
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+		t.Fatalf("ran %v, want each once", got)
+	}
+}
+
 // The AIMD limit halves once per congestion event (an emission answered
 // CAPACITY, or refused by a full local send queue), not once per message
 // of it, and grows by one per message processed.
