@@ -92,6 +92,7 @@ var (
 	dPeerDepth  = newDesc("meshnode_outbox_peer_depth", "Messages waiting in the outbox for one destination node.", prometheus.GaugeValue, "peer")
 	dPeerLimit  = newDesc("meshnode_outbox_aimd_limit", "Current AIMD limit of outbox deliveries in flight to one destination node.", prometheus.GaugeValue, "peer")
 	dPeerFrames = newDesc("meshnode_peer_frames_total", "QUIC frames exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
+	dConns      = newDesc("meshnode_connections", "QUIC connections open to peers now (idle ones are closed after transport.Config.IdleConnTimeout).", prometheus.GaugeValue)
 	dPeerBytes  = newDesc("meshnode_peer_bytes_total", "QUIC payload bytes exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
 
 	dMailboxDepth = newDesc("meshnode_mailbox_depth", "Messages queued in one actor's mailbox (actors that never held a message are left out).", prometheus.GaugeValue, "actor")
@@ -101,7 +102,7 @@ var (
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
-	dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
+	dConns, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
 
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
 // concurrent scrapes and observations.
@@ -288,6 +289,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dCommits, float64(os.Fsyncs))
 
 	ps := c.src.PeerStats()
+	conns := 0
+	for _, v := range ps {
+		if v.Connected {
+			conns++
+		}
+	}
+	emit(dConns, float64(conns))
 	for _, p := range c.peerSet(members, os, ps) {
 		emit(dPeerDepth, float64(os.DepthByPeer[p]), p)
 		emit(dPeerLimit, float64(os.LimitByPeer[p]), p)

@@ -123,7 +123,7 @@ func newSource() *fakeSource {
 		outbox: node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"a": 4},
 			OldestAge: 2 * time.Second, Fsyncs: 9, Enqueued: 11}, LimitByPeer: map[string]int{"a": 10, "c": 1}},
 		actors: []node.ActorStats{{Name: "idle"}, {Name: "busy"}},
-		peers:  map[string]transport.PeerStats{"a": {FramesIn: 1, FramesOut: 2, BytesIn: 30, BytesOut: 40}},
+		peers:  map[string]transport.PeerStats{"a": {FramesIn: 1, FramesOut: 2, BytesIn: 30, BytesOut: 40, Connected: true}, "b": {}},
 	}
 }
 
@@ -156,6 +156,7 @@ func TestCollectorValues(t *testing.T) {
 		{"meshnode_outbox_peer_depth", []string{"peer", "a"}, 4},
 		{"meshnode_outbox_aimd_limit", []string{"peer", "c"}, 1},
 		{"meshnode_peer_bytes_total", []string{"peer", "a", "direction", "out"}, 40},
+		{"meshnode_connections", nil, 1},
 		{"meshnode_mailbox_depth", []string{"actor", "busy"}, 3},
 		{"meshnode_mailbox_drops_total", []string{"actor", "busy", "reason", "rejected"}, 2},
 	}

@@ -43,6 +43,7 @@ type Config struct {
 	KeepAlivePeriod  time.Duration // PING interval so an idle connection stays open and a dead one is noticed
 	MaxIdleTimeout   time.Duration // a connection with no packets from the peer for this long is dead
 	HandshakeTimeout time.Duration // dial + TLS + Hello exchange must finish within this
+	IdleConnTimeout  time.Duration // a connection that carried no frame either way this long is closed (the next send dials again); 0 = never
 
 	WrapPacketConn func(net.PacketConn) net.PacketConn // fault injection in tests; nil = the plain UDP socket
 	Logger         *slog.Logger                        // nil = discard logs
@@ -73,6 +74,7 @@ func DefaultConfig(nodeName string) Config {
 		KeepAlivePeriod:  time.Second,      // ping every second
 		MaxIdleTimeout:   5 * time.Second,  // dead peer noticed within 5 s
 		HandshakeTimeout: 3 * time.Second,  // a dial never hangs longer than 3 s
+		IdleConnTimeout:  2 * time.Minute,  // a fleet keeps open only the connections it uses
 		WrapPacketConn:   nil,              // no fault injection
 		Logger:           slog.Default(),   // the process logger
 	}
@@ -115,6 +117,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: MaxHeaders and MaxHeaderBytes must not be negative", ErrBadConfig)
 	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:
 		return fmt.Errorf("%w: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive", ErrBadConfig)
+	case c.IdleConnTimeout < 0:
+		return fmt.Errorf("%w: IdleConnTimeout %v is negative (0 keeps idle connections open)", ErrBadConfig, c.IdleConnTimeout)
 	case c.KeepAlivePeriod >= c.MaxIdleTimeout:
 		return fmt.Errorf("%w: KeepAlivePeriod %v must be below MaxIdleTimeout %v", ErrBadConfig, c.KeepAlivePeriod, c.MaxIdleTimeout)
 	}

@@ -317,7 +317,11 @@ func (c *conn) lost(err error) {
 	default:
 	}
 	cause := closeCause(c.qc, err)
-	c.t.log.Info("connection lost", "peer", c.peer.Name, "err", cause)
+	if closedIdle(cause) {
+		c.t.log.Debug("peer closed an idle connection", "peer", c.peer.Name)
+	} else {
+		c.t.log.Info("connection lost", "peer", c.peer.Name, "err", cause)
+	}
 
 	if !errors.Is(cause, ErrConnLost) {
 		cause = fmt.Errorf("%w: %w", ErrConnLost, cause)
@@ -399,7 +403,11 @@ func (c *conn) readControl(sr *streamReader) {
 		case *pb.Frame_Receipt:
 			c.complete(k.Receipt)
 		case *pb.Frame_Goaway:
-			c.t.log.Info("peer going away", "peer", c.peer.Name, "reason", k.Goaway.GetReason())
+			if quic.ApplicationErrorCode(k.Goaway.GetCode()) == CodeIdle {
+				c.t.log.Debug("peer closed an idle connection", "peer", c.peer.Name)
+			} else {
+				c.t.log.Info("peer going away", "peer", c.peer.Name, "reason", k.Goaway.GetReason())
+			}
 			c.shutdown(CodeNormal, "goaway received", fmt.Errorf("%w: peer going away: %s", ErrConnLost, k.Goaway.GetReason()))
 			return
 		default:

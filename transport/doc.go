@@ -33,6 +33,11 @@
 //     is refused before it is decoded.
 //   - Request waiters end with the receipt, ErrConnLost when their
 //     connection fails or is closed, or the context error.
+//   - A connection that carried no frame either way for IdleConnTimeout
+//     (2 min; QUIC's keep-alive PINGs do not count) is closed with a GoAway
+//     of CodeIdle, never while a request waits for a receipt on it or
+//     envelopes are queued on it; the next send dials again (idle.go).
+//     A fleet member keeps open only the connections it uses.
 //   - Close sends GoAway, closes every connection and the socket, and waits
 //     for every goroutine; it is idempotent.
 //

@@ -79,6 +79,8 @@ func (e *CloseError) Error() string {
 		return "transport: refused by " + who + ": " + e.Reason
 	case CodeGoAway:
 		return "transport: " + who + " is shutting down"
+	case CodeIdle:
+		return "transport: " + who + " closed the connection after a time without traffic"
 	}
 	return fmt.Sprintf("transport: connection closed by %s (code %d): %s", who, uint64(e.Code), e.Reason)
 }
@@ -107,4 +109,5 @@ const (
 	CodeFrameTooLarge quic.ApplicationErrorCode = 5 // a length prefix above MaxFrameSize
 	CodeDuplicate     quic.ApplicationErrorCode = 6 // a second connection for the same peer pair lost the tie-break
 	CodeReplaced      quic.ApplicationErrorCode = 7 // the peer restarted (new boot id) or moved address
+	CodeIdle          quic.ApplicationErrorCode = 8 // no frame either way for IdleConnTimeout; the next send dials again
 )

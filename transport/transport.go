@@ -55,6 +55,7 @@ type Handler interface {
 // its connections.
 type PeerStats struct {
 	FramesIn, FramesOut, BytesIn, BytesOut uint64
+	Connected                              bool // a connection to the peer is open now
 }
 
 // peer is the per-name state: the current connection, a dial in progress,
@@ -65,6 +66,7 @@ type peer struct {
 
 	// Guarded by Transport.mu.
 	conn       *conn
+	idle       idleWatch // when conn last carried a frame (idle.go)
 	dialing    *dialCall
 	registered chan struct{} // closed and replaced whenever conn is set
 }
@@ -91,6 +93,8 @@ type Transport struct {
 	clientTLS *tls.Config
 	certs     *CertificateSource // the certificate presented at each handshake
 	refused   *refusals          // peers refused for who they are
+
+	idleClosed atomic.Uint64 // connections closed for idleness (idle.go)
 
 	ctx    context.Context // ends on Close; bounds dials and handshakes
 	cancel context.CancelFunc
@@ -185,6 +189,10 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.wg.Add(1)
 	go t.acceptLoop()
+	if cfg.IdleConnTimeout > 0 {
+		t.wg.Add(1)
+		go t.closeIdleLoop()
+	}
 	return t, nil
 }
 
@@ -603,6 +611,7 @@ func (t *Transport) PeerStats() map[string]PeerStats {
 			FramesOut: p.framesOut.Load(),
 			BytesIn:   p.bytesIn.Load(),
 			BytesOut:  p.bytesOut.Load(),
+			Connected: p.conn != nil,
 		}
 	}
 	return out
