@@ -92,8 +92,9 @@ func (r Result) WriteSVG(dir string) (string, error) {
 
 // scenario runs on a started cluster; it fills res and uses sc to sample.
 type scenario struct {
-	doc string
-	run func(ctx context.Context, sc *stage) error
+	doc          string
+	run          func(ctx context.Context, sc *stage) error
+	small, large *Size // nil: SmallSize and LargeSize
 }
 
 var scenarios = map[string]scenario{
@@ -102,6 +103,23 @@ var scenarios = map[string]scenario{
 	"heartbeat-coalescing": {doc: "a fast heartbeat sender, a slow receiver: only the newest heartbeat per worker waits", run: heartbeatCoalescing},
 	"telemetry-fallback":   {doc: "ask first, outbox on failure, to a collector at capacity half of the time", run: telemetryFallback},
 	"offline-delivery":     {doc: "workers go offline mid-deployment and the sender restarts; every message arrives once, in order", run: offlineDelivery},
+	"fleet":                {doc: "200 nodes: devices send telemetry to 3 collectors and get commands, a fifth go offline in waves, 1 % of links cut", run: fleet, small: &fleetSmall, large: &fleetLarge},
+}
+
+// SmallSizeOf is the size the test suite runs scenario name at.
+func SmallSizeOf(name string) Size {
+	if sc, ok := scenarios[name]; ok && sc.small != nil {
+		return *sc.small
+	}
+	return SmallSize()
+}
+
+// LargeSizeOf is the size for people of scenario name.
+func LargeSizeOf(name string) Size {
+	if sc, ok := scenarios[name]; ok && sc.large != nil {
+		return *sc.large
+	}
+	return LargeSize()
 }
 
 // Scenarios lists the scenario names with a one-line description each.
@@ -130,6 +148,15 @@ type stage struct {
 	events  []Event
 	observe []int                           // sender nodes whose outbox is sampled
 	spawner func(i int, n *node.Node) error // actors of the scenario, (re)spawned on every start
+	charts  []plot.Chart                    // the scenario's own panels, drawn above the delivery rate
+}
+
+// setCharts replaces the report's AIMD and depth panels with the
+// scenario's own.
+func (s *stage) setCharts(c []plot.Chart) {
+	s.mu.Lock()
+	s.charts = c
+	s.mu.Unlock()
 }
 
 func (s *stage) setObserve(idx ...int) {
@@ -219,7 +246,7 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	}
 	res := Result{Name: name, Size: size, Counts: map[string]int64{}, Checks: map[string]bool{}}
 	st := &stage{size: size, res: &res}
-	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn))
+	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second+time.Duration(size.Nodes)*100*time.Millisecond))
 	if err != nil {
 		return Result{}, fmt.Errorf("testnet: scenario %s: %w", name, err)
 	}
@@ -251,13 +278,14 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	if runErr != nil {
 		return res, fmt.Errorf("testnet: scenario %s: %w", name, runErr)
 	}
-	res.SVG = render(res)
+	res.SVG = render(res, st.charts)
 	summary(out, res)
 	return res, nil
 }
 
-// render draws the three plots.
-func render(res Result) []byte {
+// render draws the three plots, or the scenario's own panels and the
+// delivery rate.
+func render(res Result, own []plot.Chart) []byte {
 	limits := map[string]*plot.Series{}
 	depth := plot.Series{Name: "outbox depth"}
 	rate := plot.Series{Name: "delivered msgs/s"}
@@ -286,12 +314,19 @@ func render(res Result) []byte {
 	for _, e := range res.Events {
 		marks = append(marks, plot.Mark{T: e.At.Seconds(), Label: e.Label})
 	}
+	charts := []plot.Chart{
+		{Title: "AIMD limit per peer (sender>peer)", YLabel: "limit", Series: ls},
+		{Title: "Outbox depth (senders)", YLabel: "messages", Series: []plot.Series{depth}},
+	}
+	if own != nil {
+		charts = slices.Clone(own)
+	}
+	charts = append(charts, plot.Chart{Title: "Delivery rate", YLabel: "msgs/s", Series: []plot.Series{rate}})
+	for i := range charts {
+		charts[i].Marks = marks
+	}
 	var b bytesBuffer
-	_ = plot.SVG(&b, fmt.Sprintf("%s — %d nodes, %d workers, %d messages", res.Name, res.Size.Nodes, res.Size.Workers, res.Size.Messages), []plot.Chart{
-		{Title: "AIMD limit per peer (sender>peer)", YLabel: "limit", Series: ls, Marks: marks},
-		{Title: "Outbox depth (senders)", YLabel: "messages", Series: []plot.Series{depth}, Marks: marks},
-		{Title: "Delivery rate", YLabel: "msgs/s", Series: []plot.Series{rate}, Marks: marks},
-	})
+	_ = plot.SVG(&b, fmt.Sprintf("%s — %d nodes, %d workers, %d messages", res.Name, res.Size.Nodes, res.Size.Workers, res.Size.Messages), charts)
 	return b.b
 }
 

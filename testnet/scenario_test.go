@@ -17,7 +17,7 @@ func TestScenarios(t *testing.T) {
 	for _, name := range ScenarioNames() {
 		t.Run(name, func(t *testing.T) {
 			var out bytes.Buffer
-			res, err := RunScenario(context.Background(), name, SmallSize(), &out)
+			res, err := RunScenario(context.Background(), name, SmallSizeOf(name), &out)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out.String())
 			}
@@ -43,6 +43,7 @@ func TestScenarios(t *testing.T) {
 			faults := map[string][]string{
 				"thundering-herd":  {"leader cut off", "healed"},
 				"offline-delivery": {"worker nodes killed", "sender restarted", "worker nodes restarted"},
+				"fleet":            {"links cut", "devices offline", "devices back", "links healed"},
 			}
 			for _, label := range faults[name] {
 				if !bytes.Contains(res.SVG, []byte(">"+label)) || !bytes.Contains(res.SVG, []byte(`class="mark"`)) {

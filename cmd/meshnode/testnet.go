@@ -56,22 +56,8 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
   meshnode testnet run wave-deployment --workers 200 --messages 20000`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			base := testnet.LargeSize()
-			switch sizeName {
-			case "large":
-			case "small":
-				base = testnet.SmallSize()
-			default:
+			if sizeName != "large" && sizeName != "small" {
 				return fmt.Errorf("--size %q: want small or large", sizeName)
-			}
-			if size.Nodes == 0 {
-				size.Nodes = base.Nodes
-			}
-			if size.Workers == 0 {
-				size.Workers = base.Workers
-			}
-			if size.Messages == 0 {
-				size.Messages = base.Messages
 			}
 			names := []string{args[0]}
 			if args[0] == "all" {
@@ -79,12 +65,28 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 			} else if _, ok := testnet.Scenarios()[args[0]]; !ok {
 				return fmt.Errorf("unknown scenario %q (try: %s)", args[0], strings.Join(testnet.ScenarioNames(), ", "))
 			}
+			sizeOf := func(name string) testnet.Size {
+				s := testnet.LargeSizeOf(name)
+				if sizeName == "small" {
+					s = testnet.SmallSizeOf(name)
+				}
+				if size.Nodes != 0 {
+					s.Nodes = size.Nodes
+				}
+				if size.Workers != 0 {
+					s.Workers = size.Workers
+				}
+				if size.Messages != 0 {
+					s.Messages = size.Messages
+				}
+				return s
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			w := cmd.OutOrStdout()
 			var failed []string
 			for _, name := range names {
-				res, err := testnet.RunScenario(ctx, name, size, w)
+				res, err := testnet.RunScenario(ctx, name, sizeOf(name), w)
 				if err != nil {
 					return err // testnet's errors name the scenario
 				}
@@ -106,7 +108,7 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&sizeName, "size", "large", "small (seconds, as in the tests) or large (1,000 workers, 100k messages)")
+	f.StringVar(&sizeName, "size", "large", "small (seconds, as in the tests) or large (1,000 workers and 100k messages; the fleet: 200 nodes)")
 	f.IntVar(&size.Nodes, "nodes", 0, "override the number of nodes")
 	f.IntVar(&size.Workers, "workers", 0, "override the number of simulated workers")
 	f.IntVar(&size.Messages, "messages", 0, "override the number of messages")
