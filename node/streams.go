@@ -170,6 +170,11 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func
 		fn(nil, st.durable.Load())
 		return
 	}
+	if len(keys) > 0 {
+		// Seen from now on, though the commit that records them may start
+		// only after the one under way: a repeat right behind must not run.
+		in.store.HoldKeys(keys)
+	}
 	st.cmu.Lock()
 	start := st.pend == nil
 	if start {
@@ -196,6 +201,9 @@ func (in *inbound) commit(st *inStream) {
 	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)
+		}
+		if len(keys) > 0 {
+			in.store.ReleaseKeys(keys) // on disk now, or not recorded
 		}
 		var later []durableWaiter
 		for _, wt := range waiters {

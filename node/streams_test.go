@@ -349,3 +349,43 @@ func TestForgottenStreamRefusesWhatMayHaveRun(t *testing.T) {
 		t.Errorf("Stats.Forgotten %d, want 1", s.Forgotten)
 	}
 }
+
+// A key the application repeats (it sent the same message again, not
+// knowing the first was queued) runs once even when the second copy comes
+// right behind the first, while the stream's previous commit is still
+// under way and the first copy's key waits for the next one.
+func TestRepeatedKeyBehindItsFirstRunsOnce(t *testing.T) {
+	n := startNode(t, "r", t.TempDir())
+	var mu sync.Mutex
+	runs := map[string]int{}
+	if _, err := n.Spawn("a", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		mu.Lock()
+		runs[m.IdempotencyKey()]++
+		mu.Unlock()
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const streams = 20
+	var rs receipts
+	for i := range streams {
+		from := transport.PeerInfo{Name: "p", OutboxID: [16]byte{byte(i + 1)}}
+		for seq, key := range []string{"first", "order", "order"} {
+			env := streamEnv("a", "r", uint64(seq+1), uint64(seq))
+			env.IdempotencyKey, env.MsgId = fmt.Sprintf("%s-%d", key, i), fmt.Sprintf("s%d-m%d", i, seq+1)
+			n.DeliverIncoming(from, env, rs.reply(env.GetMsgId()))
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "every receipt", func() bool { return rs.len() == 3*streams })
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range streams {
+		k := fmt.Sprintf("order-%d", i)
+		if runs[k] != 1 {
+			t.Errorf("key %s ran %d times", k, runs[k])
+		}
+		if c := rs.code(fmt.Sprintf("s%d-m3", i)); c != pb.Receipt_DUPLICATE {
+			t.Errorf("the repeat of %s: %v, want DUPLICATE", k, c)
+		}
+	}
+}

@@ -102,11 +102,7 @@ func (s *Store) CommitStream(c *StreamCommit, done func(error)) {
 		}
 	}
 	if len(c.Keys) > 0 {
-		s.kmu.Lock()
-		for _, k := range c.Keys {
-			s.pendingKeys[string(k)]++
-		}
-		s.kmu.Unlock()
+		s.HoldKeys(c.Keys)
 	}
 	s.submitAsync(&op{kind: opStream, stream: c, async: done})
 }
@@ -137,6 +133,34 @@ func (s *Store) KeySeen(scoped []byte) (bool, error) {
 	return seen, nil
 }
 
+// HoldKeys makes keys count as seen by KeySeen until ReleaseKeys, for a
+// caller that gathers keys for a CommitStream it starts later (after the
+// stream's commit under way): a key repeated in between is not missed.
+func (s *Store) HoldKeys(keys [][]byte) {
+	s.kmu.Lock()
+	for _, k := range keys {
+		s.pendingKeys[string(k)]++
+	}
+	s.kmu.Unlock()
+}
+
+// ReleaseKeys ends a HoldKeys of the same keys, once their CommitStream
+// has ended (committed, the keys are on disk; failed, they are not
+// recorded).
+func (s *Store) ReleaseKeys(keys [][]byte) {
+	s.kmu.Lock()
+	s.releaseKeysLocked(keys)
+	s.kmu.Unlock()
+}
+
+func (s *Store) releaseKeysLocked(keys [][]byte) {
+	for _, k := range keys {
+		if s.pendingKeys[string(k)]--; s.pendingKeys[string(k)] <= 0 {
+			delete(s.pendingKeys, string(k))
+		}
+	}
+}
+
 // forgetPendingKeys drops the keys of committed (or failed) stream commits
 // from the pending set: after a commit they are on disk, after a failure
 // they are not recorded.
@@ -150,11 +174,7 @@ func (s *Store) forgetPendingKeys(ops []*op) {
 			s.kmu.Lock()
 			locked = true
 		}
-		for _, k := range o.stream.Keys {
-			if s.pendingKeys[string(k)]--; s.pendingKeys[string(k)] <= 0 {
-				delete(s.pendingKeys, string(k))
-			}
-		}
+		s.releaseKeysLocked(o.stream.Keys)
 	}
 	if locked {
 		s.kmu.Unlock()

@@ -370,3 +370,35 @@ func TestCommitStreamAfterCloseForgetsKeys(t *testing.T) {
 		t.Fatalf("KeySeen after Close = %v, %v; want false, ErrClosed", seen, err)
 	}
 }
+
+// A held key is seen until it is released, and a commit of the same key
+// under way keeps it seen after the release; once committed it is seen
+// from the file.
+func TestHoldKeysSeenUntilReleased(t *testing.T) {
+	e := open(t, nil)
+	key := outbox.ScopedKey("n2", "actor", "k")
+	seen := func() bool {
+		t.Helper()
+		ok, err := e.KeySeen(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	e.HoldKeys([][]byte{key})
+	if !seen() {
+		t.Fatal("a held key is not seen")
+	}
+	e.ReleaseKeys([][]byte{key})
+	if seen() {
+		t.Fatal("a released key, never committed, is still seen")
+	}
+	e.HoldKeys([][]byte{key})
+	if err := commitStream(t, e.Store, &outbox.StreamCommit{Stream: []byte("s"), Watermark: 1, Keys: [][]byte{key}}); err != nil {
+		t.Fatal(err)
+	}
+	e.ReleaseKeys([][]byte{key})
+	if !seen() {
+		t.Fatal("a committed key is not seen")
+	}
+}
