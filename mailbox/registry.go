@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/badconfig"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
 )
@@ -47,12 +48,12 @@ func DefaultRegistryConfig() RegistryConfig {
 func (c RegistryConfig) Validate() error {
 	switch {
 	case c.TTL <= 0:
-		return fmt.Errorf("mailbox: registry config: TTL %v must be positive: %w", c.TTL, ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "registry TTL %v must be positive", c.TTL)
 	case c.EarlyTTL <= 0:
-		return fmt.Errorf("mailbox: registry config: EarlyTTL %v must be positive: %w", c.EarlyTTL, ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "registry EarlyTTL %v must be positive", c.EarlyTTL)
 	case c.EarlyBytesPerPeer < 0 || c.EarlyBytes < c.EarlyBytesPerPeer:
-		return fmt.Errorf("mailbox: registry config: need 0 <= EarlyBytesPerPeer (%d) <= EarlyBytes (%d): %w",
-			c.EarlyBytesPerPeer, c.EarlyBytes, ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "registry needs 0 <= EarlyBytesPerPeer (%d) <= EarlyBytes (%d)",
+			c.EarlyBytesPerPeer, c.EarlyBytes)
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package mesh
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math"
@@ -12,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/internal/badconfig"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -131,7 +131,9 @@ type Config struct {
 	// gossip sockets under the inbound limits) and returns the one
 	// memberlist uses. nil = unchanged.
 	WrapTransport func(memberlist.NodeAwareTransport) memberlist.NodeAwareTransport
-	// Logger receives mesh logs and memberlist's own output (at debug level).
+	// Logger receives mesh logs and memberlist's own output (at debug
+	// level), under component=mesh (memberlist's lines add lib=memberlist);
+	// nil discards them.
 	Logger *slog.Logger
 }
 
@@ -139,14 +141,14 @@ type Config struct {
 // node is declared dead in about 1.5 s (measured), inside the 3 s target.
 func DefaultConfig(nodeName string) Config {
 	return Config{
-		NodeName:      nodeName,      // unique member name
-		Cluster:       "default",     // gossip label and membership filter
-		BindAddr:      "127.0.0.1:0", // loopback, free port: safe default
-		AdvertiseAddr: "",            // advertise the bound address
-		Join:          nil,           // no seeds: start a new cluster
-		SecretKey:     nil,           // unencrypted: set a key in production
-		DataDir:       "",            // no peers.json
-		Meta:          &pb.NodeMeta{BootId: NewBootID(), ProtocolVersions: pb.SupportedVersions()},
+		NodeName:      nodeName,             // unique member name
+		Cluster:       ident.DefaultCluster, // "meshnode": gossip label and membership filter
+		BindAddr:      "127.0.0.1:0",        // loopback, free port: safe default
+		AdvertiseAddr: "",                   // advertise the bound address
+		Join:          nil,                  // no seeds: start a new cluster
+		SecretKey:     nil,                  // unencrypted: set a key in production
+		DataDir:       "",                   // no peers.json
+		Meta:          &pb.NodeMeta{BootId: ident.NewBootID(), ProtocolVersions: pb.SupportedVersions()},
 		OnEvent:       nil, // no subscriber
 
 		ProbeInterval:           300 * time.Millisecond, // ~3 probes/s per node; 200 ms gave false suspicion on a loaded 2-core box
@@ -175,9 +177,7 @@ func DefaultConfig(nodeName string) Config {
 // Validate reports the first problem with c, wrapping ErrBadConfig,
 // ErrBadGossipKey or ErrMetaTooLarge.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
-	}
+	bad := func(format string, args ...any) error { return badconfig.New(ErrBadConfig, format, args...) }
 	if c.NodeName == "" {
 		return bad("NodeName is empty")
 	}
@@ -198,14 +198,14 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.SecretKey != nil && len(c.SecretKey) != 32 {
-		return fmt.Errorf("mesh: config: %w (got %d)", ErrBadGossipKey, len(c.SecretKey))
+		return &badconfig.Error{Sentinel: ErrBadConfig, Detail: fmt.Sprintf("SecretKey is %d bytes, want 32", len(c.SecretKey)), Cause: ErrBadGossipKey}
 	}
 	if c.Meta != nil {
 		if c.Meta.GetCluster() != "" && c.Meta.GetCluster() != c.Cluster {
 			return bad("Meta.Cluster %q != Cluster %q", c.Meta.GetCluster(), c.Cluster)
 		}
 		if _, err := encodeMeta(fillMeta(c.Meta, c.Cluster)); err != nil {
-			return fmt.Errorf("mesh: config: %w", err)
+			return &badconfig.Error{Sentinel: ErrBadConfig, Detail: "Meta: " + err.Error(), Cause: err}
 		}
 	}
 	for _, d := range []struct {
@@ -319,11 +319,4 @@ func splitHostPort(addr string) (string, int, error) {
 		return "", 0, fmt.Errorf("host %q is not an IP address", host)
 	}
 	return host, port, nil
-}
-
-// NewBootID returns a random id that identifies one start of a node.
-func NewBootID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go >= 1.24)
-	return hex.EncodeToString(b[:])
 }

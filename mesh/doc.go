@@ -22,7 +22,7 @@
 //     healed partition merge without help, and peers.json (written
 //     atomically, debounced to ReconnectInterval) lets a node restarted
 //     without seeds find its cluster.
-//   - Close (= Leave) and Kill are idempotent and end every goroutine.
+//   - Close (a graceful leave) and Kill are idempotent and end every goroutine.
 //
 // # Usage
 //
@@ -32,7 +32,7 @@
 //	cfg.Join = []string{"10.0.0.4:7946"}
 //	cfg.SecretKey = key32
 //	cfg.DataDir = "/var/lib/meshnode"
-//	cfg.Meta = &pb.NodeMeta{QuicAddr: "10.0.0.5:7947", BootId: mesh.NewBootID()}
+//	cfg.Meta = &pb.NodeMeta{QuicAddr: "10.0.0.5:7947"} // New fills in the boot id, versions and cluster
 //	cfg.OnEvent = func(ev mesh.Event) { log.Println(ev.Kind, ev.Member.Name) }
 //	m, err := mesh.New(cfg)
 //	if err != nil { ... }

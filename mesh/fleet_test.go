@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -151,7 +152,7 @@ func TestFleet(t *testing.T) {
 		deads = append(deads, time.Since(killed))
 		cfg := victim.cfg
 		cfg.BindAddr = victim.GossipAddr()
-		cfg.Meta = &pb.NodeMeta{QuicAddr: victim.cfg.Meta.GetQuicAddr(), BootId: mesh.NewBootID()}
+		cfg.Meta = &pb.NodeMeta{QuicAddr: victim.cfg.Meta.GetQuicAddr(), BootId: ident.NewBootID()}
 		cfg.Join = []string{nodes[0].GossipAddr()}
 		up := time.Now()
 		n := start(t, cfg)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -109,7 +110,7 @@ func testConfig(tb testing.TB, name string) mesh.Config {
 	cfg.Cluster = "test"
 	cfg.DataDir = tb.TempDir()
 	cfg.SecretKey = testKey
-	cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:" + fmt.Sprint(40000+len(name)), BootId: mesh.NewBootID()}
+	cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:" + fmt.Sprint(40000+len(name)), BootId: ident.NewBootID()}
 	return cfg
 }
 

@@ -112,7 +112,7 @@ func (m *Mesh) saveKeyring() error {
 	if err != nil {
 		return fmt.Errorf("%w: save: %w", ErrKeyring, err)
 	}
-	if _, err := f.Write(b); err == nil {
+	if _, err = f.Write(b); err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {

@@ -81,7 +81,7 @@ func (w *mlLogWriter) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	if w.log.Enabled(context.Background(), level) {
-		w.log.Log(context.Background(), level, msg, "component", "memberlist")
+		w.log.Log(context.Background(), level, msg, "lib", "memberlist")
 	}
 	return len(p), nil
 }
@@ -125,7 +125,7 @@ func (w *mlLogWriter) warnKey(msg string) {
 	w.mu.Unlock()
 	w.log.Warn("gossip with "+orUnknown(from)+" could not be decrypted: check that both nodes use the same gossip key "+
 		"(gossip_key_file, from meshnode keygen) and, during a key rotation, that the key is installed on every node",
-		"component", "memberlist", "peer_addr", from, "cause", msg)
+		"lib", "memberlist", "peer_addr", from, "cause", msg)
 }
 
 func orUnknown(s string) string {

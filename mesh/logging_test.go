@@ -27,7 +27,7 @@ func TestMemberlistLogLevels(t *testing.T) {
 		if err := json.Unmarshal(buf.Bytes(), &rec); err != nil {
 			t.Fatalf("%q: %v (%s)", tt.in, err, buf.String())
 		}
-		if rec["level"] != tt.level || rec["msg"] != tt.msg || rec["component"] != "memberlist" {
+		if rec["level"] != tt.level || rec["msg"] != tt.msg || rec["lib"] != "memberlist" {
 			t.Errorf("%q logged as %v", tt.in, rec)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -44,7 +45,7 @@ func TestMeasureDetection(t *testing.T) {
 
 		cfg := victim.cfg
 		cfg.BindAddr = victim.GossipAddr()
-		cfg.Meta = &pb.NodeMeta{QuicAddr: victim.cfg.Meta.GetQuicAddr(), BootId: mesh.NewBootID()}
+		cfg.Meta = &pb.NodeMeta{QuicAddr: victim.cfg.Meta.GetQuicAddr(), BootId: ident.NewBootID()}
 		cfg.Join = []string{nodes[0].GossipAddr()}
 		if victim == nodes[0] {
 			cfg.Join = []string{nodes[1].GossipAddr()}

@@ -74,7 +74,7 @@ func New(cfg Config) (*Mesh, error) {
 		return nil, err
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	cfg.Join = slices.Clone(cfg.Join)
 	cfg.Meta = fillMeta(cfg.Meta, cfg.Cluster)
@@ -84,7 +84,7 @@ func New(cfg Config) (*Mesh, error) {
 	}
 	m := &Mesh{
 		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.NodeName),
+		log:       cfg.Logger.With("component", "mesh"),
 		notify:    make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		view:      make(map[string]Member),
@@ -283,7 +283,7 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 // as a bare "EOF". The seed cannot say which: it never authenticated us.
 func (m *Mesh) joinFailed(addrs []string, err error) error {
 	if isKeyMismatch(err.Error()) {
-		return fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %v",
+		return fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %w",
 			addrs, ErrKeyMismatch, err)
 	}
 	gossip := "unencrypted (no gossip key)"

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -162,7 +163,7 @@ func TestEventSequence(t *testing.T) {
 	testutil.WaitFor(t, 3*time.Second, "crasher dead", func() bool { return obs.events.has(mesh.EventDead, crasher.LocalName()) })
 	cfg := crasher.cfg
 	cfg.BindAddr = crasher.GossipAddr() // restart in place, like a daemon
-	cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:50001", BootId: mesh.NewBootID()}
+	cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:50001", BootId: ident.NewBootID()}
 	cfg.Join = []string{obs.GossipAddr()}
 	restarted := start(t, cfg)
 	testutil.WaitFor(t, 2*time.Second, "restart event", func() bool { return obs.events.has(mesh.EventRestart, crasher.LocalName()) })
@@ -207,7 +208,7 @@ func TestRestartSameNameNewBootID(t *testing.T) {
 	})
 	cfg := old.cfg // same name and data dir
 	cfg.BindAddr = old.GossipAddr()
-	cfg.Meta = &pb.NodeMeta{QuicAddr: old.cfg.Meta.GetQuicAddr(), BootId: mesh.NewBootID()}
+	cfg.Meta = &pb.NodeMeta{QuicAddr: old.cfg.Meta.GetQuicAddr(), BootId: ident.NewBootID()}
 	n := start(t, cfg)
 	up := time.Now()
 	testutil.WaitFor(t, 2*time.Second, "restarted node alive with new boot id at the others (2 s budget)", func() bool {
@@ -241,7 +242,7 @@ func TestRestartWithoutSeedsUsesPeersFile(t *testing.T) {
 	cfg := old.cfg
 	cfg.Join = nil               // no seeds: only peers.json
 	cfg.BindAddr = "127.0.0.1:0" // a new port: the name is reclaimed after DeadNodeReclaimTime
-	cfg.Meta = &pb.NodeMeta{QuicAddr: old.cfg.Meta.GetQuicAddr(), BootId: mesh.NewBootID()}
+	cfg.Meta = &pb.NodeMeta{QuicAddr: old.cfg.Meta.GetQuicAddr(), BootId: ident.NewBootID()}
 	n := start(t, cfg)
 	t.Cleanup(func() {
 		if t.Failed() {

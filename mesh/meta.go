@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
 )
@@ -17,7 +18,7 @@ func fillMeta(meta *pb.NodeMeta, cluster string) *pb.NodeMeta {
 		out = proto.Clone(meta).(*pb.NodeMeta)
 	}
 	if out.GetBootId() == "" {
-		out.BootId = NewBootID()
+		out.BootId = ident.NewBootID()
 	}
 	if len(out.GetProtocolVersions()) == 0 {
 		out.ProtocolVersions = pb.SupportedVersions()

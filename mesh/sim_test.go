@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -192,7 +193,7 @@ func newSimCluster(tb testing.TB, size int) *simCluster {
 	for i := range size {
 		name := fmt.Sprintf("m%05d", i)
 		meta, err := encodeMeta(fillMeta(&pb.NodeMeta{
-			QuicAddr: fmt.Sprintf("10.%d.%d.%d:7947", byte(i>>16), byte(i>>8), byte(i)), BootId: NewBootID(),
+			QuicAddr: fmt.Sprintf("10.%d.%d.%d:7947", byte(i>>16), byte(i>>8), byte(i)), BootId: ident.NewBootID(),
 		}, c.cfg.Cluster))
 		if err != nil {
 			tb.Fatal(err)

@@ -249,7 +249,7 @@ func (a *actor) handleStream(d *delivery) {
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
 	switch {
 	case seq <= w:
-		n.stats.duplicates.Add(1)
+		n.stats.dedupeHits.Add(1)
 		n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 		return
 	case w == 0 && seq <= st.forgotten:
@@ -280,7 +280,7 @@ func (a *actor) handleStream(d *delivery) {
 		if seen {
 			// The application sent this key before (a retry of its own):
 			// it took effect then. W moves on as for a success.
-			n.stats.duplicates.Add(1)
+			n.stats.dedupeHits.Add(1)
 			st.w.Store(seq)
 			n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 			return

@@ -3,6 +3,8 @@ package node
 import (
 	"fmt"
 	"strings"
+
+	"github.com/meshnode/meshnode/internal/address"
 )
 
 // Address names an actor on a node: "actor@node".
@@ -33,7 +35,7 @@ func (a Address) Validate() error {
 
 // ParseAddress parses "actor@node".
 func ParseAddress(s string) (Address, error) {
-	actor, nodeName, ok := strings.Cut(s, "@")
+	actor, nodeName, ok := address.Split(s)
 	if !ok {
 		return Address{}, fmt.Errorf("%w: %q: want actor@node", ErrBadAddress, s)
 	}

@@ -1,13 +1,15 @@
 package node
 
 import (
-	"fmt"
+	"bytes"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/badconfig"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/outbox"
@@ -17,9 +19,37 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Config configures a Node. DefaultConfig sets every field; the top-level
-// fields are the ones an operator sets, and New copies them into the embedded
-// lower-layer configs (Mesh, Transport, Outbox, Relay), which hold the tuning.
+// DefaultCluster is the cluster name of DefaultConfig, and of mesh's and
+// transport's DefaultConfig.
+const DefaultCluster = ident.DefaultCluster
+
+// Config configures a Node. DefaultConfig sets every field.
+//
+// The top-level fields are the ones an operator sets; the embedded
+// lower-layer configs (Mesh, Transport, Outbox, Relay, Responses) hold the
+// tuning. Some fields of the embedded configs are the node's: it sets them
+// from its own fields, or per start, as serf does with its memberlist
+// config. DefaultConfig leaves them zero, and Validate refuses a config
+// that sets one to something else than the node would (ErrBadConfig,
+// naming both fields):
+//
+//	Mesh.NodeName, Transport.NodeName   Name
+//	Mesh.Cluster, Transport.Cluster     Cluster
+//	Mesh.BindAddr                       GossipAddr
+//	Mesh.Join                           Join
+//	Mesh.SecretKey                      GossipKey
+//	Mesh.DataDir, Transport.DataDir     DataDir
+//	Outbox.Path                         DataDir (DataDir/outbox.db)
+//	Transport.ListenAddr                QUICAddr
+//	Transport.Identity                  TLS
+//	Responses.TTL                       AskResponseTTL
+//	Mesh.Logger, Transport.Logger,
+//	Outbox.Logger, Relay.Logger         Logger (each part adds its component)
+//	Mesh.Meta                           the node: boot id, QUIC address, Tags
+//	Transport.BootID, .OutboxID         the node, at each Open
+//
+// Mesh.OnEvent is not the node's: the node reacts to membership first,
+// then calls it, on a goroutine of its own.
 type Config struct {
 	Name       string             // node name: unique in the cluster, the DNS SAN of its certificate
 	Cluster    string             // cluster name: nodes of other clusters are refused
@@ -78,7 +108,7 @@ type Config struct {
 	Outbox    outbox.Config    // durable store tuning (attempts, key window, retention, clock)
 	Relay     partition.Config // relay partitions, batch size, backoff, AIMD
 
-	Logger *slog.Logger // structured logs; nil discards them
+	Logger *slog.Logger // structured logs, with node=Name; nil discards them
 }
 
 // DefaultConfig returns a Config for a node named name with every field set.
@@ -86,7 +116,7 @@ type Config struct {
 func DefaultConfig(name string) Config {
 	return Config{
 		Name:            name,
-		Cluster:         "meshnode",
+		Cluster:         DefaultCluster,
 		GossipAddr:      "0.0.0.0:7946",
 		QUICAddr:        "0.0.0.0:7947",
 		MailboxCapacity: mailbox.DefaultCapacity,
@@ -103,19 +133,58 @@ func DefaultConfig(name string) Config {
 		ServerInterceptors: nil,
 		TracerProvider:     nil,
 		Propagator:         nil,
-		Responses:          mailbox.DefaultRegistryConfig(),
-		Mesh:               mesh.DefaultConfig(name),
-		Transport:          transport.DefaultConfig(name),
-		Outbox:             outbox.DefaultConfig(""),
-		Relay:              partition.DefaultConfig(),
+		// The lower layers' defaults, without the fields the node owns.
+		Responses: tuning(mailbox.DefaultRegistryConfig(), func(r *mailbox.RegistryConfig) { r.TTL = 0 }),
+		Mesh: tuning(mesh.DefaultConfig(""), func(m *mesh.Config) {
+			m.Cluster, m.BindAddr, m.Meta, m.Logger = "", "", nil, nil
+		}),
+		Transport: tuning(transport.DefaultConfig(""), func(t *transport.Config) {
+			t.Cluster, t.BootID, t.ListenAddr, t.Logger = "", "", "", nil
+		}),
+		Outbox: tuning(outbox.DefaultConfig(""), func(o *outbox.Config) { o.Logger = nil }),
+		Relay:  tuning(partition.DefaultConfig(), func(r *partition.Config) { r.Logger = nil }),
 	}
 }
 
-// Validate reports the first problem with c, wrapped in ErrBadConfig.
+// tuning returns c with clear applied: a lower layer's default config
+// without the fields the node owns.
+func tuning[C any](c C, clear func(*C)) C {
+	clear(&c)
+	return c
+}
+
+// Validate reports the first problem with c or with its embedded configs,
+// as an error wrapping ErrBadConfig and, for an embedded config, also its
+// package's sentinel (outbox.ErrBadConfig, ...). The message reads once:
+// "node: bad config: Outbox: MaxBatch must be >= 1".
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
+	if err := c.validateOwn(); err != nil {
+		return err
 	}
+	if err := c.checkOwned(); err != nil {
+		return err
+	}
+	// The node sets BootID and OutboxID at Open; stand-ins let the rest
+	// of the transport config be checked now.
+	m, t, o, r := c.lower(ident.NewBootID(), nil)
+	t.OutboxID = [16]byte{1}
+	for _, sub := range []struct {
+		name string
+		err  error
+	}{
+		{"Mesh", m.Validate()}, {"Transport", t.Validate()}, {"Outbox", o.Validate()},
+		{"Relay", r.Validate()}, {"Responses", c.responses().Validate()},
+	} {
+		if sub.err != nil {
+			return badconfig.Within(ErrBadConfig, sub.name, sub.err)
+		}
+	}
+	return nil
+}
+
+// validateOwn checks the node's own fields.
+func (c Config) validateOwn() error {
+	bad := func(format string, args ...any) error { return badconfig.New(ErrBadConfig, format, args...) }
 	if err := validName(c.Name); err != nil {
 		return bad("name %q: %v", c.Name, err)
 	}
@@ -158,17 +227,55 @@ func (c Config) Validate() error {
 		return bad("handler timeout must be positive")
 	}
 	if err := checkTags(c.Cluster, c.Tags); err != nil {
-		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+		return &badconfig.Error{Sentinel: ErrBadConfig, Detail: err.Error(), Cause: err}
 	}
 	if slices.ContainsFunc(c.ClientInterceptors, func(f ClientInterceptor) bool { return f == nil }) ||
 		slices.ContainsFunc(c.ServerInterceptors, func(f ServerInterceptor) bool { return f == nil }) {
 		return bad("an interceptor is nil")
 	}
-	if err := c.responses().Validate(); err != nil {
-		return bad("responses: %v", err)
+	return nil
+}
+
+// checkOwned refuses an embedded config's field that the node owns (see
+// Config) set to something else than the node's value: the node would
+// overwrite it, and the application would not know.
+func (c Config) checkOwned() error {
+	sameIdentity := func(a, b transport.Identity) bool {
+		return a.Name == b.Name && a.Roots == b.Roots && slices.EqualFunc(a.Cert.Certificate, b.Cert.Certificate, bytes.Equal)
+	}
+	for _, f := range []struct {
+		field, owner string
+		set, same    bool
+	}{
+		{"Mesh.NodeName", "Name", c.Mesh.NodeName != "", c.Mesh.NodeName == c.Name},
+		{"Mesh.Cluster", "Cluster", c.Mesh.Cluster != "", c.Mesh.Cluster == c.Cluster},
+		{"Mesh.BindAddr", "GossipAddr", c.Mesh.BindAddr != "", c.Mesh.BindAddr == c.GossipAddr},
+		{"Mesh.Join", "Join", c.Mesh.Join != nil, slices.Equal(c.Mesh.Join, c.Join)},
+		{"Mesh.SecretKey", "GossipKey", c.Mesh.SecretKey != nil, bytes.Equal(c.Mesh.SecretKey, c.GossipKey)},
+		{"Mesh.DataDir", "DataDir", c.Mesh.DataDir != "", c.Mesh.DataDir == c.DataDir},
+		{"Mesh.Meta", "the node (boot id, QUIC address, Tags)", c.Mesh.Meta != nil, false},
+		{"Mesh.Logger", "Logger", c.Mesh.Logger != nil, c.Mesh.Logger == c.Logger},
+		{"Transport.NodeName", "Name", c.Transport.NodeName != "", c.Transport.NodeName == c.Name},
+		{"Transport.Cluster", "Cluster", c.Transport.Cluster != "", c.Transport.Cluster == c.Cluster},
+		{"Transport.BootID", "the node (a new one at each Open)", c.Transport.BootID != "", false},
+		{"Transport.OutboxID", "the node (its outbox's id)", c.Transport.OutboxID != [16]byte{}, false},
+		{"Transport.ListenAddr", "QUICAddr", c.Transport.ListenAddr != "", c.Transport.ListenAddr == c.QUICAddr},
+		{"Transport.Identity", "TLS", !sameIdentity(c.Transport.Identity, transport.Identity{}), sameIdentity(c.Transport.Identity, c.TLS)},
+		{"Transport.DataDir", "DataDir", c.Transport.DataDir != "", c.Transport.DataDir == c.DataDir},
+		{"Transport.Logger", "Logger", c.Transport.Logger != nil, c.Transport.Logger == c.Logger},
+		{"Outbox.Path", "DataDir (DataDir/outbox.db)", c.Outbox.Path != "", c.Outbox.Path == c.outboxPath()},
+		{"Outbox.Logger", "Logger", c.Outbox.Logger != nil, c.Outbox.Logger == c.Logger},
+		{"Relay.Logger", "Logger", c.Relay.Logger != nil, c.Relay.Logger == c.Logger},
+		{"Responses.TTL", "AskResponseTTL", c.Responses.TTL != 0, c.Responses.TTL == c.AskResponseTTL},
+	} {
+		if f.set && !f.same {
+			return badconfig.New(ErrBadConfig, "%s is set by %s: leave it zero", f.field, f.owner)
+		}
 	}
 	return nil
 }
+
+func (c Config) outboxPath() string { return filepath.Join(c.DataDir, "outbox.db") }
 
 // responses is the response registry's config, with AskResponseTTL.
 func (c Config) responses() mailbox.RegistryConfig {
@@ -177,22 +284,24 @@ func (c Config) responses() mailbox.RegistryConfig {
 	return r
 }
 
-// lower fills the embedded configs from the top-level fields. Mesh.OnEvent
-// is the application's: the node chains it after its own reaction.
+// lower fills the fields of the embedded configs that the node owns (see
+// Config) from the top-level fields. Mesh.Meta and Mesh.OnEvent are set
+// at Start; Transport.OutboxID once the outbox is open. logger carries
+// node=Name; each part adds its component.
 func (c Config) lower(bootID string, logger *slog.Logger) (mesh.Config, transport.Config, outbox.Config, partition.Config) {
 	m := c.Mesh
 	m.NodeName, m.Cluster, m.BindAddr, m.Join, m.SecretKey, m.DataDir = c.Name, c.Cluster, c.GossipAddr, c.Join, c.GossipKey, c.DataDir
-	m.Logger = logger.With("part", "mesh")
+	m.Logger = logger
 
 	t := c.Transport
 	t.NodeName, t.Cluster, t.BootID, t.ListenAddr, t.Identity, t.DataDir = c.Name, c.Cluster, bootID, c.QUICAddr, c.TLS, c.DataDir
-	t.Logger = logger.With("part", "transport")
+	t.Logger = logger
 
 	o := c.Outbox
-	o.Path = filepath.Join(c.DataDir, "outbox.db")
-	o.Logger = logger.With("part", "outbox")
+	o.Path = c.outboxPath()
+	o.Logger = logger
 
 	r := c.Relay
-	r.Logger = logger.With("part", "relay")
+	r.Logger = logger
 	return m, t, o, r
 }

@@ -10,17 +10,19 @@ import (
 )
 
 // counters are the node's own event counts (lock-free); Stats copies them.
+// Each has the name of the Stats field it fills, so a count is found by
+// one name from the metric to the increment.
 type counters struct {
-	tellDirect, tellFailed                         atomic.Uint64
-	askOK, askFailed                               atomic.Uint64
-	askNanos                                       atomic.Uint64
-	reliableDirect, reliableQueued, reliableFailed atomic.Uint64
-	reliableDead, unknownPeer                      atomic.Uint64
-	dropped, panics, noSuchActor, expired          atomic.Uint64
-	remoteFull, duplicates, outOfOrder, forgotten  atomic.Uint64
-	stopping                                       atomic.Uint64
-	memberEventsMissed                             atomic.Uint64
-	senderMismatch, peerOverBudget                 atomic.Uint64
+	tellSent, tellFailed                              atomic.Uint64
+	askOK, askFailed                                  atomic.Uint64
+	askNanos                                          atomic.Uint64 // sum of successful asks' latency: AskMeanLatency
+	reliableDelivered, reliableQueued, reliableFailed atomic.Uint64
+	reliableDeadLettered, unknownPeer                 atomic.Uint64
+	dropped, panics, noSuchActor, expired             atomic.Uint64
+	refusedFull, dedupeHits, outOfOrder, forgotten    atomic.Uint64
+	stopping                                          atomic.Uint64
+	memberEventsMissed                                atomic.Uint64
+	senderMismatch, refusedPeerBytes                  atomic.Uint64
 }
 
 func (c *counters) observeAsk(d time.Duration, err error) {
@@ -64,18 +66,17 @@ type Stats struct {
 func (n *Node) Stats() Stats {
 	c := &n.stats
 	s := Stats{
-		TellSent: c.tellDirect.Load(), TellFailed: c.tellFailed.Load(),
+		TellSent: c.tellSent.Load(), TellFailed: c.tellFailed.Load(),
 		AskOK: c.askOK.Load(), AskFailed: c.askFailed.Load(),
-		ReliableDelivered: c.reliableDirect.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
-		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(),
-		Expired: c.expired.Load(), RefusedFull: c.remoteFull.Load(),
-		DedupeHits: c.duplicates.Load(), OutOfOrder: c.outOfOrder.Load(), Forgotten: c.forgotten.Load(),
+		ReliableDelivered: c.reliableDelivered.Load(), ReliableQueued: c.reliableQueued.Load(), ReliableFailed: c.reliableFailed.Load(),
+		ReliableDeadLettered: c.reliableDeadLettered.Load(), UnknownPeer: c.unknownPeer.Load(),
+		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(), Expired: c.expired.Load(),
+		RefusedFull: c.refusedFull.Load(), DedupeHits: c.dedupeHits.Load(), OutOfOrder: c.outOfOrder.Load(), Forgotten: c.forgotten.Load(),
 		Stopping: c.stopping.Load(), MemberEventsMissed: c.memberEventsMissed.Load(),
-		ReliableDeadLettered: c.reliableDead.Load(), UnknownPeer: c.unknownPeer.Load(),
+		SenderMismatch: c.senderMismatch.Load(), ResponsesRefused: n.responses.Stats().Refused,
+		RefusedPeerBytes: c.refusedPeerBytes.Load(), Refused: n.transport.Refusals(),
 		Streams: n.in.len(),
 	}
-	s.SenderMismatch, s.ResponsesRefused = c.senderMismatch.Load(), n.responses.Stats().Refused
-	s.RefusedPeerBytes, s.Refused = c.peerOverBudget.Load(), n.transport.Refusals()
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
 	}

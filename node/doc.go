@@ -32,6 +32,24 @@
 // ErrUnknownMethod (permanent: a reliable one is dead-lettered, not
 // retried).
 //
+// # Configuration
+//
+// DefaultConfig sets every field. The top-level fields (Name, Cluster,
+// DataDir, addresses, Join, GossipKey, TLS, Logger) are the one source of
+// what they set: the node copies them into the embedded configs of the
+// layers below (Mesh, Transport, Outbox, Relay, Responses), which hold only
+// tuning. The embedded fields the node sets are listed on Config; they are
+// zero in DefaultConfig, and Validate refuses one set to another value
+// instead of overwriting it. Mesh.OnEvent is chained after the node's own
+// reaction. Validate checks the whole tree: every failure wraps
+// ErrBadConfig, and a sub-config's also wraps its package's sentinel
+// (errors.Is(err, outbox.ErrBadConfig)), in a message that reads once:
+// "node: bad config: Outbox: MaxBatch must be >= 1".
+//
+// Logs: a nil Logger discards them, as in every package of the module.
+// Each line carries node=Name once and component=node, mesh, transport,
+// outbox or relay (memberlist's own lines add lib=memberlist).
+//
 // # Untyped sends
 //
 // The same sends take any proto.Message, for dynamic use:

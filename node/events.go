@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
 )
@@ -173,7 +174,7 @@ func (n *Node) nodeMeta(quicAddr string, tags map[string]string) *pb.NodeMeta {
 func checkTags(cluster string, tags map[string]string) error {
 	meta := &pb.NodeMeta{
 		QuicAddr:         worstQUICAddr,
-		BootId:           "0123456789012345678901", // a boot id is 22 characters
+		BootId:           ident.NewBootID(), // as long as the node's own
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          cluster,
 		Tags:             tags,

@@ -53,7 +53,7 @@ func (n *Node) charge(d *delivery, peer string) bool {
 	size := envBytes(d.env)
 	ctr := n.charges.take(peer, size, n.cfg.PeerQueuedBytes)
 	if ctr == nil {
-		n.stats.peerOverBudget.Add(1)
+		n.stats.refusedPeerBytes.Add(1)
 		return false
 	}
 	d.charged, d.size = ctr, size

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
@@ -148,14 +149,11 @@ func (m *Message) Decode(dst proto.Message) error {
 	return nil
 }
 
-// parseLoose splits "actor@node" without validating (the actor may be empty).
+// parseLoose splits "actor@node" without validating (the actor may be
+// empty): internal/address is the one place that knows the form.
 func parseLoose(s string) (Address, bool) {
-	for i := len(s) - 1; i >= 0; i-- {
-		if s[i] == '@' {
-			return Address{Actor: s[:i], Node: s[i+1:]}, true
-		}
-	}
-	return Address{Actor: s}, false
+	actor, node, ok := address.Split(s)
+	return Address{Actor: actor, Node: node}, ok
 }
 
 // packBody wraps msg in an Any; nil stays nil. It is anypb.New without

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/badconfig"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/internal/ratelog"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mesh"
@@ -32,7 +33,8 @@ type Node struct {
 	cfg    Config
 	name   string
 	bootID string
-	log    *slog.Logger
+	log    *slog.Logger // the node's own lines: node=Name, component=node
+	parts  *slog.Logger // handed to mesh, transport, outbox and relay: node=Name
 
 	mesh      *mesh.Mesh // nil until Start
 	transport *transport.Transport
@@ -103,20 +105,22 @@ func Open(cfg Config) (*Node, error) {
 	}
 	logger := cfg.Logger
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		logger = slog.New(slog.DiscardHandler)
 	}
+	logger = logger.With("node", cfg.Name) // once: the parts add only their component
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node: create data directory: %w", err)
 	}
 	responses, err := mailbox.NewResponseRegistry(cfg.responses())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		return nil, badconfig.Within(ErrBadConfig, "Responses", err)
 	}
 	n := &Node{
 		cfg:       cfg,
 		name:      cfg.Name,
-		bootID:    mailbox.NewID(),
-		log:       logger.With("node", cfg.Name),
+		bootID:    ident.NewBootID(),
+		parts:     logger,
+		log:       logger.With("component", "node"),
 		claimLog:  ratelog.New(time.Minute),
 		responses: responses,
 		actors:    make(map[string]*actor),
@@ -126,24 +130,26 @@ func Open(cfg Config) (*Node, error) {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.setupInterceptors()
 	n.events = newMemberEvents(n, cfg.Mesh.OnEvent)
-	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.log)
+	_, tcfg, ocfg, rcfg := cfg.lower(n.bootID, n.parts)
 
+	// The parts' errors name their package ("outbox: data file is
+	// locked ..."): the wrappers add only the operation.
 	if n.store, err = outbox.Open(ocfg); err != nil {
 		n.cancel()
-		return nil, fmt.Errorf("node: open outbox: %w", err)
+		return nil, fmt.Errorf("node: open: %w", err)
 	}
 	n.in = newInbound(n.store)
 	tcfg.OutboxID = n.store.OutboxID()
 	if n.transport, err = transport.New(tcfg, resolver{n}, receiver{n}); err != nil {
 		n.cancel()
 		_ = n.store.Close()
-		return nil, fmt.Errorf("node: start transport: %w", err)
+		return nil, fmt.Errorf("node: open: %w", err)
 	}
 	if n.relay, err = partition.New(rcfg, n.store, deliverer{n}); err != nil {
 		n.cancel()
 		_ = n.transport.Close()
 		_ = n.store.Close()
-		return nil, fmt.Errorf("node: start relay: %w", err)
+		return nil, fmt.Errorf("node: open: %w", err)
 	}
 	return n, nil
 }
@@ -164,7 +170,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("node: start: %w", err)
 	}
-	mcfg, _, _, _ := n.cfg.lower(n.bootID, n.log)
+	mcfg, _, _, _ := n.cfg.lower(n.bootID, n.parts)
 	n.metaMu.Lock()
 	tags := n.tags
 	n.metaMu.Unlock()

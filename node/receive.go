@@ -121,7 +121,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			return
 		}
 		if w := st.durable.Load(); env.GetSequence() <= w {
-			n.stats.duplicates.Add(1)
+			n.stats.dedupeHits.Add(1)
 			receipt(pb.Receipt_DUPLICATE, "", 0, w)
 			return
 		}
@@ -142,7 +142,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	var ce *CapacityError
 	switch {
 	case errors.As(err, &ce):
-		n.stats.remoteFull.Add(1)
+		n.stats.refusedFull.Add(1)
 		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
 		if d.remoteAsk {
 			n.respond(from.Name, env, nil, err)

@@ -159,10 +159,10 @@ func (n *Node) tellReliable(ctx context.Context, c *Call) (Outcome, error) {
 	}
 	switch res.Outcome {
 	case partition.Delivered:
-		n.stats.reliableDirect.Add(1)
+		n.stats.reliableDelivered.Add(1)
 		return Delivered, nil
 	case partition.DeadLettered:
-		n.stats.reliableDead.Add(1)
+		n.stats.reliableDeadLettered.Add(1)
 		return DeadLettered, nil
 	}
 	n.stats.reliableQueued.Add(1)

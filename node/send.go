@@ -62,7 +62,7 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
-	n.stats.tellDirect.Add(1)
+	n.stats.tellSent.Add(1)
 	return nil
 }
 
@@ -83,7 +83,7 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", c.To, n.mapSendErr(err))
 	}
-	n.stats.tellDirect.Add(1)
+	n.stats.tellSent.Add(1)
 	return nil
 }
 

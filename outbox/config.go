@@ -1,9 +1,10 @@
 package outbox
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/badconfig"
 )
 
 // Config configures a Store. Start from DefaultConfig.
@@ -42,7 +43,7 @@ type Config struct {
 	SequenceBlock uint64        // sequences reserved per durable write of the high-water
 
 	Clock  Clock        // wall and monotonic time; tests replace it
-	Logger *slog.Logger // structured logs
+	Logger *slog.Logger // logs under component=outbox; nil discards them
 }
 
 // DefaultConfig returns a Config for the bbolt file at path with every field
@@ -74,9 +75,7 @@ func (c Config) MaxAge() time.Duration { return c.StreamRetention - c.RetentionM
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadConfig, fmt.Sprintf(format, args...))
-	}
+	bad := func(format string, args ...any) error { return badconfig.New(ErrBadConfig, format, args...) }
 	switch {
 	case c.Path == "":
 		return bad("Path is empty")
@@ -106,8 +105,6 @@ func (c Config) Validate() error {
 		return bad("SequenceBlock must be >= 1")
 	case c.Clock == nil:
 		return bad("Clock is nil")
-	case c.Logger == nil:
-		return bad("Logger is nil")
 	}
 	return nil
 }

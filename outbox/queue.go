@@ -8,6 +8,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -404,7 +405,7 @@ func (s *Store) SetEpoch(recipient string, epoch uint64) error {
 // It returns how many it moved; Replay brings them back.
 func (s *Store) DropQueue(target, why string) (int, error) {
 	var rcpts []string
-	if strings.Contains(target, "@") {
+	if _, _, ok := address.Split(target); ok {
 		rcpts = []string{target}
 	} else {
 		rcpts = s.Recipients(target)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -124,8 +125,12 @@ type Store struct {
 // store's file with ErrReplaced; each error says what to do.
 func Open(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("outbox: open: %w", err)
+		return nil, err // reads "outbox: bad config: ..." already
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Logger = cfg.Logger.With("component", "outbox")
 	if err := check(cfg); err != nil {
 		return nil, err
 	}

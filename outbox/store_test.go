@@ -45,7 +45,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no linger", func(c *outbox.Config) { c.CommitLinger = 0 }, true},
 		{"no sequence block", func(c *outbox.Config) { c.SequenceBlock = 0 }, false},
 		{"no clock", func(c *outbox.Config) { c.Clock = nil }, false},
-		{"no logger", func(c *outbox.Config) { c.Logger = nil }, false},
+		{"no logger", func(c *outbox.Config) { c.Logger = nil }, true}, // nil discards
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,10 +59,21 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("error %v does not wrap ErrBadConfig", err)
 			}
 			if !tt.ok {
-				if s, err := outbox.Open(c); err == nil {
+				s, oerr := outbox.Open(c)
+				if oerr == nil {
 					_ = s.Close()
 					t.Fatal("Open accepted an invalid config")
 				}
+				if oerr.Error() != err.Error() {
+					t.Fatalf("Open says %q, want Validate's %q (read once)", oerr, err)
+				}
+			}
+			if tt.ok && c.Logger == nil { // nil discards: the store opens
+				s, err := outbox.Open(c)
+				if err != nil {
+					t.Fatalf("Open with a nil logger: %v", err)
+				}
+				_ = s.Close()
 			}
 		})
 	}

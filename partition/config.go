@@ -1,9 +1,10 @@
 package partition
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/badconfig"
 )
 
 // Config configures a Relay. Start from DefaultConfig.
@@ -26,7 +27,7 @@ type Config struct {
 	DirectTimeout time.Duration
 	Backoff       BackoffConfig // delay after a handler failure or a deferral
 	Limiter       LimiterConfig // AIMD limits of every per-node Limiter
-	Logger        *slog.Logger
+	Logger        *slog.Logger  // logs under component=relay; nil discards them
 }
 
 // DefaultConfig returns a Config with every field set.
@@ -47,7 +48,7 @@ func DefaultConfig() Config {
 
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
-	bad := func(s string) error { return fmt.Errorf("%w: %s", ErrBadConfig, s) }
+	bad := func(s string) error { return badconfig.New(ErrBadConfig, "%s", s) }
 	switch {
 	case c.Partitions < 1 || c.Partitions > 1024:
 		return bad("Partitions must be in [1, 1024]")
@@ -68,8 +69,6 @@ func (c Config) Validate() error {
 	case c.Limiter.Min < 1 || c.Limiter.Max < c.Limiter.Min ||
 		c.Limiter.Initial < c.Limiter.Min || c.Limiter.Initial > c.Limiter.Max:
 		return bad("Limiter needs 1 <= Min <= Initial <= Max")
-	case c.Logger == nil:
-		return bad("Logger is nil")
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -108,8 +109,12 @@ type part struct {
 // Notify. Call Start to run it and Close to stop it.
 func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("partition: new: %w", err)
+		return nil, err // reads "partition: bad config: ..." already
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Logger = cfg.Logger.With("component", "relay")
 	if store == nil || d == nil {
 		return nil, fmt.Errorf("partition: new: %w", ErrNilDependency)
 	}

@@ -224,7 +224,6 @@ func (c *Cluster) startNode(i int) error {
 	cfg.GossipKey = c.key
 	cfg.TLS = id
 	cfg.Logger = c.opts.logger
-	cfg.Relay.Logger = c.opts.logger.With("node", m.name, "part", "relay")
 	cfg.Mesh.WrapTransport = c.net.WrapTransport(m.name)
 	cfg.Transport.WrapPacketConn = c.net.WrapPacketConn(m.name)
 	cfg.Outbox.Clock = m.clock

@@ -1,14 +1,13 @@
 package transport
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/badconfig"
+	"github.com/meshnode/meshnode/internal/ident"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -46,7 +45,7 @@ type Config struct {
 	IdleConnTimeout  time.Duration // a connection that carried no frame either way this long is closed (the next send dials again); 0 = never
 
 	WrapPacketConn func(net.PacketConn) net.PacketConn // fault injection in tests; nil = the plain UDP socket
-	Logger         *slog.Logger                        // nil = discard logs
+	Logger         *slog.Logger                        // logs under component=transport; nil discards them
 
 	// helloHook lets tests send a different Hello (see export_test.go).
 	helloHook func(*pb.Hello)
@@ -57,79 +56,73 @@ type Config struct {
 func DefaultConfig(nodeName string) Config {
 	return Config{
 		NodeName:         nodeName,
-		Cluster:          "meshnode",       // the cluster name peers must share
-		BootID:           newBootID(),      // random per process start
-		OutboxID:         [16]byte{},       // required: the node sets its outbox's id
-		ListenAddr:       "0.0.0.0:7947",   // next to memberlist's 7946
-		Identity:         Identity{},       // required: set by the caller
-		DataDir:          "",               // no persisted reset key: resets only work within one run
-		MaxFrameSize:     4 << 20,          // 4 MiB: big enough for documents, small enough to bound memory per read
-		SendQueueSize:    8192,             // ~1 MiB of 128-byte messages per peer
-		SendQueueBytes:   64 << 20,         // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
-		Lanes:            16,               // 16 recipients can progress independently per peer
-		MaxReadBytes:     8 << 20,          // two frames of the 4 MiB maximum in progress per connection
-		FrameReadTimeout: 30 * time.Second, // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
-		MaxHeaders:       64,               // application headers are few and short
-		MaxHeaderBytes:   16 << 10,         // 16 KiB of keys and values together
-		KeepAlivePeriod:  time.Second,      // ping every second
-		MaxIdleTimeout:   5 * time.Second,  // dead peer noticed within 5 s
-		HandshakeTimeout: 3 * time.Second,  // a dial never hangs longer than 3 s
-		IdleConnTimeout:  2 * time.Minute,  // a fleet keeps open only the connections it uses
-		WrapPacketConn:   nil,              // no fault injection
-		Logger:           slog.Default(),   // the process logger
+		Cluster:          ident.DefaultCluster, // "meshnode": the cluster name peers must share
+		BootID:           ident.NewBootID(),    // random per process start
+		OutboxID:         [16]byte{},           // required: the node sets its outbox's id
+		ListenAddr:       "0.0.0.0:7947",       // next to memberlist's 7946
+		Identity:         Identity{},           // required: set by the caller
+		DataDir:          "",                   // no persisted reset key: resets only work within one run
+		MaxFrameSize:     4 << 20,              // 4 MiB: big enough for documents, small enough to bound memory per read
+		SendQueueSize:    8192,                 // ~1 MiB of 128-byte messages per peer
+		SendQueueBytes:   64 << 20,             // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
+		Lanes:            16,                   // 16 recipients can progress independently per peer
+		MaxReadBytes:     8 << 20,              // two frames of the 4 MiB maximum in progress per connection
+		FrameReadTimeout: 30 * time.Second,     // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
+		MaxHeaders:       64,                   // application headers are few and short
+		MaxHeaderBytes:   16 << 10,             // 16 KiB of keys and values together
+		KeepAlivePeriod:  time.Second,          // ping every second
+		MaxIdleTimeout:   5 * time.Second,      // dead peer noticed within 5 s
+		HandshakeTimeout: 3 * time.Second,      // a dial never hangs longer than 3 s
+		IdleConnTimeout:  2 * time.Minute,      // a fleet keeps open only the connections it uses
+		WrapPacketConn:   nil,                  // no fault injection
+		Logger:           slog.Default(),       // the process logger
 	}
-}
-
-func newBootID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
-	return hex.EncodeToString(b[:])
 }
 
 // Validate reports the first problem in c, or nil.
 func (c Config) Validate() error {
 	switch {
 	case c.NodeName == "":
-		return fmt.Errorf("%w: NodeName is empty", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "NodeName is empty")
 	case c.Cluster == "":
-		return fmt.Errorf("%w: Cluster is empty", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "Cluster is empty")
 	case c.BootID == "":
-		return fmt.Errorf("%w: BootID is empty", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "BootID is empty")
 	case c.OutboxID == [16]byte{}:
-		return fmt.Errorf("%w: OutboxID is not set", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "OutboxID is not set")
 	case len(c.Identity.Cert.Certificate) == 0 || c.Identity.Roots == nil:
-		return fmt.Errorf("%w: Identity is not set (use CA.NewIdentity or LoadIdentityFiles)", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "Identity is not set (use CA.NewIdentity or LoadIdentityFiles)")
 	case c.Identity.Name != c.NodeName:
-		return fmt.Errorf("%w: certificate is for %q but NodeName is %q", ErrBadConfig, c.Identity.Name, c.NodeName)
+		return badconfig.New(ErrBadConfig, "certificate is for %q but NodeName is %q", c.Identity.Name, c.NodeName)
 	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
-		return fmt.Errorf("%w: MaxFrameSize %d outside [1 KiB, 1 GiB]", ErrBadConfig, c.MaxFrameSize)
+		return badconfig.New(ErrBadConfig, "MaxFrameSize %d outside [1 KiB, 1 GiB]", c.MaxFrameSize)
 	case c.SendQueueSize < 1:
-		return fmt.Errorf("%w: SendQueueSize %d must be at least 1", ErrBadConfig, c.SendQueueSize)
+		return badconfig.New(ErrBadConfig, "SendQueueSize %d must be at least 1", c.SendQueueSize)
 	case c.SendQueueBytes < c.MaxFrameSize:
-		return fmt.Errorf("%w: SendQueueBytes %d must hold one frame of MaxFrameSize %d", ErrBadConfig, c.SendQueueBytes, c.MaxFrameSize)
+		return badconfig.New(ErrBadConfig, "SendQueueBytes %d must hold one frame of MaxFrameSize %d", c.SendQueueBytes, c.MaxFrameSize)
 	case c.Lanes < 1 || c.Lanes > maxLanes:
-		return fmt.Errorf("%w: Lanes %d outside [1, %d]", ErrBadConfig, c.Lanes, maxLanes)
+		return badconfig.New(ErrBadConfig, "Lanes %d outside [1, %d]", c.Lanes, maxLanes)
 	case c.MaxReadBytes < c.MaxFrameSize:
-		return fmt.Errorf("%w: MaxReadBytes %d must hold one frame of MaxFrameSize %d", ErrBadConfig, c.MaxReadBytes, c.MaxFrameSize)
+		return badconfig.New(ErrBadConfig, "MaxReadBytes %d must hold one frame of MaxFrameSize %d", c.MaxReadBytes, c.MaxFrameSize)
 	case c.FrameReadTimeout <= 0:
-		return fmt.Errorf("%w: FrameReadTimeout must be positive", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "FrameReadTimeout must be positive")
 	case c.MaxHeaders < 0 || c.MaxHeaderBytes < 0:
-		return fmt.Errorf("%w: MaxHeaders and MaxHeaderBytes must not be negative", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "MaxHeaders and MaxHeaderBytes must not be negative")
 	case c.KeepAlivePeriod <= 0 || c.MaxIdleTimeout <= 0 || c.HandshakeTimeout <= 0:
-		return fmt.Errorf("%w: KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive", ErrBadConfig)
+		return badconfig.New(ErrBadConfig, "KeepAlivePeriod, MaxIdleTimeout and HandshakeTimeout must be positive")
 	case c.IdleConnTimeout < 0:
-		return fmt.Errorf("%w: IdleConnTimeout %v is negative (0 keeps idle connections open)", ErrBadConfig, c.IdleConnTimeout)
+		return badconfig.New(ErrBadConfig, "IdleConnTimeout %v is negative (0 keeps idle connections open)", c.IdleConnTimeout)
 	case c.KeepAlivePeriod >= c.MaxIdleTimeout:
-		return fmt.Errorf("%w: KeepAlivePeriod %v must be below MaxIdleTimeout %v", ErrBadConfig, c.KeepAlivePeriod, c.MaxIdleTimeout)
+		return badconfig.New(ErrBadConfig, "KeepAlivePeriod %v must be below MaxIdleTimeout %v", c.KeepAlivePeriod, c.MaxIdleTimeout)
 	}
 	host, port, err := net.SplitHostPort(c.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("%w: ListenAddr %q: %w", ErrBadConfig, c.ListenAddr, err)
+		return badconfig.New(ErrBadConfig, "ListenAddr %q: %v", c.ListenAddr, err)
 	}
 	if p, err := strconv.ParseUint(port, 10, 16); err != nil {
-		return fmt.Errorf("%w: ListenAddr %q: bad port: %w", ErrBadConfig, c.ListenAddr, err)
+		return badconfig.New(ErrBadConfig, "ListenAddr %q: bad port: %v", c.ListenAddr, err)
 	} else if p == 0 && host == "" {
-		return fmt.Errorf("%w: ListenAddr %q: give a host with port 0", ErrBadConfig, c.ListenAddr)
+		return badconfig.New(ErrBadConfig, "ListenAddr %q: give a host with port 0", c.ListenAddr)
 	}
 	return nil
 }

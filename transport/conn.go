@@ -35,6 +35,7 @@ type conn struct {
 	qbytes atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	lanes  []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
 	fresh  atomic.Pointer[string] // last address staleFor found equal to remote
+	idle   atomic.Bool            // being closed for idleness (idle.go)
 
 	closeOnce sync.Once
 
@@ -317,7 +318,7 @@ func (c *conn) lost(err error) {
 	default:
 	}
 	cause := closeCause(c.qc, err)
-	if closedIdle(cause) {
+	if c.idle.Load() || closedIdle(cause) {
 		c.t.log.Debug("peer closed an idle connection", "peer", c.peer.Name)
 	} else {
 		c.t.log.Info("connection lost", "peer", c.peer.Name, "err", cause)

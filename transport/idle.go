@@ -82,6 +82,7 @@ func (t *Transport) idleConns(now time.Time) []*conn {
 			continue
 		}
 		p.conn = nil // sends from now on dial a new connection
+		c.idle.Store(true)
 		p.idle = idleWatch{}
 		out = append(out, c)
 	}

@@ -121,7 +121,7 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("component", "transport", "node", cfg.NodeName)
+	log = log.With("component", "transport")
 	key, err := loadResetKey(cfg.DataDir)
 	if err != nil {
 		return nil, err

@@ -214,7 +214,7 @@ func TestLogLinesHaveUniqueKeys(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.LogFormat = "json"
 	logger, level := newLogger(cfg, &buf)
-	l := logger.With("node", "edge1").With("part", "mesh").With("node", "edge1")
+	l := logger.With("node", "edge1").With("component", "mesh").With("node", "edge1")
 	l.Info("hello", "peer", "edge2", "node", "other", "peer", "again")
 	l.Debug("hidden")
 	level.Set(slog.LevelDebug)
@@ -224,7 +224,7 @@ func TestLogLinesHaveUniqueKeys(t *testing.T) {
 		t.Fatalf("want 2 lines (debug off, then on), got:\n%s", buf.String())
 	}
 	for _, line := range lines {
-		for _, key := range []string{`"node":`, `"peer":`, `"part":`} {
+		for _, key := range []string{`"node":`, `"peer":`, `"component":`} {
 			if n := strings.Count(line, key); n > 1 {
 				t.Errorf("%s appears %d times in %s", key, n, line)
 			}

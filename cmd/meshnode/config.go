@@ -13,6 +13,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/meshnode/meshnode/internal/admin"
 	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/node"
 	"github.com/spf13/pflag"
 )
 
@@ -52,7 +53,7 @@ func DefaultConfig() Config {
 	}
 	return Config{
 		Name:            name,
-		Cluster:         "meshnode",
+		Cluster:         node.DefaultCluster,
 		DataDir:         "meshnode-data",
 		GossipAddr:      "0.0.0.0:7946",
 		QUICAddr:        "0.0.0.0:7947",

@@ -1,6 +1,6 @@
 // Package address splits "actor@node" strings: the one place that knows
-// the form, for the packages below node (which owns the public Address
-// type and its validation).
+// the form. node (which owns the public Address type and its validation),
+// outbox and partition all split addresses here.
 package address
 
 import "strings"

@@ -261,8 +261,8 @@ func (Receipt_Code) EnumDescriptor() ([]byte, []int) {
 type RpcMeta struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Kind          RpcMeta_Kind           `protobuf:"varint,1,opt,name=kind,proto3,enum=meshnode.v1.RpcMeta_Kind" json:"kind,omitempty"`
-	Service       string                 `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`                                  // ServeMux routing: service name
-	Method        string                 `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`                                    // ServeMux routing: method name
+	Service       string                 `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`                                  // node.ServiceMux routing: service name
+	Method        string                 `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`                                    // node.ServiceMux routing: method name
 	CorrelationId string                 `protobuf:"bytes,4,opt,name=correlation_id,json=correlationId,proto3" json:"correlation_id,omitempty"` // matches a RESPONSE to its REQUEST
 	ReplyTo       string                 `protobuf:"bytes,5,opt,name=reply_to,json=replyTo,proto3" json:"reply_to,omitempty"`                   // actor@node that receives the RESPONSE
 	unknownFields protoimpl.UnknownFields

@@ -2,8 +2,6 @@ package harness
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
@@ -30,8 +28,6 @@ func newEnv(cfg Config, dir string) (*env, error) {
 	return &env{cfg: cfg, dir: dir, ca: ca}, nil
 }
 
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
-
 // nodeConfig returns a loopback node config with its own data directory
 // under the run's directory.
 func (e *env) nodeConfig(name, sub string, join ...string) (node.Config, error) {
@@ -46,7 +42,6 @@ func (e *env) nodeConfig(name, sub string, join ...string) (node.Config, error) 
 	cfg.QUICAddr = "127.0.0.1:0"
 	cfg.Join = join
 	cfg.TLS = id
-	cfg.Relay.Logger = discard
 	return cfg, nil
 }
 

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/address"
 )
 
 // Outcome is what a sender was told.
@@ -127,7 +129,7 @@ func (r *Recorder) Sent(s Sent) {
 // Processed records a handler run that succeeded.
 func (r *Recorder) Processed(p Processed) {
 	r.mu.Lock()
-	if _, node, ok := strings.Cut(p.Recipient, "@"); ok && r.clocks[node] != nil {
+	if _, node, ok := address.Split(p.Recipient); ok && r.clocks[node] != nil {
 		p.At = r.clocks[node]()
 	}
 	r.processed = append(r.processed, p)
