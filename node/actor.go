@@ -21,6 +21,8 @@ type spawnOptions struct {
 	capacity int
 	overflow mailbox.Overflow
 	bytes    int64
+	batch    BatchHandler // WithBatch; nil: every message runs through the Handler
+	batchMax int
 }
 
 // WithMailbox sets the actor's mailbox capacity and overflow strategy.
@@ -37,6 +39,9 @@ type actor struct {
 	name    string
 	handler Handler
 	mb      *mailbox.Mailbox[*delivery]
+
+	batch    BatchHandler // nil unless spawned WithBatch
+	batchMax int
 }
 
 // delivery is one message in an actor's mailbox.
@@ -76,7 +81,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h)}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: o.batchMax}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		MaxBytes: o.bytes,
@@ -176,6 +181,10 @@ func (a *actor) handle(d *delivery) {
 		return
 	}
 	if d.receipt != nil {
+		if a.batch != nil && batchable(d) {
+			a.handleBatch(d)
+			return
+		}
 		a.handleStream(d)
 		return
 	}
