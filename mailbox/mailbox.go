@@ -292,6 +292,23 @@ func (m *Mailbox[T]) Post(item T) error {
 	return nil
 }
 
+// TakeIf removes and returns the oldest queued item if take(item) reports
+// true; it leaves the queue as it was otherwise. It is for Handle only: a
+// handler takes the items waiting behind its own, in order, to handle them
+// together (one commit for many). Taken items count as processed; the
+// handler owns them from then on (OnDrop is not called for them). take
+// runs under the mailbox's lock: it must be quick and must not call the
+// mailbox.
+func (m *Mailbox[T]) TakeIf(take func(T) bool) (item T, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.n == 0 || m.closed || !take(m.buf[m.head]) {
+		return item, false
+	}
+	m.stats.Processed++
+	return m.popLocked(), true
+}
+
 // Len returns the number of queued items (not counting one being handled).
 func (m *Mailbox[T]) Len() int {
 	m.mu.Lock()

@@ -21,6 +21,8 @@ type spawnOptions struct {
 	capacity int
 	overflow mailbox.Overflow
 	bytes    int64
+	batch    BatchHandler // WithBatch; nil: every message runs through the Handler
+	batchMax int
 }
 
 // WithMailbox sets the actor's mailbox capacity and overflow strategy.
@@ -37,6 +39,9 @@ type actor struct {
 	name    string
 	handler Handler
 	mb      *mailbox.Mailbox[*delivery]
+
+	batch    BatchHandler // nil unless spawned WithBatch
+	batchMax int
 }
 
 // delivery is one message in an actor's mailbox.
@@ -76,7 +81,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h)}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: o.batchMax}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		MaxBytes: o.bytes,
@@ -176,19 +181,23 @@ func (a *actor) handle(d *delivery) {
 		return
 	}
 	if d.receipt != nil {
+		if a.batch != nil && batchable(d) {
+			a.handleBatch(d)
+			return
+		}
 		a.handleStream(d)
 		return
 	}
 	n, env := a.n, d.env
 	ctx := n.ctx
 	if d.deadlineMs > 0 {
-		var cancel context.CancelFunc
-		if !d.deadline.IsZero() {
-			ctx, cancel = context.WithDeadline(ctx, d.deadline)
-		} else {
-			ctx, cancel = context.WithTimeout(ctx, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
+		dl := d.deadline
+		if dl.IsZero() {
+			dl = time.Now().Add(time.Duration(d.deadlineMs-n.store.ElapsedMs()) * time.Millisecond)
 		}
-		defer cancel()
+		lazy := withLazyDeadline(ctx, dl)
+		defer lazy.release()
+		ctx = lazy
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			// Its caller's deadline passed while it waited in the mailbox:
 			// nobody waits for the outcome any more.
@@ -287,12 +296,13 @@ func (a *actor) handleStream(d *delivery) {
 		}
 		keys = [][]byte{scoped}
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.HandlerTimeout)
+	timeout := n.cfg.HandlerTimeout
 	if d.deadlineMs > 0 {
-		ctx, cancel = contextWithEarlier(ctx, cancel, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
+		timeout = min(timeout, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
 	}
+	ctx := withLazyDeadline(n.ctx, time.Now().Add(timeout))
 	reply, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream, from: d.senderNode})
-	cancel()
+	ctx.release()
 	if isRequest(env) && (herr == nil || mailbox.IsPermanent(herr)) {
 		if err := a.storeReply(d, reply, herr); err != nil {
 			// Not the message's fault: it runs again later, and its reply
@@ -318,13 +328,6 @@ func (a *actor) handleStream(d *delivery) {
 		r.Code, r.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
 	}
 	rc(r)
-}
-
-// contextWithEarlier bounds ctx by d as well, and returns a cancel that
-// releases both.
-func contextWithEarlier(ctx context.Context, cancel context.CancelFunc, d time.Duration) (context.Context, context.CancelFunc) {
-	c2, cancel2 := context.WithTimeout(ctx, d)
-	return c2, func() { cancel2(); cancel() }
 }
 
 // call runs the handler, turning a panic into a permanent error.

@@ -22,9 +22,6 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/transport"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 func newRunCmd() *cobra.Command {
@@ -316,51 +313,11 @@ func (d *daemonInbox) Declare(name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if _, err := d.n.Spawn(name, inboxHandler(d.Store, name)); err != nil && !errors.Is(err, node.ErrActorExists) {
+	if _, err := d.n.Spawn(name, inbox.Handler(d.Store, name), node.WithBatch(inbox.BatchHandler(d.Store, name), inbox.ActorBatch)); err != nil && !errors.Is(err, node.ErrActorExists) {
 		return created, fmt.Errorf("spawn inbox actor %q: %w", name, err)
 	}
 	if created {
 		d.log.Info("inbox declared", "inbox", name)
 	}
 	return created, nil
-}
-
-// inboxRetryAfter is what a sender to a full inbox is told to wait.
-const inboxRetryAfter = time.Second
-
-// inboxHandler appends every message durably before returning, so a reliable
-// sender is told Delivered only once the message is on disk. An ask gets
-// {"inbox": name, "cursor": N}.
-func inboxHandler(st *inbox.Store, name string) node.Handler {
-	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		env := m.Envelope()
-		if s := m.Sender().String(); env.GetSender() != s {
-			// The node that TLS verified, never the envelope's word (the
-			// node refuses a mismatch; this keeps the file honest anyway).
-			env = proto.CloneOf(env)
-			env.Sender = s
-		}
-		if env.GetBody() == nil {
-			// Local sends carry the value, not the wire bytes.
-			if body, err := m.Body(); err == nil && body != nil {
-				a, err := anypb.New(body)
-				if err != nil {
-					return nil, node.Permanent(fmt.Errorf("inbox %s: encode body: %w", name, err))
-				}
-				env = proto.CloneOf(env)
-				env.Body = a
-			}
-		}
-		cur, err := st.Append(ctx, name, env)
-		if errors.Is(err, inbox.ErrFull) {
-			return nil, fmt.Errorf("%w: %w", err, &node.CapacityError{RetryAfter: inboxRetryAfter})
-		}
-		if err != nil {
-			return nil, err
-		}
-		return &structpb.Struct{Fields: map[string]*structpb.Value{
-			"inbox":  structpb.NewStringValue(name),
-			"cursor": structpb.NewNumberValue(float64(cur)),
-		}}, nil
-	}
 }

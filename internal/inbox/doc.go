@@ -38,6 +38,9 @@
 //     message it finished, which reads more naturally.
 //   - Messages are stored as the wire Envelope with event_seq set to the
 //     cursor, so ids, sender, headers and the idempotency key survive.
+//   - The daemon's inbox actor stores the reliable messages waiting in its
+//     mailbox with AppendBatch: one commit (one fsync) for all of them,
+//     each acknowledged only after it (node.WithBatch).
 //   - Group commit uses bbolt's DB.Batch (BatchDelay), so many concurrent
 //     deliveries share an fsync.
 //   - Duplicates: the inbox itself does not dedupe; the node's reliable

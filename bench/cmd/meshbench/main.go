@@ -41,6 +41,8 @@ func run() error {
 	flag.StringVar(&cfg.WorkDir, "workdir", cfg.WorkDir, "parent of the temporary data directories (use a real disk: fsync matters)")
 	flag.DurationVar(&cfg.Timeout, "timeout", cfg.Timeout, "deadline for one phase to reach its end state")
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.IntVar(&cfg.AIMDMax, "aimd-max", 0, "the relay's AIMD maximum per peer (0: the node's default)")
+	flag.IntVar(&cfg.RelayBatch, "relay-batch", 0, "the relay's messages per emission (0: the node's default)")
 	flag.StringVar(&cfg.Profiles, "profiles", "", "write CPU profiles of the meshnode parts of tell and drain (tell.pprof, drain.pprof) to this directory")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	flag.Parse()

@@ -23,18 +23,20 @@ var Phases = []string{PhaseTell, PhaseAsk, PhaseReliable, PhaseDrain, PhaseRSS, 
 
 // Config sizes a run. Start from DefaultConfig.
 type Config struct {
-	Payload  int           // payload bytes of every message
-	N        int           // messages per throughput measurement (upper bound; Duration may end it first)
-	Duration time.Duration // time per throughput measurement (upper bound; N may end it first)
-	Asks     int           // sequential round trips per latency measurement
-	Senders  []int         // concurrent senders of the durable-enqueue phase
-	Backlog  int           // messages queued for the drain and RSS phases
-	Actors   int           // idle actors spawned by the actors phase
-	Only     []string      // phases to run; empty = all
-	WorkDir  string        // parent of the temporary data directories
-	Timeout  time.Duration // deadline of one phase's end state (all received / drained)
-	Progress io.Writer     // progress lines while running; nil = none
-	Profiles string        // directory for CPU profiles of the meshnode parts of tell and drain; "" = none
+	Payload    int           // payload bytes of every message
+	N          int           // messages per throughput measurement (upper bound; Duration may end it first)
+	Duration   time.Duration // time per throughput measurement (upper bound; N may end it first)
+	Asks       int           // sequential round trips per latency measurement
+	Senders    []int         // concurrent senders of the durable-enqueue phase
+	Backlog    int           // messages queued for the drain and RSS phases
+	Actors     int           // idle actors spawned by the actors phase
+	Only       []string      // phases to run; empty = all
+	WorkDir    string        // parent of the temporary data directories
+	Timeout    time.Duration // deadline of one phase's end state (all received / drained)
+	Progress   io.Writer     // progress lines while running; nil = none
+	Profiles   string        // directory for CPU profiles of the meshnode parts of tell and drain; "" = none
+	AIMDMax    int           // the relay's AIMD maximum per peer (partition Limiter.Max); 0 = the node's default
+	RelayBatch int           // the relay's messages per emission (partition BatchSize); 0 = the node's default
 }
 
 // DefaultConfig returns the `make bench` size: finishes in a few minutes on

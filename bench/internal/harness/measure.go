@@ -14,6 +14,14 @@ type sink struct {
 	last atomic.Int64 // unix nanoseconds of the latest hit
 }
 
+// add counts k messages received at once.
+func (s *sink) add(k int64) {
+	if k > 0 {
+		s.n.Add(k)
+		s.last.Store(time.Now().UnixNano())
+	}
+}
+
 func (s *sink) hit() {
 	s.n.Add(1)
 	s.last.Store(time.Now().UnixNano())

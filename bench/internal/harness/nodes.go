@@ -42,6 +42,13 @@ func (e *env) nodeConfig(name, sub string, join ...string) (node.Config, error) 
 	cfg.QUICAddr = "127.0.0.1:0"
 	cfg.Join = join
 	cfg.TLS = id
+	if e.cfg.AIMDMax > 0 {
+		cfg.Relay.Limiter.Max = e.cfg.AIMDMax
+		cfg.Relay.Limiter.Initial = min(cfg.Relay.Limiter.Initial, e.cfg.AIMDMax)
+	}
+	if e.cfg.RelayBatch > 0 {
+		cfg.Relay.BatchSize = e.cfg.RelayBatch
+	}
 	return cfg, nil
 }
 

@@ -63,6 +63,12 @@ func (c Config) Flags() string {
 	}
 	f := fmt.Sprintf("-payload %d -n %d -duration %v -asks %d -senders %s -backlog %d -actors %d",
 		c.Payload, c.N, c.Duration, c.Asks, strings.Join(senders, ","), c.Backlog, c.Actors)
+	if c.AIMDMax > 0 {
+		f += fmt.Sprintf(" -aimd-max %d", c.AIMDMax)
+	}
+	if c.RelayBatch > 0 {
+		f += fmt.Sprintf(" -relay-batch %d", c.RelayBatch)
+	}
 	if len(c.Only) > 0 {
 		f += " -only " + strings.Join(c.Only, ",")
 	}

@@ -1,0 +1,86 @@
+//go:build !race
+
+// The race detector drops sync.Pool puts at random, so allocation counts
+// are only meaningful without it.
+
+package node_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Allocations per message on the hot paths, both nodes together, measured
+// with `go test -run '^$' -bench 'Remote(Tell|Ask)$|TellReliableOffline' -benchmem ./node`
+// (the figure in each comment), plus headroom for what the nodes'
+// background work (gossip, timers) allocates during a run. A change that
+// makes a path allocate more fails here: lower the bound with the gain,
+// raise it only with a reason.
+const (
+	maxAllocsTell     = 10  // remote Tell: 7
+	maxAllocsAsk      = 45  // remote Ask round trip: 37
+	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 171
+)
+
+// allocsPer returns the allocations of the whole process per message while
+// send sends k messages and waits until they took effect.
+func allocsPer(k int, send func()) float64 {
+	return testing.AllocsPerRun(3, send) / float64(k)
+}
+
+func TestAllocsPerMessage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures; not in -short")
+	}
+	nodes := cluster(t, 2)
+	ctx := context.Background()
+	var got atomic.Int64
+	to, err := nodes[1].Spawn("c", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		got.Add(1)
+		return payload128, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = 500
+	check := func(name string, allocs float64, limit int) {
+		t.Helper()
+		t.Logf("%s: %.1f allocs/msg (limit %d)", name, allocs, limit)
+		if allocs > float64(limit) {
+			t.Errorf("%s allocates %.1f per message, more than %d", name, allocs, limit)
+		}
+	}
+	check("tell", allocsPer(k, func() {
+		start := got.Load()
+		for range k {
+			if err := nodes[0].Tell(ctx, to, payload128); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testutil.WaitFor(t, 10*time.Second, "tells handled", func() bool { return got.Load() >= start+k })
+	}), maxAllocsTell)
+	var resp wrapperspb.BytesValue
+	check("ask", allocsPer(k, func() {
+		for range k {
+			if err := nodes[0].Ask(ctx, to, payload128, &resp); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}), maxAllocsAsk)
+	const kr = 50 // one commit each: slow on purpose
+	offline := node.Addr("w", "offline")
+	check("tell-reliable", allocsPer(kr, func() {
+		for range kr {
+			if _, err := nodes[0].TellReliable(ctx, offline, payload128); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}), maxAllocsReliable)
+}
