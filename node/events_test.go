@@ -127,10 +127,10 @@ func TestStuckMemberCallbackBreaksNothing(t *testing.T) {
 		}
 		return false
 	})
-	start := time.Now()
+	// At once: the answer comes from membership, not from the ask's deadline.
 	err := n1.Ask(ctxT(t), node.Addr("a", "n3"), nil, nil)
-	if !errors.Is(err, node.ErrUnreachable) || time.Since(start) > time.Second {
-		t.Fatalf("ask to a dead peer: %v after %v, want ErrUnreachable at once", err, time.Since(start))
+	if !errors.Is(err, node.ErrUnreachable) || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ask to a dead peer: %v, want ErrUnreachable", err)
 	}
 	if n1.Stats().MemberEventsMissed == 0 {
 		t.Fatal("no missed event counted for the stuck callback and the slow subscriber")
@@ -143,8 +143,24 @@ func TestStuckMemberCallbackBreaksNothing(t *testing.T) {
 	if err := n2.SetTags(map[string]string{"zone": "b"}); err != nil {
 		t.Fatal(err)
 	}
-	if ev := <-ch; ev.Kind != node.MemberUpdate || ev.Missed < 2 {
-		t.Fatalf("next event %v says %d missed, want an update after at least 2 missed (n3's join and death)", ev.Kind, ev.Missed)
+	// Then n3's join and death and n2's update, each either received or
+	// counted as missed, at least one missed (n3's death may come in late,
+	// after the first event was read).
+	got, missed := 0, 0
+	for {
+		var ev node.MemberEvent
+		select {
+		case ev = <-ch:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no update of n2 after %d events", got)
+		}
+		got, missed = got+1, missed+ev.Missed
+		if ev.Kind == node.MemberUpdate && ev.Member.Name == "n2" {
+			break
+		}
+	}
+	if missed == 0 || got+missed < 3 {
+		t.Fatalf("after the first event: %d received, %d counted missed; want n3's join, n3's death and n2's update accounted for, some missed", got, missed)
 	}
 }
 
