@@ -76,7 +76,7 @@ func TestConverge20(t *testing.T) {
 			dumpNodes(t, nodes)
 		}
 	})
-	waitConverged(t, nodes, 15*time.Second)
+	waitConverged(t, nodes, 45*time.Second) // generous: a loaded machine delays probes; speed is measured by make fleet
 	t.Logf("%d nodes converged %v after the first start", size, time.Since(begin))
 }
 
