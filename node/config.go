@@ -135,9 +135,7 @@ func DefaultConfig(name string) Config {
 		Propagator:         nil,
 		// The lower layers' defaults, without the fields the node owns.
 		Responses: tuning(mailbox.DefaultRegistryConfig(), func(r *mailbox.RegistryConfig) { r.TTL = 0 }),
-		Mesh: tuning(mesh.DefaultConfig(""), func(m *mesh.Config) {
-			m.Cluster, m.BindAddr, m.Meta, m.Logger = "", "", nil, nil
-		}),
+		Mesh: tuning(mesh.DefaultConfig(""), clearMeshOwned),
 		Transport: tuning(transport.DefaultConfig(""), func(t *transport.Config) {
 			t.Cluster, t.BootID, t.ListenAddr, t.Logger = "", "", "", nil
 		}),
@@ -145,6 +143,14 @@ func DefaultConfig(name string) Config {
 		Relay:  tuning(partition.DefaultConfig(), func(r *partition.Config) { r.Logger = nil }),
 	}
 }
+
+// MeshPreset returns mesh's tuning for a cluster of about size members
+// (mesh.PresetFor: probe, gossip and push/pull intervals, inbound limits)
+// without the fields the node owns, ready for Config.Mesh. DefaultConfig's
+// Mesh is MeshPreset(16).
+func MeshPreset(size int) mesh.Config { return tuning(mesh.PresetFor("", size), clearMeshOwned) }
+
+func clearMeshOwned(m *mesh.Config) { m.Cluster, m.BindAddr, m.Meta, m.Logger = "", "", nil, nil }
 
 // tuning returns c with clear applied: a lower layer's default config
 // without the fields the node owns.

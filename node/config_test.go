@@ -143,3 +143,22 @@ func TestDefaultConfigLeavesOwnedFieldsZero(t *testing.T) {
 		t.Fatalf("DefaultConfig with its top-level fields changed: %v", err)
 	}
 }
+
+// MeshPreset is mesh.PresetFor without the node's fields: it validates in a
+// node config as it is, and 16 members is DefaultConfig's tuning.
+func TestMeshPreset(t *testing.T) {
+	for _, size := range []int{3, 16, 200, 1000, 5000} {
+		cfg := testConfig(t, "n1", t.TempDir())
+		cfg.Mesh = node.MeshPreset(size)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("size %d: %v", size, err)
+		}
+		want := mesh.PresetFor("x", size)
+		if cfg.Mesh.ProbeInterval != want.ProbeInterval || cfg.Mesh.PushPullInterval != want.PushPullInterval || cfg.Mesh.InboundStreams != want.InboundStreams {
+			t.Errorf("size %d: %+v is not the preset", size, cfg.Mesh)
+		}
+	}
+	if d := node.DefaultConfig("n1").Mesh; d.ProbeInterval != node.MeshPreset(16).ProbeInterval || d.PushPullInterval != node.MeshPreset(16).PushPullInterval {
+		t.Error("DefaultConfig's mesh tuning is not MeshPreset(16)")
+	}
+}

@@ -224,6 +224,9 @@ func (c *Cluster) startNode(i int) error {
 	cfg.GossipKey = c.key
 	cfg.TLS = id
 	cfg.Logger = c.opts.logger
+	if len(c.members) > 16 {
+		cfg.Mesh = node.MeshPreset(len(c.members)) // the tuning a fleet of this size ships with
+	}
 	cfg.Mesh.WrapTransport = c.net.WrapTransport(m.name)
 	cfg.Transport.WrapPacketConn = c.net.WrapPacketConn(m.name)
 	cfg.Outbox.Clock = m.clock
