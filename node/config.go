@@ -135,7 +135,7 @@ func DefaultConfig(name string) Config {
 		Propagator:         nil,
 		// The lower layers' defaults, without the fields the node owns.
 		Responses: tuning(mailbox.DefaultRegistryConfig(), func(r *mailbox.RegistryConfig) { r.TTL = 0 }),
-		Mesh: tuning(mesh.DefaultConfig(""), clearMeshOwned),
+		Mesh:      tuning(mesh.DefaultConfig(""), clearMeshOwned),
 		Transport: tuning(transport.DefaultConfig(""), func(t *transport.Config) {
 			t.Cluster, t.BootID, t.ListenAddr, t.Logger = "", "", "", nil
 		}),
