@@ -88,7 +88,12 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 			for _, name := range names {
 				res, err := testnet.RunScenario(ctx, name, sizeOf(name), w)
 				if err != nil {
-					return err // testnet's errors name the scenario
+					if len(names) == 1 || ctx.Err() != nil {
+						return err // testnet's errors name the scenario
+					}
+					fmt.Fprintf(cmd.ErrOrStderr(), "%v\n", err) // and the others still run
+					failed = append(failed, name)
+					continue
 				}
 				if out != "" {
 					path, err := res.WriteSVG(out)
