@@ -204,7 +204,9 @@ func TestStreamOrderEndToEnd(t *testing.T) {
 				// Failures are frequent here by design; retries need not wait long.
 				c.Relay.Backoff = partition.BackoffConfig{Base: 5 * time.Millisecond, Cap: 50 * time.Millisecond}
 			})
-			ctx := ctxT(t)
+			// 600 durable sends one after another: generous on a loaded machine.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
 			to := node.Addr("sink", "n2")
 			total := 600
 			if testing.Short() {
