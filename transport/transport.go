@@ -91,6 +91,7 @@ type Transport struct {
 	clientTLS *tls.Config
 	certs     *CertificateSource // the certificate presented at each handshake
 	refused   *refusals          // peers refused for who they are
+	bgDials   sync.Map           // node name -> struct{}: dials started by Forward (forward.go)
 
 	ctx    context.Context // ends on Close; bounds dials and handshakes
 	cancel context.CancelFunc
