@@ -164,6 +164,7 @@ func (n *Node) nodeMeta(quicAddr string, tags map[string]string) *pb.NodeMeta {
 		BootId:           n.bootID,
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          n.cfg.Cluster,
+		Features:         n.features(),
 		Tags:             tags,
 	}
 }
@@ -176,6 +177,7 @@ func checkTags(cluster string, tags map[string]string) error {
 		BootId:           "0123456789012345678901", // a boot id is 22 characters
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          cluster,
+		Features:         []string{FeatureForward},
 		Tags:             tags,
 	}
 	if err := mesh.CheckMeta(meta); err != nil {

@@ -58,6 +58,7 @@ type Node struct {
 	draining           atomic.Bool // Shutdown began: no new message enters a mailbox
 
 	events *memberEvents
+	fwd    *forwarding // sending, carrying and taking forwarded messages (forward.go)
 
 	// metaMu guards the fields below: the gossip metadata this node
 	// advertises. quicAddr is set once Start has advertised it (mesh is
@@ -139,6 +140,7 @@ func Open(cfg Config) (*Node, error) {
 		_ = n.store.Close()
 		return nil, fmt.Errorf("node: start transport: %w", err)
 	}
+	n.fwd = newForwarding(cfg, n.transport)
 	if n.relay, err = partition.New(rcfg, n.store, deliverer{n}); err != nil {
 		n.cancel()
 		_ = n.transport.Close()

@@ -62,8 +62,9 @@ type Router interface {
 
 // RouteStats is how the streams to one peer are sent now.
 type RouteStats struct {
-	Via    string // the forwarder; "" while none can carry them (they wait)
-	Misses int    // emissions in a row that could not reach the peer directly
+	Via     string // the forwarder; "" while none can carry them (they wait)
+	Misses  int    // emissions in a row that could not reach the peer directly
+	Stalled int    // emissions since that found nobody to carry them (deferred)
 }
 
 // routes owns the choice of path per peer node. Its decisions are made
@@ -83,6 +84,7 @@ type routes struct {
 // route is one peer's path. Guarded by routes.mu.
 type route struct {
 	misses     int       // emissions in a row that could not reach the peer directly
+	stalled    int       // emissions that found no forwarder
 	forwarding bool      // its emissions go through a forwarder
 	via        string    // the forwarder in use ("" = choose one)
 	last       string    // the forwarder that failed last: the next one is after it
@@ -152,6 +154,7 @@ func (rs *routes) pick(node string) (via string, forward bool) {
 	}
 	p.via = ""
 	if len(cands) == 0 {
+		p.stalled++
 		return "", true
 	}
 	// Rotate: the first candidate after the one that failed last, so a
@@ -255,7 +258,7 @@ func (rs *routes) stats() map[string]RouteStats {
 	out := map[string]RouteStats{}
 	for n, p := range rs.peers {
 		if p.forwarding {
-			out[n] = RouteStats{Via: p.via, Misses: p.misses}
+			out[n] = RouteStats{Via: p.via, Misses: p.misses, Stalled: p.stalled}
 		}
 	}
 	return out
