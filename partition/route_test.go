@@ -66,11 +66,11 @@ func (rt *router) DeliverVia(_ context.Context, via, node string, envs []*pb.Env
 	if broken {
 		return make([]*pb.Receipt, len(envs)), fmt.Errorf("fake: %s brought no receipt from %s", via, node)
 	}
-	rt.fake.mu.Lock()
-	defer rt.fake.mu.Unlock()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	rcs := make([]*pb.Receipt, len(envs))
 	for i, e := range envs {
-		rcs[i] = rt.fake.receive(e)
+		rcs[i] = rt.receive(e)
 	}
 	return rcs, nil
 }
