@@ -52,10 +52,10 @@ func forwardCluster(t *testing.T, n int, s *runLog) *testnet.Cluster {
 	t.Helper()
 	return testnet.New(t, n,
 		testnet.WithConfig(func(_ int, cfg *node.Config) {
-			cfg.Transport.HandshakeTimeout = 800 * time.Millisecond
+			cfg.Transport.HandshakeTimeout = 500 * time.Millisecond
 			cfg.Transport.KeepAlivePeriod = 200 * time.Millisecond
 			cfg.Transport.MaxIdleTimeout = time.Second
-			cfg.Relay.Backoff = partition.BackoffConfig{Base: 20 * time.Millisecond, Cap: 300 * time.Millisecond}
+			cfg.Relay.Backoff = partition.BackoffConfig{Base: 20 * time.Millisecond, Cap: 200 * time.Millisecond}
 			cfg.Relay.Forward = partition.ForwardConfig{After: 2, Probe: time.Hour}
 		}),
 		testnet.WithSpawn(func(_ int, nd *node.Node) error {
@@ -141,7 +141,7 @@ func TestTamperingForwarderIsFoundOut(t *testing.T) {
 				return nil
 			})
 			c.Cut(a, cc)
-			const msgs = 40
+			const msgs = 20
 			for i := range msgs {
 				if _, err := c.Node(a).TellReliable(ctxT(t), c.Addr("sink", cc), wrapperspb.UInt64(uint64(i+1))); err != nil {
 					t.Fatal(err)
