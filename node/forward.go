@@ -104,10 +104,11 @@ func (f *forwarding) stats() ForwardStats {
 }
 
 // Forwarders is partition.Router: the alive members that forward, for a
-// recipient node that accepts forwarded envelopes.
+// recipient node that accepts forwarded envelopes (none when this node's
+// key cannot sign).
 func (d deliverer) Forwarders(peer string) []string {
 	m := d.n.mesh
-	if m == nil || !m.HasFeature(peer, FeatureForward) {
+	if m == nil || !m.HasFeature(peer, FeatureForward) || !transport.CanSign(d.n.transport.Certificate()) {
 		return nil
 	}
 	return m.AliveWithFeature(FeatureForward, d.n.name, peer)
