@@ -85,7 +85,7 @@ func TestPartialPartitionForwardsThroughAMember(t *testing.T) {
 
 	// A backlog through the forwarder (its throughput is measured by
 	// BenchmarkForwarded in package node).
-	const backlog = 300
+	const backlog = 150
 	carried0 := c.Node(b).Stats().Forward.Carried
 	start := time.Now()
 	sendN(t, c, rec, a, cc, backlog)
