@@ -195,6 +195,7 @@ func (r *Relay) Close() error {
 		r.store.SetSequencer(nil)
 		r.cancel()
 		r.wg.Wait()
+		r.routes.close()
 	})
 	return nil
 }

@@ -75,10 +75,12 @@ type routes struct {
 	cfg ForwardConfig
 
 	forwarded, switches, probes atomic.Uint64
+	wg                          sync.WaitGroup // probes; Add only under mu while !closed
 
-	// mu guards the field below.
-	mu    sync.Mutex
-	peers map[string]*route
+	// mu guards the fields below.
+	mu     sync.Mutex
+	peers  map[string]*route
+	closed bool // set by close: no probe starts after it
 }
 
 // route is one peer's path. Guarded by routes.mu.
@@ -142,10 +144,13 @@ func (rs *routes) pick(node string) (via string, forward bool) {
 	if p == nil || !p.forwarding {
 		return "", false
 	}
-	if now := time.Now(); !p.probing && !now.Before(p.probeAt) && rs.r.ctx.Err() == nil {
+	if now := time.Now(); !p.probing && !now.Before(p.probeAt) && !rs.closed {
+		// Probes may start from Send's caller, outside the relay's
+		// goroutines: their own WaitGroup, added to under mu, is waited
+		// for by close once no more can start.
 		p.probing = true
 		rs.probes.Add(1)
-		rs.r.wg.Add(1)
+		rs.wg.Add(1)
 		go rs.probe(node)
 	}
 	cands := rs.rt.Forwarders(node)
@@ -225,7 +230,7 @@ func (rs *routes) observeVia(node, via string, rcs []*pb.Receipt, err error) {
 // probe tries the direct path to node; when it works, node's streams go
 // direct again and are due at once.
 func (rs *routes) probe(node string) {
-	defer rs.r.wg.Done()
+	defer rs.wg.Done()
 	err := rs.rt.Probe(rs.r.ctx, node)
 	rs.mu.Lock()
 	p := rs.peers[node]
@@ -242,6 +247,15 @@ func (rs *routes) probe(node string) {
 		rs.r.cfg.Logger.Info("relay: the direct path to a forwarded peer works again; its streams go direct", "peer", node)
 		rs.r.NodeAlive(node)
 	}
+}
+
+// close stops new probes and waits for those running (the relay's
+// context, which bounds them, is cancelled first).
+func (rs *routes) close() {
+	rs.mu.Lock()
+	rs.closed = true
+	rs.mu.Unlock()
+	rs.wg.Wait()
 }
 
 // forget drops node's route (it left the cluster).
