@@ -74,8 +74,8 @@ type routes struct {
 	rt  Router // nil: forwarding off
 	cfg ForwardConfig
 
-	forwarded, switches, probes atomic.Uint64
-	wg                          sync.WaitGroup // probes; Add only under mu while !closed
+	forwarded, switches atomic.Uint64
+	wg                  sync.WaitGroup // probes; Add only under mu while !closed
 
 	// mu guards the fields below.
 	mu     sync.Mutex
@@ -149,7 +149,6 @@ func (rs *routes) pick(node string) (via string, forward bool) {
 		// goroutines: their own WaitGroup, added to under mu, is waited
 		// for by close once no more can start.
 		p.probing = true
-		rs.probes.Add(1)
 		rs.wg.Add(1)
 		go rs.probe(node)
 	}
