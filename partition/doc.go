@@ -55,12 +55,13 @@
 //   - A peer alive in membership that emissions cannot reach (ErrUnreachable
 //     from the Deliverer, Forward.After times in a row) is sent to through
 //     a forwarder when the Deliverer is a Router: emissions keep their
-//     order and rules, only the path changes; a forwarder that brings no
-//     receipt is replaced by the next; with none, the stream waits as for
-//     a down peer (deferred, uncounted). While forwarded, Send makes no
-//     direct attempt, and a fresh direct connection is tried every
-//     Forward.Probe while there is traffic; when it works the streams go
-//     direct again (Routes, Stats.Forwarded, Stats.Reroutes).
+//     order and rules, only the path changes; a forwarder whose emissions
+//     bring no receipt twice in a row is replaced by the next; with none,
+//     the stream waits as for a down peer (deferred, uncounted). While
+//     forwarded, Send makes no direct attempt, and a fresh direct
+//     connection is tried every Forward.Probe while there is traffic; when
+//     it works the streams go direct again (Routes, Stats.Forwarded,
+//     Stats.Reroutes).
 //   - An idle relay does no work (Stats.Iterations stays flat): loops sleep
 //     until the earliest send_at or a wake-up (enqueue, NodeAlive, the end
 //     of an emission or of a commit they wait for). A sweeper gives up

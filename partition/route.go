@@ -89,6 +89,7 @@ type route struct {
 	stalled    int       // emissions that found no forwarder
 	forwarding bool      // its emissions go through a forwarder
 	via        string    // the forwarder in use ("" = choose one)
+	viaMisses  int       // emissions in a row through via that brought no receipt
 	last       string    // the forwarder that failed last: the next one is after it
 	probeAt    time.Time // when the direct path is tried next
 	probing    bool      // a probe is running
@@ -170,7 +171,7 @@ func (rs *routes) pick(node string) (via string, forward bool) {
 	if i >= len(cands) {
 		i = 0
 	}
-	p.via = cands[i]
+	p.via, p.viaMisses = cands[i], 0
 	rs.r.cfg.Logger.Info("relay: sending through a forwarder", "peer", node, "via", p.via)
 	return p.via, true
 }
@@ -204,9 +205,14 @@ func (rs *routes) observeDirect(node string, rcs []*pb.Receipt, err error) {
 	}
 }
 
-// observeVia learns from an emission through via: no receipt at all from
-// node means via cannot carry it (down, cut from node, or tampering), and
-// the next emission tries another forwarder.
+// viaAfter is how many emissions in a row through a forwarder may bring
+// no receipt before the next one tries another: a forwarder's first
+// emission to a recipient it has no connection to yet fails while it dials.
+const viaAfter = 2
+
+// observeVia learns from an emission through via: viaAfter in a row with
+// no receipt at all from node mean via cannot carry it (down, cut from
+// node, or tampering), and the next emission tries another forwarder.
 func (rs *routes) observeVia(node, via string, rcs []*pb.Receipt, err error) {
 	n := 0
 	for _, rc := range rcs {
@@ -215,13 +221,18 @@ func (rs *routes) observeVia(node, via string, rcs []*pb.Receipt, err error) {
 		}
 	}
 	rs.forwarded.Add(uint64(n))
-	if n > 0 {
-		return
-	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if p := rs.peers[node]; p != nil && p.via == via {
-		p.via, p.last = "", via
+	p := rs.peers[node]
+	if p == nil || p.via != via {
+		return
+	}
+	if n > 0 {
+		p.viaMisses = 0
+		return
+	}
+	if p.viaMisses++; p.viaMisses >= viaAfter {
+		p.via, p.last, p.viaMisses = "", via, 0
 		rs.r.cfg.Logger.Info("relay: the forwarder brought no receipt; trying another", "peer", node, "via", via, "err", err)
 	}
 }

@@ -26,13 +26,14 @@ type router struct {
 	cut      map[string]bool // node: the direct path fails as unreachable
 	fwds     []string        // Forwarders, sorted
 	broken   map[string]bool // forwarder: brings no receipt
+	cold     map[string]int  // forwarder: brings no receipt for this many more emissions (dialing)
 	viaCalls map[string]int  // forwarder: DeliverVia calls
 	direct   int             // Deliver calls that reached the receiver
 	probes   int
 }
 
 func newRouter() *router {
-	rt := &router{fake: newFake(), cut: map[string]bool{}, broken: map[string]bool{}, viaCalls: map[string]int{}}
+	rt := &router{fake: newFake(), cut: map[string]bool{}, broken: map[string]bool{}, cold: map[string]int{}, viaCalls: map[string]int{}}
 	rt.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
 		node := envs[0].GetRecipient()[len("a@"):]
 		rt.rmu.Lock()
@@ -61,7 +62,8 @@ func (rt *router) Forwarders(string) []string {
 func (rt *router) DeliverVia(_ context.Context, via, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
 	rt.rmu.Lock()
 	rt.viaCalls[via]++
-	broken := rt.broken[via]
+	broken := rt.broken[via] || rt.cold[via] > 0
+	rt.cold[via]--
 	rt.rmu.Unlock()
 	if broken {
 		return make([]*pb.Receipt, len(envs)), fmt.Errorf("fake: %s brought no receipt from %s", via, node)
@@ -246,5 +248,23 @@ func noDeadLetters(tb testing.TB, rg *rig) {
 	tb.Helper()
 	if dl, err := rg.store.DeadLetters(outbox.DLQFilter{}); err != nil || len(dl) != 0 {
 		tb.Fatalf("dead letters %v (%v), want none", dl, err)
+	}
+}
+
+// A forwarder's first emission may find it without a connection to the
+// recipient yet (it dials): one emission without receipts does not move
+// the peer to the next forwarder.
+func TestColdForwarderIsKept(t *testing.T) {
+	rt := newRouter()
+	rt.with(func(rt *router) { rt.cut["n1"], rt.fwds, rt.cold["f1"] = true, []string{"f1", "f2"}, 1 })
+	rg := routeRig(t, rt, partition.ForwardConfig{After: 1, Probe: time.Hour})
+	msgs := typs("m", 0, 50)
+	rg.queue(t, "a@n1", msgs...)
+	testutil.WaitFor(t, wait, "all delivered", func() bool { return rt.ranCount("a@n1") == len(msgs) })
+	if got := rt.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+		t.Fatalf("ran %v", got)
+	}
+	if _, via := rt.counts(); via["f1"] < 2 || via["f2"] != 0 {
+		t.Fatalf("through f1 %d, f2 %d: want f1 kept after its cold start", via["f1"], via["f2"])
 	}
 }
