@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -69,6 +70,12 @@ type forwarding struct {
 	// its own instead: a forwarder that tampers or lies.
 	carryHook atomic.Pointer[func(env *pb.Envelope) (forged *pb.Receipt)]
 
+	// jobs hands receipts for forwarded envelopes to the signers
+	// (startSigners), off the goroutine that made them: for PROCESSED that
+	// is the store's committer, which serves every stream of the node, and
+	// a signature takes tens of microseconds.
+	jobs chan signJob
+
 	carried, carriedBytes       atomic.Int64 // in transit for others now
 	sent, unsigned, badReceipts atomic.Uint64
 	carriedN, notCarried        atomic.Uint64
@@ -76,7 +83,46 @@ type forwarding struct {
 }
 
 func newForwarding(cfg Config, t *transport.Transport) *forwarding {
-	return &forwarding{on: cfg.Relay.Forward.After > 0, verifier: transport.NewVerifier(t.Roots()), log: ratelog.New(time.Minute)}
+	return &forwarding{on: cfg.Relay.Forward.After > 0, verifier: transport.NewVerifier(t.Roots()), log: ratelog.New(time.Minute),
+		jobs: make(chan signJob, signQueue)}
+}
+
+// signQueue bounds the receipts waiting for a signer; past it they are
+// signed where they were made.
+const signQueue = 1024
+
+// signJob is one receipt to sign for the envelope whose digest is dg.
+type signJob struct {
+	rc    *pb.Receipt
+	dg    [32]byte
+	reply func(*pb.Receipt)
+}
+
+// startSigners starts one signer per CPU; they end with the node.
+func (n *Node) startSigners() {
+	for range runtime.GOMAXPROCS(0) {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			for {
+				select {
+				case <-n.ctx.Done():
+					return
+				case j := <-n.fwd.jobs:
+					n.signReceipt(j)
+				}
+			}
+		}()
+	}
+}
+
+// signReceipt signs j.rc as this node's and sends it.
+func (n *Node) signReceipt(j signJob) {
+	if err := transport.SignReceipt(n.transport.Certificate(), n.name, j.rc, j.dg); err != nil {
+		n.log.Warn("cannot sign the receipt of a forwarded envelope; the sender will send it again", "err", err)
+		j.rc = &pb.Receipt{MsgId: j.rc.GetMsgId(), Message: "node: receipt not signed: " + err.Error()}
+	}
+	j.reply(j.rc)
 }
 
 // features are the NodeMeta features this node advertises: forwarding
@@ -231,13 +277,16 @@ func (n *Node) forwarded(from transport.PeerInfo, env *pb.Envelope, reply func(*
 	origin := transport.PeerInfo{Name: o.GetNode(), OutboxID: [16]byte(o.GetOutboxId())}
 	signed := func(rc *pb.Receipt) {
 		// A copy with exactly the fields signed, under the envelope's msg id.
-		out := &pb.Receipt{MsgId: env.GetMsgId(), Code: rc.GetCode(), RetryAfterMs: rc.GetRetryAfterMs(),
-			Message: rc.GetMessage(), Watermark: rc.GetWatermark()}
-		if err := transport.SignReceipt(n.transport.Certificate(), n.name, out, dg); err != nil {
-			n.log.Warn("cannot sign the receipt of a forwarded envelope; the sender will send it again", "origin", origin.Name, "err", err)
-			out = &pb.Receipt{MsgId: env.GetMsgId(), Message: "node: receipt not signed: " + err.Error()}
+		j := signJob{dg: dg, reply: reply, rc: &pb.Receipt{MsgId: env.GetMsgId(), Code: rc.GetCode(),
+			RetryAfterMs: rc.GetRetryAfterMs(), Message: rc.GetMessage(), Watermark: rc.GetWatermark()}}
+		if n.startedMs.Load() != 0 && n.ctx.Err() == nil {
+			select {
+			case n.fwd.jobs <- j:
+				return
+			default:
+			}
 		}
-		reply(out)
+		n.signReceipt(j)
 	}
 	return origin, signed, true
 }

@@ -189,6 +189,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.relay.Start()
 	n.wg.Add(1)
 	go n.pruneLoop()
+	n.startSigners()
 	n.log.Info("node started", "gossip", n.mesh.GossipAddr(), "quic", n.transport.LocalAddr().String(), "boot", n.bootID)
 	return nil
 }
