@@ -98,8 +98,12 @@ type signJob struct {
 	reply func(*pb.Receipt)
 }
 
-// startSigners starts one signer per CPU; they end with the node.
+// startSigners starts one signer per CPU, on a node that takes forwarded
+// envelopes; they end with the node.
 func (n *Node) startSigners() {
+	if !n.fwd.on {
+		return
+	}
 	for range runtime.GOMAXPROCS(0) {
 		n.wg.Add(1)
 		go func() {
