@@ -66,7 +66,7 @@ bench-go:
 # HTTP request (seed corpora also run in `make test`). FUZZTIME each.
 FUZZTIME ?= 20s
 FUZZ_TARGETS = \
-	./transport:FuzzReadFrame ./transport:FuzzDecodeEnvelopeFrame ./transport:FuzzEnvelopeCodec ./transport:FuzzEnvelopeLimits \
+	./transport:FuzzReadFrame ./transport:FuzzDecodeEnvelopeFrame ./transport:FuzzEnvelopeCodec ./transport:FuzzEnvelopeLimits ./transport:FuzzVerifyOrigin \
 	./mailbox/pb:FuzzUnmarshalFrame ./mailbox/pb:FuzzUnmarshalEnvelope ./mailbox:FuzzErrorOf \
 	./mesh:FuzzPreamble ./mesh:FuzzDecodeMeta ./mesh:FuzzDecodeLeaveIntent ./mesh:FuzzDecodePeers ./mesh:FuzzMemberlistLogLine \
 	./outbox:FuzzDecodeRecord ./outbox:FuzzDecodeOutStream ./outbox:FuzzResume ./outbox:FuzzMigrateEnvelope \

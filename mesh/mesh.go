@@ -417,6 +417,7 @@ func (m *Mesh) setFromNode(n *memberlist.Node, st State) {
 		mem.Cluster = meta.GetCluster()
 		mem.ProtocolVersions = meta.GetProtocolVersions()
 		mem.Tags = meta.GetTags()
+		mem.Features = meta.GetFeatures()
 	}
 	now := time.Now()
 	m.mu.Lock()

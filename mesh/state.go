@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -48,6 +49,7 @@ type Member struct {
 	Cluster          string // from NodeMeta
 	ProtocolVersions []uint32
 	Tags             map[string]string // from NodeMeta: the application's member tags
+	Features         []string          // from NodeMeta: optional capabilities it advertises (e.g. "forward")
 	State            State
 	Since            time.Time // when State last changed (local clock)
 }
@@ -55,6 +57,7 @@ type Member struct {
 func (m Member) clone() Member {
 	m.ProtocolVersions = append([]uint32(nil), m.ProtocolVersions...)
 	m.Tags = maps.Clone(m.Tags)
+	m.Features = slices.Clone(m.Features)
 	return m
 }
 
@@ -135,7 +138,7 @@ func diff(prev Member, known bool, cur Member) (EventKind, bool) {
 	}
 	if prev.GossipAddr != cur.GossipAddr || prev.QUICAddr != cur.QUICAddr ||
 		prev.Cluster != cur.Cluster || !equalVersions(prev.ProtocolVersions, cur.ProtocolVersions) ||
-		!maps.Equal(prev.Tags, cur.Tags) {
+		!maps.Equal(prev.Tags, cur.Tags) || !slices.Equal(prev.Features, cur.Features) {
 		return EventUpdate, true
 	}
 	return 0, false

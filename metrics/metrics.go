@@ -75,6 +75,8 @@ var (
 	dHandshakes     = newDesc("meshnode_handshakes_refused_total", "QUIC handshakes refused for the client's certificate, by reason: unknown_ca (not the cluster CA), no_certificate, bad_certificate (expired, wrong use, unreadable).", prometheus.CounterValue, "reason")
 	dClaims         = newDesc("meshnode_sender_mismatches_total", "Envelopes refused because they named another node than the verified peer as their sender or as the node to reply to.", prometheus.CounterValue)
 	dForgedReplies  = newDesc("meshnode_ask_responses_refused_total", "Ask responses refused because they came from another node than the one asked.", prometheus.CounterValue)
+	dFwdRefused     = newDesc("meshnode_forwarded_refused_total", "Forwarded envelopes refused because their origin did not verify (certificate not of the cluster CA or not the named node's, signature not matching the envelope): a forwarder altered or forged them. Nothing ran; the sender tries another route.", prometheus.CounterValue)
+	dForwarded      = newDesc("meshnode_forwarded_total", "Forwarded reliable envelopes by event: sent (signed and handed to a forwarder), unsigned_receipt and bad_receipt (receipts through a forwarder ignored: not signed by the recipient, or not verifying), carried (for other members), not_carried, accepted (origin verified here).", prometheus.CounterValue, "event")
 	dPeerBytesLimit = newDesc("meshnode_peer_bytes_refused_total", "Messages refused because their sender's messages already held its share of this node's mailboxes (PeerQueuedBytes).", prometheus.CounterValue)
 
 	dOutboxDepth    = newDesc("meshnode_outbox_depth", "Messages waiting in the outbox, all recipients.", prometheus.GaugeValue)
@@ -100,7 +102,7 @@ var (
 )
 
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
-	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit,
+	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit, dFwdRefused, dForwarded,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
 	dConns, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
 
@@ -274,6 +276,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dClaims, float64(ns.SenderMismatch))
 	emit(dForgedReplies, float64(ns.ResponsesRefused))
 	emit(dPeerBytesLimit, float64(ns.RefusedPeerBytes))
+	emit(dFwdRefused, float64(ns.Forward.Refused))
+	fw := ns.Forward
+	for event, v := range map[string]uint64{"sent": fw.Sent, "unsigned_receipt": fw.Unsigned, "bad_receipt": fw.BadReceipts,
+		"carried": fw.Carried, "not_carried": fw.NotCarried, "accepted": fw.Accepted} {
+		emit(dForwarded, float64(v), event)
+	}
 
 	os := c.src.OutboxStats()
 	emit(dOutboxDepth, float64(os.Depth))

@@ -60,6 +60,8 @@ type Stats struct {
 	ResponsesRefused uint64             // ask responses from another node than the one asked
 	RefusedPeerBytes uint64             // messages refused because their sender's queued bytes were at PeerQueuedBytes
 	Refused          transport.Refusals // connections refused for who was at the other end (certificate, identity)
+
+	Forward ForwardStats // forwarded reliable messages: sent, carried, accepted, refused (forward.go)
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -77,6 +79,7 @@ func (n *Node) Stats() Stats {
 		RefusedPeerBytes: c.refusedPeerBytes.Load(), Refused: n.transport.Refusals(),
 		Streams: n.in.len(),
 	}
+	s.Forward = n.fwd.stats()
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
 	}

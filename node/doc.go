@@ -123,6 +123,11 @@
 //     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
 //     down are waited out. A message too large for the wire is refused at
 //     the call with ErrTooLarge.
+//   - A peer that membership holds alive but that this node cannot reach
+//     (a partial partition: gossip reaches it through others) gets its
+//     reliable messages through another member that can, one hop, with
+//     the same guarantees: the recipient runs them as this node's, in
+//     their stream's order, once. See Forwarding below.
 //   - WithIdempotencyKey is for the application's own retries (it called
 //     TellReliable twice for one thing, say after a crash): a key runs once
 //     per (sender node, recipient) within the receiver's key window (24 h by
@@ -161,6 +166,27 @@
 //     sender dead-letters it with outbox.ReasonForgotten ("outcome
 //     unknown"). Devices that keep good time may raise MaxDowntime, so
 //     that fewer messages end there.
+//
+// # Forwarding
+//
+// When the direct path to a live peer fails (Relay.Forward), the relay
+// sends its reliable messages through a forwarder: an alive member that
+// advertises FeatureForward, to a recipient that does too. This node signs
+// each forwarded envelope with its certificate's key (Envelope.origin,
+// over a canonical digest of its fields); the forwarder carries only a
+// member's own envelopes, stores nothing and passes the receipts back
+// unchanged; the recipient verifies the certificate (cluster CA, names
+// origin.node) and the signature, then treats the message exactly as if
+// the origin had sent it directly (stream, order, dedupe, claims,
+// Message.From, replies), and signs its receipts. This node acts only on
+// receipts the recipient signed, so a forwarder can neither make it ack
+// a message nor dead-letter one; an origin that does not verify is
+// refused without a verdict (the sender tries another forwarder) and
+// counted in Stats.Forward.Refused. Only reliable messages are forwarded.
+// With no forwarder, messages wait as before. Node.Routes shows which
+// peers are forwarded now; Relay.Forward.After 0 opts the node out
+// (neither forwarding nor forwarded to). docs/threat-model.md says what a
+// forwarder can and cannot do (it can read what it carries).
 //
 // # Decisions
 //

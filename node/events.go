@@ -165,6 +165,7 @@ func (n *Node) nodeMeta(quicAddr string, tags map[string]string) *pb.NodeMeta {
 		BootId:           n.bootID,
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          n.cfg.Cluster,
+		Features:         n.features(),
 		Tags:             tags,
 	}
 }
@@ -177,6 +178,7 @@ func checkTags(cluster string, tags map[string]string) error {
 		BootId:           ident.NewBootID(), // as long as the node's own
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          cluster,
+		Features:         []string{FeatureForward},
 		Tags:             tags,
 	}
 	if err := mesh.CheckMeta(meta); err != nil {

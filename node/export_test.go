@@ -25,3 +25,8 @@ func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
 // EvictIdleStreams runs the receiver's stream-cache eviction now, with the
 // given idle time, and returns how many streams it forgot.
 func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }
+
+// SetCarryHook makes n, as a forwarder, hand f a copy of each envelope it
+// is about to carry: f may alter it, or answer with a receipt of its own
+// instead of carrying it.
+func SetCarryHook(n *Node, f func(env *pb.Envelope) (forged *pb.Receipt)) { n.fwd.carryHook.Store(&f) }

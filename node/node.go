@@ -60,6 +60,7 @@ type Node struct {
 	draining           atomic.Bool // Shutdown began: no new message enters a mailbox
 
 	events *memberEvents
+	fwd    *forwarding // sending, carrying and taking forwarded messages (forward.go)
 
 	// metaMu guards the fields below: the gossip metadata this node
 	// advertises. quicAddr is set once Start has advertised it (mesh is
@@ -145,6 +146,7 @@ func Open(cfg Config) (*Node, error) {
 		_ = n.store.Close()
 		return nil, fmt.Errorf("node: open: %w", err)
 	}
+	n.fwd = newForwarding(cfg, n.transport)
 	if n.relay, err = partition.New(rcfg, n.store, deliverer{n}); err != nil {
 		n.cancel()
 		_ = n.transport.Close()
@@ -193,6 +195,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.relay.Start()
 	n.wg.Add(1)
 	go n.pruneLoop()
+	n.startSigners()
 	n.log.Info("node started", "gossip", n.mesh.GossipAddr(), "quic", n.transport.LocalAddr().String(), "boot", n.bootID)
 	return nil
 }

@@ -74,8 +74,12 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		return
 	}
 	if env.GetOrigin() != nil {
-		refuse(pb.Receipt_REJECTED, Permanent(errors.New("node: this node does not accept forwarded envelopes")))
-		return
+		// Carried for another member, or carried here: from becomes the
+		// origin once it verifies (forward.go).
+		var ok bool
+		if from, reply, ok = n.forwarded(from, env, reply); !ok {
+			return
+		}
 	}
 	if err := checkClaims(from.Name, env); err != nil {
 		n.refusedClaim(from.Name, err)

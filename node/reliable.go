@@ -344,6 +344,10 @@ func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope
 		err = errors.Join(&partition.UnsendableError{Errs: ee.Errs}, err)
 	case errors.Is(err, transport.ErrQueueFull):
 		err = fmt.Errorf("%w: %w", partition.ErrCongested, err)
+	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
+		// The path failed: the relay moves a peer that stays alive to a
+		// forwarder when this repeats (partition's routes).
+		err = fmt.Errorf("%w: %w", partition.ErrUnreachable, d.n.mapSendErr(err))
 	default:
 		err = d.n.mapSendErr(err)
 	}

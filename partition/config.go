@@ -27,6 +27,7 @@ type Config struct {
 	DirectTimeout time.Duration
 	Backoff       BackoffConfig // delay after a handler failure or a deferral
 	Limiter       LimiterConfig // AIMD limits of every per-node Limiter
+	Forward       ForwardConfig // when a peer alive but unreachable is sent to through another member
 	Logger        *slog.Logger  // logs under component=relay; nil discards them
 }
 
@@ -42,6 +43,7 @@ func DefaultConfig() Config {
 		DirectTimeout:  2 * time.Second,        // a caller waits at most this before Queued
 		Backoff:        DefaultBackoffConfig(), // 100 ms base, 30 s cap, full jitter
 		Limiter:        DefaultLimiterConfig(), // 10 initial, 1 min, 100 max
+		Forward:        DefaultForwardConfig(), // after 2 failed emissions; probe every 5 s
 		Logger:         slog.Default(),         // structured logs
 	}
 }
@@ -69,6 +71,8 @@ func (c Config) Validate() error {
 	case c.Limiter.Min < 1 || c.Limiter.Max < c.Limiter.Min ||
 		c.Limiter.Initial < c.Limiter.Min || c.Limiter.Initial > c.Limiter.Max:
 		return bad("Limiter needs 1 <= Min <= Initial <= Max")
+	case c.Forward.After < 0 || (c.Forward.After > 0 && c.Forward.Probe <= 0):
+		return bad("Forward needs After >= 0, and Probe > 0 when After > 0")
 	}
 	return nil
 }

@@ -52,6 +52,16 @@
 //     new epoch, as above.
 //   - Messages in flight to a node never exceed its AIMD limit: +1 per
 //     positive receipt, halved once per emission refused for capacity.
+//   - A peer alive in membership that emissions cannot reach (ErrUnreachable
+//     from the Deliverer, Forward.After times in a row) is sent to through
+//     a forwarder when the Deliverer is a Router: emissions keep their
+//     order and rules, only the path changes; a forwarder whose emissions
+//     bring no receipt twice in a row is replaced by the next; with none,
+//     the stream waits as for a down peer (deferred, uncounted). While
+//     forwarded, Send makes no direct attempt, and a fresh direct
+//     connection is tried every Forward.Probe while there is traffic; when
+//     it works the streams go direct again (Routes, Stats.Forwarded,
+//     Stats.Reroutes).
 //   - An idle relay does no work (Stats.Iterations stays flat): loops sleep
 //     until the earliest send_at or a wake-up (enqueue, NodeAlive, the end
 //     of an emission or of a commit they wait for). A sweeper gives up
@@ -93,6 +103,12 @@
 //   - DeliverTimeout bounds an emission's wait for receipts, so a receipt
 //     lost on a live connection cannot hold a stream (and its peer's slots)
 //     for ever; DirectTimeout bounds the caller's wait in Send.
+//   - The choice of path per peer has one owner, routes (route.go): it is
+//     derived from what emissions report (a receipt resets it; an
+//     unreachable peer that membership holds alive counts toward
+//     Forward.After; a forwarder without receipts is rotated), under its
+//     own mutex, which no other relay lock is held with; under it only the
+//     Deliverer's Alive and Forwarders are asked (fast, non-blocking).
 //   - Lock order: stream.mu, then the store's locks, then part.mu (the
 //     loops' filter runs under the store's read lock and looks streams up).
 package partition

@@ -18,6 +18,12 @@ var (
 	// sender's own congestion, so it is never counted against a message;
 	// the peer's AIMD limit halves.
 	ErrCongested = errors.New("partition: local send queue full")
+	// ErrUnreachable is wrapped by a Deliverer error when no connection to
+	// the peer could be made, or it was lost before any receipt came: the
+	// path failed, whatever membership says of the peer. Emissions that
+	// fail so while the peer is alive move its streams to a forwarder
+	// (ForwardConfig).
+	ErrUnreachable = errors.New("partition: peer unreachable")
 	// ErrClosed is returned by Send after Close.
 	ErrClosed = errors.New("partition: relay closed")
 )

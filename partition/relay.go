@@ -52,6 +52,8 @@ type Stats struct {
 	Deferred    uint64         // deferrals: peer down, full, lost receipt, spawn grace (never counted)
 	OutOfOrder  uint64         // OUT_OF_ORDER receipts (resent from the frontier)
 	Restores    uint64         // streams whose sender state was found to have gone back (new epoch)
+	Forwarded   uint64         // messages sent through a forwarder whose receipt came back signed (route.go)
+	Reroutes    uint64         // peers moved to a forwarder or back to the direct path
 	InFlight    int            // AIMD slots held now, all peers
 	LimitByPeer map[string]int // current AIMD limit per peer
 }
@@ -83,6 +85,8 @@ type Relay struct {
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
+
+	routes *routes // the path to each peer: direct or through a forwarder (route.go)
 
 	// afterLookup, set only by tests before Start, runs in lockStream
 	// between finding a stream and locking it.
@@ -124,6 +128,7 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	for i := range cfg.Partitions {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
+	r.routes = newRoutes(r, d, cfg.Forward)
 	store.SetOnEnqueue(r.Notify)
 	store.SetOnExpiry(r.expiresAt)
 	if c, ok := store.Config().Clock.(interface{ OnAdvance(func()) }); ok {
@@ -195,6 +200,7 @@ func (r *Relay) Close() error {
 		r.store.SetSequencer(nil)
 		r.cancel()
 		r.wg.Wait()
+		r.routes.close()
 	})
 	return nil
 }
@@ -211,6 +217,8 @@ func (r *Relay) Stats() Stats {
 		OutOfOrder:  r.outOfOrder.Load(),
 		Restores:    r.restores.Load(),
 		LimitByPeer: map[string]int{},
+		Forwarded:   r.routes.forwarded.Load(),
+		Reroutes:    r.routes.switches.Load(),
 	}
 	r.lmu.Lock()
 	for n, l := range r.limiters {
@@ -236,6 +244,7 @@ func (r *Relay) Limiter(node string) *Limiter {
 // ForgetPeer drops the per-peer state of node (its limiter) once it has
 // left the cluster; nothing is lost, a new limiter starts if it returns.
 func (r *Relay) ForgetPeer(node string) {
+	r.routes.forget(node)
 	r.lmu.Lock()
 	if l := r.limiters[node]; l != nil && l.InFlight() == 0 {
 		delete(r.limiters, node)

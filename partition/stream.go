@@ -194,7 +194,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	env := sm.GetEnvelope()
 	env.Sequence = seq
 	direct := tryDirect && r.started.Load() && st.settled() && r.store.Pending(rcpt) == 0 &&
-		r.d.Alive(st.node) && lim.TryAcquire(1) == 1
+		r.d.Alive(st.node) && !r.routes.forwarding(st.node) && lim.TryAcquire(1) == 1
 	var wire *pb.Envelope
 	var seen uint64
 	if direct {
@@ -218,7 +218,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	r.direct.Add(1)
 	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
 	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
-	rcs, derr := r.d.Deliver(dctx, st.node, []*pb.Envelope{wire})
+	rcs, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
 	stop()
 	cancel()
 	lim.Release(1)
@@ -512,7 +512,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	st.mu.Unlock()
 	r.batches.Add(1)
 	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
-	receipts, derr := r.d.Deliver(dctx, st.node, envs)
+	receipts, derr := r.routes.deliver(dctx, st.node, envs)
 	cancel()
 	// The peer's share of the work is over when the receipts are back:
 	// free its AIMD slots now so other recipients of the node need not wait

@@ -217,6 +217,9 @@ func FuzzEnvelopeCodec(f *testing.F) {
 			Rpc:      &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, Service: "s", Method: "m", CorrelationId: "c", ReplyTo: "@a"},
 			EventSeq: 1, Sequence: 2, Conflict: pb.Envelope_OVERWRITE, Attempt: 3, Receipt: pb.Envelope_RECEIPT_PROCESSED, PrevSequence: 1},
 		{Conflict: -1, Rpc: &pb.RpcMeta{}, Body: &anypb.Any{}},
+		// A forwarded envelope: origin (field 21) takes the generic path.
+		{MsgId: "m", Recipient: "x@c", Sequence: 3, Receipt: pb.Envelope_RECEIPT_PROCESSED,
+			Origin: &pb.Origin{Node: "a", OutboxId: []byte("0123456789abcdef"), Certificate: []byte{0x30, 0x82}, Signature: []byte{0x30, 0x45}}},
 	} {
 		b, err := proto.Marshal(env)
 		if err != nil {

@@ -30,6 +30,10 @@ var (
 	// ErrBadEnvelope: an envelope handed to Request/RequestBatch cannot be sent as asked
 	// (no msg id, no receipt mode, mixed recipients, duplicate msg id in flight).
 	ErrBadEnvelope = errors.New("transport: invalid envelope")
+	// ErrBadOrigin: a forwarded envelope's origin, or a receipt's signature,
+	// does not verify (certificate not of the cluster CA or not the named
+	// node's, signature not matching, fields that cannot be checked).
+	ErrBadOrigin = errors.New("transport: origin does not verify")
 )
 
 // EncodeError reports envelopes of a RequestBatch that could not be put on

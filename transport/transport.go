@@ -93,6 +93,7 @@ type Transport struct {
 	clientTLS *tls.Config
 	certs     *CertificateSource // the certificate presented at each handshake
 	refused   *refusals          // peers refused for who they are
+	bgDials   sync.Map           // node name -> struct{}: dials started by Forward (forward.go)
 
 	idleClosed atomic.Uint64 // connections closed for idleness (idle.go)
 

@@ -562,7 +562,7 @@ type Origin struct {
 	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`                         // the original sender's node name
 	OutboxId      []byte                 `protobuf:"bytes,2,opt,name=outbox_id,json=outboxId,proto3" json:"outbox_id,omitempty"` // its outbox id (the stream's identity)
 	Certificate   []byte                 `protobuf:"bytes,3,opt,name=certificate,proto3" json:"certificate,omitempty"`           // its certificate (DER), checked against the cluster CA
-	Signature     []byte                 `protobuf:"bytes,4,opt,name=signature,proto3" json:"signature,omitempty"`               // by that certificate's key over the envelope with origin.signature empty
+	Signature     []byte                 `protobuf:"bytes,4,opt,name=signature,proto3" json:"signature,omitempty"`               // by that certificate's key over the envelope's digest (transport.EnvelopeDigest), which leaves this field out
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -688,12 +688,17 @@ func (x *Status) GetRetryAfterMs() int64 {
 
 // Receipt answers an envelope that asked for one.
 type Receipt struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MsgId         string                 `protobuf:"bytes,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
-	Code          Receipt_Code           `protobuf:"varint,2,opt,name=code,proto3,enum=meshnode.v1.Receipt_Code" json:"code,omitempty"`
-	RetryAfterMs  int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Watermark     uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER and PROCESSED; the forgotten horizon on FORGOTTEN
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	MsgId        string                 `protobuf:"bytes,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	Code         Receipt_Code           `protobuf:"varint,2,opt,name=code,proto3,enum=meshnode.v1.Receipt_Code" json:"code,omitempty"`
+	RetryAfterMs int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	Message      string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Watermark    uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER and PROCESSED; the forgotten horizon on FORGOTTEN
+	// signature is set only on a receipt for a forwarded envelope (one with
+	// origin): the recipient's word on it, which the forwarder carrying it
+	// back can neither forge nor alter. A sender trusts no receipt that came
+	// through a forwarder without a valid one.
+	Signature     *ReceiptSignature `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -763,6 +768,74 @@ func (x *Receipt) GetWatermark() uint64 {
 	return 0
 }
 
+func (x *Receipt) GetSignature() *ReceiptSignature {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
+// ReceiptSignature proves that a receipt is the recipient node's.
+type ReceiptSignature struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`               // the recipient node that wrote the receipt
+	Certificate   []byte                 `protobuf:"bytes,2,opt,name=certificate,proto3" json:"certificate,omitempty"` // its certificate (DER), checked against the cluster CA
+	Signature     []byte                 `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`     // by that certificate's key over the receipt's digest (transport.ReceiptDigest)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReceiptSignature) Reset() {
+	*x = ReceiptSignature{}
+	mi := &file_meshnode_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiptSignature) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiptSignature) ProtoMessage() {}
+
+func (x *ReceiptSignature) ProtoReflect() protoreflect.Message {
+	mi := &file_meshnode_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiptSignature.ProtoReflect.Descriptor instead.
+func (*ReceiptSignature) Descriptor() ([]byte, []int) {
+	return file_meshnode_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReceiptSignature) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ReceiptSignature) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *ReceiptSignature) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
+
 // Hello is the first frame each side sends on a new connection.
 type Hello struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -778,7 +851,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_meshnode_proto_msgTypes[5]
+	mi := &file_meshnode_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +863,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[5]
+	mi := &file_meshnode_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +876,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{5}
+	return file_meshnode_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Hello) GetNodeName() string {
@@ -859,7 +932,7 @@ type GoAway struct {
 
 func (x *GoAway) Reset() {
 	*x = GoAway{}
-	mi := &file_meshnode_proto_msgTypes[6]
+	mi := &file_meshnode_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +944,7 @@ func (x *GoAway) String() string {
 func (*GoAway) ProtoMessage() {}
 
 func (x *GoAway) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[6]
+	mi := &file_meshnode_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +957,7 @@ func (x *GoAway) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GoAway.ProtoReflect.Descriptor instead.
 func (*GoAway) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{6}
+	return file_meshnode_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GoAway) GetCode() uint32 {
@@ -917,7 +990,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_meshnode_proto_msgTypes[7]
+	mi := &file_meshnode_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -929,7 +1002,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[7]
+	mi := &file_meshnode_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -942,7 +1015,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{7}
+	return file_meshnode_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Frame) GetKind() isFrame_Kind {
@@ -1031,7 +1104,7 @@ type NodeMeta struct {
 
 func (x *NodeMeta) Reset() {
 	*x = NodeMeta{}
-	mi := &file_meshnode_proto_msgTypes[8]
+	mi := &file_meshnode_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1116,7 @@ func (x *NodeMeta) String() string {
 func (*NodeMeta) ProtoMessage() {}
 
 func (x *NodeMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[8]
+	mi := &file_meshnode_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1129,7 @@ func (x *NodeMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMeta.ProtoReflect.Descriptor instead.
 func (*NodeMeta) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{8}
+	return file_meshnode_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *NodeMeta) GetQuicAddr() string {
@@ -1122,7 +1195,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_meshnode_proto_msgTypes[9]
+	mi := &file_meshnode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1134,7 +1207,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[9]
+	mi := &file_meshnode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1147,7 +1220,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{9}
+	return file_meshnode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StoredMessage) GetEnvelope() *Envelope {
@@ -1211,7 +1284,7 @@ type OutStream struct {
 
 func (x *OutStream) Reset() {
 	*x = OutStream{}
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1296,7 @@ func (x *OutStream) String() string {
 func (*OutStream) ProtoMessage() {}
 
 func (x *OutStream) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1309,7 @@ func (x *OutStream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutStream.ProtoReflect.Descriptor instead.
 func (*OutStream) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{10}
+	return file_meshnode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *OutStream) GetEpoch() uint64 {
@@ -1317,13 +1390,14 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xe4\x02\n" +
+	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xa1\x03\n" +
 	"\aReceipt\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\x12-\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x19.meshnode.v1.Receipt.CodeR\x04code\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
-	"\twatermark\x18\x05 \x01(\x04R\twatermark\"\xb4\x01\n" +
+	"\twatermark\x18\x05 \x01(\x04R\twatermark\x12;\n" +
+	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\"\xb4\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACCEPTED\x10\x01\x12\r\n" +
@@ -1336,7 +1410,11 @@ const file_meshnode_proto_rawDesc = "" +
 	"\tTRANSIENT\x10\b\x12\x10\n" +
 	"\fOUT_OF_ORDER\x10\t\x12\r\n" +
 	"\tFORGOTTEN\x10\n" +
-	"\"\xbd\x01\n" +
+	"\"f\n" +
+	"\x10ReceiptSignature\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
+	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xbd\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1391,7 +1469,7 @@ func file_meshnode_proto_rawDescGZIP() []byte {
 }
 
 var file_meshnode_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_meshnode_proto_goTypes = []any{
 	(RpcMeta_Kind)(0),         // 0: meshnode.v1.RpcMeta.Kind
 	(Envelope_Conflict)(0),    // 1: meshnode.v1.Envelope.Conflict
@@ -1402,36 +1480,38 @@ var file_meshnode_proto_goTypes = []any{
 	(*Origin)(nil),            // 6: meshnode.v1.Origin
 	(*Status)(nil),            // 7: meshnode.v1.Status
 	(*Receipt)(nil),           // 8: meshnode.v1.Receipt
-	(*Hello)(nil),             // 9: meshnode.v1.Hello
-	(*GoAway)(nil),            // 10: meshnode.v1.GoAway
-	(*Frame)(nil),             // 11: meshnode.v1.Frame
-	(*NodeMeta)(nil),          // 12: meshnode.v1.NodeMeta
-	(*StoredMessage)(nil),     // 13: meshnode.v1.StoredMessage
-	(*OutStream)(nil),         // 14: meshnode.v1.OutStream
-	nil,                       // 15: meshnode.v1.Envelope.HeadersEntry
-	nil,                       // 16: meshnode.v1.NodeMeta.TagsEntry
-	(*anypb.Any)(nil),         // 17: google.protobuf.Any
+	(*ReceiptSignature)(nil),  // 9: meshnode.v1.ReceiptSignature
+	(*Hello)(nil),             // 10: meshnode.v1.Hello
+	(*GoAway)(nil),            // 11: meshnode.v1.GoAway
+	(*Frame)(nil),             // 12: meshnode.v1.Frame
+	(*NodeMeta)(nil),          // 13: meshnode.v1.NodeMeta
+	(*StoredMessage)(nil),     // 14: meshnode.v1.StoredMessage
+	(*OutStream)(nil),         // 15: meshnode.v1.OutStream
+	nil,                       // 16: meshnode.v1.Envelope.HeadersEntry
+	nil,                       // 17: meshnode.v1.NodeMeta.TagsEntry
+	(*anypb.Any)(nil),         // 18: google.protobuf.Any
 }
 var file_meshnode_proto_depIdxs = []int32{
 	0,  // 0: meshnode.v1.RpcMeta.kind:type_name -> meshnode.v1.RpcMeta.Kind
-	15, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
-	17, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
+	16, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
+	18, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
 	4,  // 3: meshnode.v1.Envelope.rpc:type_name -> meshnode.v1.RpcMeta
 	1,  // 4: meshnode.v1.Envelope.conflict:type_name -> meshnode.v1.Envelope.Conflict
 	2,  // 5: meshnode.v1.Envelope.receipt:type_name -> meshnode.v1.Envelope.ReceiptMode
 	6,  // 6: meshnode.v1.Envelope.origin:type_name -> meshnode.v1.Origin
 	3,  // 7: meshnode.v1.Receipt.code:type_name -> meshnode.v1.Receipt.Code
-	9,  // 8: meshnode.v1.Frame.hello:type_name -> meshnode.v1.Hello
-	5,  // 9: meshnode.v1.Frame.envelope:type_name -> meshnode.v1.Envelope
-	8,  // 10: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
-	10, // 11: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
-	16, // 12: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
-	5,  // 13: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 8: meshnode.v1.Receipt.signature:type_name -> meshnode.v1.ReceiptSignature
+	10, // 9: meshnode.v1.Frame.hello:type_name -> meshnode.v1.Hello
+	5,  // 10: meshnode.v1.Frame.envelope:type_name -> meshnode.v1.Envelope
+	8,  // 11: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
+	11, // 12: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
+	17, // 13: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
+	5,  // 14: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_meshnode_proto_init() }
@@ -1439,7 +1519,7 @@ func file_meshnode_proto_init() {
 	if File_meshnode_proto != nil {
 		return
 	}
-	file_meshnode_proto_msgTypes[7].OneofWrappers = []any{
+	file_meshnode_proto_msgTypes[8].OneofWrappers = []any{
 		(*Frame_Hello)(nil),
 		(*Frame_Envelope)(nil),
 		(*Frame_Receipt)(nil),
@@ -1451,7 +1531,7 @@ func file_meshnode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshnode_proto_rawDesc), len(file_meshnode_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
