@@ -71,6 +71,9 @@ type batch struct {
 	// the watermark the stream will have if the whole batch succeeds.
 	last map[*inStream]uint64
 	keys map[string]struct{} // scoped idempotency keys in the batch
+	// short: the batch's message has less TTL left than HandlerTimeout, so
+	// it bounds the batch's context: it runs alone.
+	short bool
 }
 
 // handleBatch runs first and the batchable deliveries queued behind it
@@ -195,6 +198,16 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			return false
 		}
 	}
+	// The batch's context ends at its earliest TTL: a message with less
+	// TTL left than HandlerTimeout runs alone, so that it cuts short no
+	// other message's handler (a failure there would be charged to that
+	// message, perhaps another sender's).
+	short := d.deadlineMs > 0 && d.deadlineMs-n.store.ElapsedMs() < n.cfg.HandlerTimeout.Milliseconds()
+	if len(b.items) > 0 && (short || b.short) {
+		n.in.release(st)
+		return true
+	}
+	b.short = short
 	it := batchItem{d: d, st: st}
 	if scoped != nil {
 		it.keys = [][]byte{scoped}
