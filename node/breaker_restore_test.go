@@ -76,8 +76,15 @@ func TestBreakerRestoredSenderFirstSequenceCollidesWithWatermark(t *testing.T) {
 // were sent after the backup) and that emits them together with one more.
 // Every DUPLICATE carries watermark = d's sequence, which is below the
 // emission's top, so judge takes them as positive: x, y and z are acked
-// and never run; only u (chained after the watermark) runs. Three
-// acknowledged messages lost, none dead-lettered.
+// and never run; only u (chained after the watermark) runs, before its
+// predecessors x, y, z (which never run). Three acknowledged messages
+// lost, none dead-lettered, and the stream's order broken.
+//
+// Note for a fix: calling a DUPLICATE on a message never on the wire
+// before (sequence above seen, no idempotency key) a restore catches x,
+// but process() then stops acking, and u, which ran (PROCESSED) in the
+// old epoch, is sent again in the new one and runs twice; later PROCESSED
+// receipts of a restored emission need acking too.
 func TestBreakerRestoredSenderEmissionHidesRestore(t *testing.T) {
 	dir := t.TempDir()
 	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 4 }
