@@ -165,7 +165,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		switch {
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
-			n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		case w == 0 && seq <= st.forgotten:
 			n.stats.forgotten.Add(1)
 			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.forgotten,
@@ -184,8 +184,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			case seen:
 				// Sent before under this key: it took effect then.
 				n.stats.dedupeHits.Add(1)
-				st.w.Store(seq)
-				n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+				n.in.advance(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 			default:
 				answered = false
 			}
@@ -271,8 +270,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 		switch {
 		case i < done:
-			st.w.Store(seq)
-			n.in.afterDurable(st, seq, it.keys, func(err error, w uint64) {
+			n.in.advance(st, seq, it.keys, func(err error, w uint64) {
 				if err != nil {
 					rc(&pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: "watermark not durable: " + err.Error()})
 					return

@@ -26,15 +26,16 @@ func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
 // given idle time, and returns how many streams it forgot.
 func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }
 
-// ForceCommitInterleaving drives, one step at a time, an interleaving the
-// scheduler can produce between a stream's owner (the actor) and the
-// follow-up commit that the previous commit's callback starts on a
-// goroutine of its own (inbound.commit's in.wg.Go): a commit of the stream
-// is under way; the owner ran message 6 (key kb) and registered it; the
-// owner ran message 7 (key kc) and stored the watermark 7, and before it
-// registers 7's key the follow-up commit takes what waits and reads the
-// watermark. It returns once that commit is durable; 7's key is not yet
-// registered (the caller kills the node here, as a crash would).
+// ForceCommitInterleaving drives, one step at a time, the interleaving of
+// a stream's owner (the actor) with the follow-up commit that the previous
+// commit's callback starts on a goroutine of its own (inbound.commit's
+// in.wg.Go): a commit of the stream is under way; the owner ran message 6
+// (key kb) and registered it; the owner runs message 7 (key kc), and the
+// follow-up commit takes what waits and reads the watermark at the worst
+// moment the owner's code allows: before 7's watermark and key are
+// registered (advance does both in one step under cmu, where commit reads
+// them). It returns once that commit is durable; the caller kills the node
+// here, as a crash would.
 func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 	st, err := n.in.acquire(id)
 	if err != nil {
@@ -44,10 +45,8 @@ func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 	st.cmu.Lock()
 	st.pend = &pending{} // the commit under way
 	st.cmu.Unlock()
-	st.w.Store(6)
 	done := make(chan error, 1)
-	n.in.afterDurable(st, 6, [][]byte{kb}, func(err error, _ uint64) { done <- err })
-	st.w.Store(7) // the owner, between its Store and its afterDurable
-	n.in.commit(st) // the follow-up commit's goroutine
+	n.in.advance(st, 6, [][]byte{kb}, func(err error, _ uint64) { done <- err })
+	n.in.commit(st) // the follow-up commit's goroutine, while the owner handles 7
 	return <-done
 }
