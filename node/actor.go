@@ -259,7 +259,7 @@ func (a *actor) handleStream(d *delivery) {
 	switch {
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
-		n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+		n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		return
 	case w == 0 && seq <= st.forgotten:
 		// This node forgot the stream (idle past its retention) and the
@@ -290,8 +290,7 @@ func (a *actor) handleStream(d *delivery) {
 			// The application sent this key before (a retry of its own):
 			// it took effect then. W moves on as for a success.
 			n.stats.dedupeHits.Add(1)
-			st.w.Store(seq)
-			n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+			n.in.advance(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 			return
 		}
 		keys = [][]byte{scoped}
@@ -313,8 +312,7 @@ func (a *actor) handleStream(d *delivery) {
 	}
 	if herr == nil {
 		// A nil return is success, even after the deadline.
-		st.w.Store(seq)
-		n.in.afterDurable(st, seq, keys, positive(pb.Receipt_PROCESSED))
+		n.in.advance(st, seq, keys, positive(pb.Receipt_PROCESSED))
 		return
 	}
 	r := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}

@@ -71,6 +71,9 @@ type batch struct {
 	// the watermark the stream will have if the whole batch succeeds.
 	last map[*inStream]uint64
 	keys map[string]struct{} // scoped idempotency keys in the batch
+	// short: the batch's message has less TTL left than HandlerTimeout, so
+	// it bounds the batch's context: it runs alone.
+	short bool
 }
 
 // handleBatch runs first and the batchable deliveries queued behind it
@@ -162,7 +165,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		switch {
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
-			n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		case w == 0 && seq <= st.forgotten:
 			n.stats.forgotten.Add(1)
 			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.forgotten,
@@ -181,8 +184,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			case seen:
 				// Sent before under this key: it took effect then.
 				n.stats.dedupeHits.Add(1)
-				st.w.Store(seq)
-				n.in.afterDurable(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+				n.in.advance(st, seq, nil, positive(pb.Receipt_DUPLICATE))
 			default:
 				answered = false
 			}
@@ -195,6 +197,16 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			return false
 		}
 	}
+	// The batch's context ends at its earliest TTL: a message with less
+	// TTL left than HandlerTimeout runs alone, so that it cuts short no
+	// other message's handler (a failure there would be charged to that
+	// message, perhaps another sender's).
+	short := d.deadlineMs > 0 && d.deadlineMs-n.store.ElapsedMs() < n.cfg.HandlerTimeout.Milliseconds()
+	if len(b.items) > 0 && (short || b.short) {
+		n.in.release(st)
+		return true
+	}
+	b.short = short
 	it := batchItem{d: d, st: st}
 	if scoped != nil {
 		it.keys = [][]byte{scoped}
@@ -258,8 +270,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 		switch {
 		case i < done:
-			st.w.Store(seq)
-			n.in.afterDurable(st, seq, it.keys, func(err error, w uint64) {
+			n.in.advance(st, seq, it.keys, func(err error, w uint64) {
 				if err != nil {
 					rc(&pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: "watermark not durable: " + err.Error()})
 					return

@@ -30,3 +30,28 @@ func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(
 // is about to carry: f may alter it, or answer with a receipt of its own
 // instead of carrying it.
 func SetCarryHook(n *Node, f func(env *pb.Envelope) (forged *pb.Receipt)) { n.fwd.carryHook.Store(&f) }
+
+// ForceCommitInterleaving drives, one step at a time, the interleaving of
+// a stream's owner (the actor) with the follow-up commit that the previous
+// commit's callback starts on a goroutine of its own (inbound.commit's
+// in.wg.Go): a commit of the stream is under way; the owner ran message 6
+// (key kb) and registered it; the owner runs message 7 (key kc), and the
+// follow-up commit takes what waits and reads the watermark at the worst
+// moment the owner's code allows: before 7's watermark and key are
+// registered (advance does both in one step under cmu, where commit reads
+// them). It returns once that commit is durable; the caller kills the node
+// here, as a crash would.
+func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
+	st, err := n.in.acquire(id)
+	if err != nil {
+		return err
+	}
+	defer n.in.release(st)
+	st.cmu.Lock()
+	st.pend = &pending{} // the commit under way
+	st.cmu.Unlock()
+	done := make(chan error, 1)
+	n.in.advance(st, 6, [][]byte{kb}, func(err error, _ uint64) { done <- err })
+	n.in.commit(st) // the follow-up commit's goroutine, while the owner handles 7
+	return <-done
+}

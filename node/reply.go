@@ -1,6 +1,8 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"time"
 
@@ -33,6 +35,20 @@ func WithCorrelationID(id string) SendOption {
 // handler runs again in the receiver's crash window stores its reply again,
 // and the requester's key window runs only one of the two.
 const replyKeyPrefix = "meshnode-reply:"
+
+// replyKey is the idempotency key of the reply of actor to the request
+// with correlation id corr. The requester scopes keys by the responding
+// node and the reply-to actor only, so the responding actor is part of the
+// key: two actors of one node answering requests with the same
+// correlation id store two replies, not one. A digest keeps it unambiguous
+// (actor names and ids may contain any separator) and of fixed length.
+func replyKey(actor, corr string) string {
+	h := sha256.New()
+	h.Write([]byte(actor))
+	h.Write([]byte{0})
+	h.Write([]byte(corr))
+	return replyKeyPrefix + base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
+}
 
 // checkReplyTo returns why o's reply-to and correlation id cannot be used.
 func (n *Node) checkReplyTo(o *sendOptions) error {
@@ -82,7 +98,7 @@ func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
 	env := &pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
-		IdempotencyKey:  replyKeyPrefix + corr,
+		IdempotencyKey:  replyKey(a.name, corr),
 		Sender:          req.GetRecipient(),
 		Recipient:       to.String(),
 		CreatedAtUnixMs: now.UnixMilli(),

@@ -162,14 +162,27 @@ func (in *inbound) len() int {
 }
 
 // afterDurable calls fn once the watermark covers seq durably (at once if
-// it does already), with the commit's error or nil and the watermark. keys
-// are idempotency keys to record with the next commit. fn runs on the
-// store's committer or the caller's goroutine and must not block.
-func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func(err error, watermark uint64)) {
-	if len(keys) == 0 && st.durable.Load() >= seq {
+// it does already), with the commit's error or nil and the watermark. fn
+// runs on the store's committer or the caller's goroutine and must not
+// block.
+func (in *inbound) afterDurable(st *inStream, seq uint64, fn func(err error, watermark uint64)) {
+	if st.durable.Load() >= seq {
 		fn(nil, st.durable.Load())
 		return
 	}
+	in.wait(st, seq, nil, false, fn)
+}
+
+// advance moves the watermark to seq (the owner only: seq ran, or its key
+// was seen) and calls fn as afterDurable does. keys are idempotency keys
+// that took effect with seq: they are registered for the next commit in
+// the same step that moves the watermark, under cmu, where commit reads
+// both, so no commit makes seq's watermark durable without them.
+func (in *inbound) advance(st *inStream, seq uint64, keys [][]byte, fn func(err error, watermark uint64)) {
+	in.wait(st, seq, keys, true, fn)
+}
+
+func (in *inbound) wait(st *inStream, seq uint64, keys [][]byte, move bool, fn func(err error, watermark uint64)) {
 	if len(keys) > 0 {
 		// Seen from now on, though the commit that records them may start
 		// only after the one under way: a repeat right behind must not run.
@@ -182,6 +195,9 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, keys [][]byte, fn func
 	}
 	st.pend.next = append(st.pend.next, durableWaiter{seq: seq, fn: fn})
 	st.pend.nextKeys = append(st.pend.nextKeys, keys...)
+	if move {
+		st.w.Store(seq)
+	}
 	st.cmu.Unlock()
 	if start {
 		in.commit(st)
@@ -196,8 +212,8 @@ func (in *inbound) commit(st *inStream) {
 	st.cmu.Lock()
 	waiters, keys := st.pend.next, st.pend.nextKeys
 	st.pend.next, st.pend.nextKeys = nil, nil
+	w := st.w.Load() // under cmu: the keys of every sequence up to w are in keys or committed
 	st.cmu.Unlock()
-	w := st.w.Load()
 	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)

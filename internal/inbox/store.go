@@ -256,8 +256,9 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 		s.mu.Unlock()
 		return 0, fmt.Errorf("inbox: append to %q: %w", name, ErrNoSuchInbox)
 	case b.count >= s.cfg.MaxMessages:
+		count := b.count
 		s.mu.Unlock()
-		return 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, b.count)
+		return 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, count)
 	}
 	b.count++ // reserve the slot so concurrent appends cannot overshoot the bound
 	s.mu.Unlock()
@@ -325,8 +326,9 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 		s.mu.Unlock()
 		return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, ErrNoSuchInbox)
 	case b.count >= s.cfg.MaxMessages:
+		count := b.count
 		s.mu.Unlock()
-		return 0, 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, b.count)
+		return 0, 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, count)
 	}
 	n = min(len(envs), s.cfg.MaxMessages-b.count)
 	b.count += n // reserve the slots so concurrent appends cannot overshoot the bound
