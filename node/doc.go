@@ -148,7 +148,12 @@
 //   - A sender restored from a backup finds out from the receiver's
 //     watermark and starts a new epoch of the stream; messages it had sent
 //     after the backup and that ran are unknown to it, and anything still
-//     queued in the backup runs again.
+//     queued in the backup runs again. The watermark tells only when it is
+//     above everything the stream sent since the restore: while the
+//     restored sender's reused sequences are at or below it, their new
+//     messages are answered DUPLICATE and counted delivered without
+//     running. Give a restored node a new data directory's outbox, or
+//     drain its peers' view first, when that matters.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".
