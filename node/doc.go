@@ -152,8 +152,9 @@
 //     above everything the stream sent since the restore: while the
 //     restored sender's reused sequences are at or below it, their new
 //     messages are answered DUPLICATE and counted delivered without
-//     running. Give a restored node a new data directory's outbox, or
-//     drain its peers' view first, when that matters.
+//     running. Rather than restore an outbox from a backup, start the
+//     node with an empty one: a new outbox id begins new streams at every
+//     peer, and nothing is mistaken for a duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".
