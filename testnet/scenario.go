@@ -246,7 +246,7 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	}
 	res := Result{Name: name, Size: size, Counts: map[string]int64{}, Checks: map[string]bool{}}
 	st := &stage{size: size, res: &res}
-	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second+time.Duration(size.Nodes)*100*time.Millisecond))
+	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second+time.Duration(size.Nodes)*300*time.Millisecond))
 	if err != nil {
 		return Result{}, fmt.Errorf("testnet: scenario %s: %w", name, err)
 	}
