@@ -25,3 +25,8 @@ func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
 // EvictIdleStreams runs the receiver's stream-cache eviction now, with the
 // given idle time, and returns how many streams it forgot.
 func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }
+
+// RelayDelivered returns how many messages the relay acked after a
+// positive receipt: it counts an emission once its ack is recorded and the
+// stream may make a direct attempt again.
+func (n *Node) RelayDelivered() uint64 { return n.relay.Stats().Delivered }
