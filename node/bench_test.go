@@ -175,3 +175,42 @@ func BenchmarkTellReliableOffline(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTellReliableAsyncOffline: one producer pipelines durable sends
+// to a peer that is not in the cluster, keeping at most window Pendings
+// unresolved; every message is fsynced before its Pending resolves.
+func BenchmarkTellReliableAsyncOffline(b *testing.B) {
+	for _, window := range []int{64, 1024} {
+		b.Run(fmt.Sprintf("window=%d", window), func(b *testing.B) {
+			n := startNode(b, "n1", filepath.Join(b.TempDir(), "n1"))
+			to := node.Addr("w", "offline")
+			ctx := context.Background()
+			ring := make([]*node.Pending, window)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for i := 0; i < b.N; i++ {
+				if p := ring[i%window]; p != nil {
+					if _, err := p.Outcome(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				p, err := n.TellReliableAsync(ctx, to, payload128)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ring[i%window] = p
+			}
+			for _, p := range ring {
+				if p != nil {
+					if _, err := p.Outcome(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+			st := n.Outbox().Stats()
+			b.ReportMetric(float64(st.Fsyncs)/float64(b.N), "fsyncs/msg")
+		})
+	}
+}
