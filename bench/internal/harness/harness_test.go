@@ -89,7 +89,9 @@ func TestRunEveryPhase(t *testing.T) {
 	want := map[string]int{ // phase prefix -> rows expected
 		"tell vs":                 2,
 		"ask p":                   4,
-		"tell-reliable offline s": 2*3 + 1,
+		"bbolt commit latency":    1,
+		"tell-reliable offline s": 2*4 + 1,
+		"tell-reliable pipelined": 2, // vs JetStream async, default sync and sync-always
 		"drain":                   2, // into an in-process actor and into a daemon inbox
 		"RSS with":                1,
 		"memory per idle actor":   1,
