@@ -82,6 +82,17 @@ func TestEnqueueAsyncRefusals(t *testing.T) {
 	if err := <-ok; err != nil {
 		t.Fatal(err)
 	}
+	// A refusal found in the commit (the sequence is taken) comes through
+	// the callback; the transaction still commits for the others.
+	taken := e.head(t, "a@n1", 1)[0].GetEnvelope().GetSequence()
+	dup := make(chan error, 1)
+	if err := e.EnqueueAsync(context.Background(), &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: taken, Type: "dup"}},
+		func(_ outbox.Result, err error) { dup <- err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-dup; !errors.Is(err, outbox.ErrBadMessage) {
+		t.Fatalf("sequence taken: callback got %v, want ErrBadMessage", err)
+	}
 	e.reopen(t, nil)
 	if got := e.types(t, "a@n1"); !slices.Equal(got, []string{"fills the queue"}) {
 		t.Fatalf("stored %v", got)
