@@ -227,8 +227,11 @@ func (e *env) streamState(n *node.Node) (Row, error) {
 	defer cancel()
 	for i := 0; i < k; i += 1024 {
 		res, err := n.Dispatch(ctx, targets[i:min(i+1024, k)], msg)
-		if err != nil || res.Rejected > 0 {
-			return Row{}, fmt.Errorf("bench: streams: dispatch: %v, %d rejected %v", err, res.Rejected, res.Errors)
+		if err != nil {
+			return Row{}, fmt.Errorf("bench: streams: dispatch: %w", err)
+		}
+		for _, err := range res.Errors {
+			return Row{}, fmt.Errorf("bench: streams: dispatch: %d rejected: %w", res.Rejected, err)
 		}
 	}
 	if err := waitFor(e.cfg.Timeout, "every stream processed", func() bool {
