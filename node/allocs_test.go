@@ -18,7 +18,7 @@ import (
 )
 
 // Allocations per message on the hot paths, both nodes together, measured
-// with `go test -run '^$' -bench 'Remote(Tell|Ask)$|TellReliableOffline' -benchmem ./node`
+// with `go test -run '^$' -bench 'Remote(Tell|Ask)$|TellReliable(Async)?Offline' -benchmem ./node`
 // (the figure in each comment), plus headroom for what the nodes'
 // background work (gossip, timers) allocates during a run. A change that
 // makes a path allocate more fails here: lower the bound with the gain,
