@@ -18,7 +18,7 @@ import (
 )
 
 // Allocations per message on the hot paths, both nodes together, measured
-// with `go test -run '^$' -bench 'Remote(Tell|Ask)$|TellReliableOffline' -benchmem ./node`
+// with `go test -run '^$' -bench 'Remote(Tell|Ask)$|TellReliable(Async)?Offline' -benchmem ./node`
 // (the figure in each comment), plus headroom for what the nodes'
 // background work (gossip, timers) allocates during a run. A change that
 // makes a path allocate more fails here: lower the bound with the gain,
@@ -27,6 +27,7 @@ const (
 	maxAllocsTell     = 10  // remote Tell: 7
 	maxAllocsAsk      = 45  // remote Ask round trip: 37
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 171
+	maxAllocsAsync    = 40  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 33
 )
 
 // allocsPer returns the allocations of the whole process per message while
@@ -83,4 +84,20 @@ func TestAllocsPerMessage(t *testing.T) {
 			}
 		}
 	}), maxAllocsReliable)
+	const ka = 2000
+	pendings := make([]*node.Pending, ka)
+	check("tell-reliable-async", allocsPer(ka, func() {
+		for i := range pendings {
+			p, err := nodes[0].TellReliableAsync(ctx, offline, payload128)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pendings[i] = p
+		}
+		for _, p := range pendings {
+			if _, err := p.Outcome(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}), maxAllocsAsync)
 }

@@ -19,9 +19,12 @@ const (
 	CallAsk
 	// CallReliable is TellReliable: Delivered, Queued or DeadLettered.
 	CallReliable
+	// CallReliableAsync is TellReliableAsync: next returns once the
+	// message is handed to the outbox; Outcome stays zero.
+	CallReliableAsync
 )
 
-// String returns "tell", "ask" or "reliable".
+// String returns "tell", "ask", "reliable" or "reliable-async".
 func (k CallKind) String() string {
 	switch k {
 	case CallTell:
@@ -30,6 +33,8 @@ func (k CallKind) String() string {
 		return "ask"
 	case CallReliable:
 		return "reliable"
+	case CallReliableAsync:
+		return "reliable-async"
 	}
 	return "CallKind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -53,7 +58,8 @@ type Call struct {
 	// Outcome is TellReliable's outcome, set once next returned nil.
 	Outcome Outcome
 
-	o sendOptions // the options that are not exposed above
+	o       sendOptions // the options that are not exposed above
+	pending *Pending    // TellReliableAsync's future, set once next returned nil
 }
 
 // SetHeader sets an outgoing header of the call.
@@ -127,7 +133,7 @@ func (n *Node) newCall(kind CallKind, to Address, req, reply proto.Message, opts
 		}
 	}
 	c.Headers, c.Service, c.Method = c.o.headers, c.o.service, c.o.method
-	if kind == CallReliable {
+	if kind == CallReliable || kind == CallReliableAsync {
 		n.checkReliable(&c.o)
 		return c, c.o.badOption
 	}
@@ -154,6 +160,10 @@ func (n *Node) send(ctx context.Context, c *Call) error {
 	case CallReliable:
 		out, err := n.tellReliable(ctx, c)
 		c.Outcome = out
+		return err
+	case CallReliableAsync:
+		p, err := n.tellReliableAsync(ctx, c)
+		c.pending = p
 		return err
 	}
 	return fmt.Errorf("node: send: %w: call kind %d", ErrBadOption, int(c.Kind))

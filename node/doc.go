@@ -113,6 +113,11 @@
 //     which the relay delivers it, paced by the peer's AIMD limit; it waits
 //     there while the peer is down, across restarts of either side, until
 //     its TTL (or, without one, 23 days).
+//   - TellReliableAsync: TellReliable without waiting and without a direct
+//     attempt, for producers that pipeline. Its Pending resolves Queued only
+//     after the fsync of the commit that holds the message, so many messages
+//     share one fsync; one goroutine's messages to a recipient keep their
+//     call order. After that, the guarantees are TellReliable's.
 //   - Exactly once: the receiver keeps a durable watermark per stream (the
 //     highest sequence whose handler succeeded) and never runs a message at
 //     or below it, however long the sender kept it, whatever the clocks do.

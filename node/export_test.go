@@ -55,3 +55,8 @@ func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 	n.in.commit(st) // the follow-up commit's goroutine, while the owner handles 7
 	return <-done
 }
+
+// RelayDelivered returns how many messages the relay acked after a
+// positive receipt: it counts an emission once its ack is recorded and the
+// stream may make a direct attempt again.
+func (n *Node) RelayDelivered() uint64 { return n.relay.Stats().Delivered }

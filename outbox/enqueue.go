@@ -131,3 +131,43 @@ func (s *Store) precheck(sm *pb.StoredMessage) error {
 	}
 	return nil
 }
+
+// EnqueueAsync hands sm to the committer and returns without waiting for
+// the commit: done is called once with its Result after the transaction
+// that holds it is fsynced, or with the error that kept it from being
+// stored. It is the pipelined form of Enqueue: a producer that queues many
+// messages this way shares one fsync among all of them, however few
+// goroutines it runs.
+//
+// A problem found before the hand-off (a bad message, a closed store, ctx
+// done while the committer's queue is full) is returned and done is never
+// called. Ops reach the committer in the order of the calls that returned,
+// and it commits them in that order, so the callbacks of one goroutine's
+// calls run in call order. done runs on the committer goroutine: it must
+// not block and must not wait for the store.
+func (s *Store) EnqueueAsync(ctx context.Context, sm *pb.StoredMessage, done func(Result, error)) error {
+	if err := s.precheck(sm); err != nil {
+		return err
+	}
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, results: make([]Result, 1), errs: make([]error, 1), bytes: proto.Size(sm)}
+	o.async = func(err error) {
+		if err == nil {
+			err = o.errs[0]
+		}
+		done(o.results[0], err)
+	}
+	// asyncMu (read) keeps Close from closing s.closing between the check
+	// and the send: an op that made it into s.ops is always committed by
+	// the committer's final drain, so done always runs.
+	s.asyncMu.RLock()
+	defer s.asyncMu.RUnlock()
+	if err := s.closedErr(); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	select {
+	case s.ops <- o:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("outbox: enqueue: %w", ctx.Err())
+	}
+}

@@ -1,6 +1,10 @@
 package outbox
 
-import bolt "go.etcd.io/bbolt"
+import (
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
 
 // QueuedOps returns how many operations wait for the committer. Tests use
 // it to know that callers have queued up behind a stalled committer.
@@ -16,4 +20,11 @@ func BucketStats(s *Store, name string) (st bolt.BucketStats, err error) {
 		return nil
 	})
 	return st, err
+}
+
+// TxWrites returns what bbolt's write transactions wrote so far: pages, and
+// the time spent writing them and the meta page (with their fsyncs).
+func (s *Store) TxWrites() (pages int64, writeTime time.Duration) {
+	st := s.db.Stats()
+	return st.TxStats.GetPageCount(), st.TxStats.GetWriteTime()
 }

@@ -82,6 +82,9 @@ type Relay struct {
 	sweepAt   atomic.Int64
 	sweepWake chan struct{}
 
+	// committed carries SendAsync's commits to the complete goroutine.
+	committed commits
+
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
@@ -124,7 +127,8 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, store: store, d: d, ctx: ctx, cancel: cancel, limiters: map[string]*Limiter{},
-		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1)}
+		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1),
+		committed: commits{wake: make(chan struct{}, 1)}}
 	for i := range cfg.Partitions {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
@@ -139,8 +143,9 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	return r, nil
 }
 
-// Start runs the partition loops and the expiry sweeper. Calling it again
-// does nothing. Until Start, Send stores every message (no direct attempt).
+// Start runs the partition loops, the expiry sweeper and the goroutine that
+// releases SendAsync's commits to their streams. Calling it again does
+// nothing. Until Start, Send stores every message (no direct attempt).
 func (r *Relay) Start() {
 	r.startOnce.Do(func() {
 		if r.ctx.Err() != nil {
@@ -153,6 +158,8 @@ func (r *Relay) Start() {
 		}
 		r.wg.Add(1)
 		go r.sweep()
+		r.wg.Add(1)
+		go r.complete()
 	})
 }
 

@@ -44,6 +44,7 @@ func run() error {
 	flag.IntVar(&cfg.AIMDMax, "aimd-max", 0, "the relay's AIMD maximum per peer (0: the node's default)")
 	flag.IntVar(&cfg.RelayBatch, "relay-batch", 0, "the relay's messages per emission (0: the node's default)")
 	flag.StringVar(&cfg.Profiles, "profiles", "", "write CPU profiles of the meshnode parts of tell and drain (tell.pprof, drain.pprof) to this directory")
+	curves := flag.String("curves", "", "with -only curves: write tell.svg and drain.svg to this directory")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -89,6 +90,11 @@ func run() error {
 		}
 		if jsonPath != "" {
 			if werr := rep.WriteJSON(jsonPath); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if *curves != "" {
+			if werr := rep.WriteCurves(*curves); werr != nil && err == nil {
 				err = werr
 			}
 		}

@@ -41,7 +41,7 @@ func (e *env) askPhase() ([]Row, error) {
 	note := fmt.Sprintf("%d sequential round trips", e.cfg.Asks)
 	rows := []Row{
 		row("ask p50 vs NATS request-reply", m50, n50, "NATS request-reply", "≤ 1.0×"),
-		row("ask p99 vs NATS request-reply", m99, n99, "NATS request-reply", ""),
+		row("ask p99 vs NATS request-reply", m99, n99, "NATS request-reply", "≤ 1.0×"),
 		row("ask p50 vs raw quic-go echo", m50, q50, "raw quic-go echo", ""),
 		row("ask p99 vs raw quic-go echo", m99, q99, "raw quic-go echo", ""),
 	}

@@ -16,10 +16,11 @@ const (
 	PhaseDrain    = "drain"    // drain of a backlog to a returning peer
 	PhaseRSS      = "rss"      // RSS of a child process with the backlog queued
 	PhaseActors   = "actors"   // heap per idle actor
+	PhaseCurves   = "curves"   // Tell and drain at each senders level and payload size; only when named in Only
 )
 
 // Phases lists every phase in execution order.
-var Phases = []string{PhaseTell, PhaseAsk, PhaseReliable, PhaseDrain, PhaseRSS, PhaseActors}
+var Phases = []string{PhaseTell, PhaseAsk, PhaseReliable, PhaseDrain, PhaseRSS, PhaseActors, PhaseCurves}
 
 // Config sizes a run. Start from DefaultConfig.
 type Config struct {
@@ -27,7 +28,7 @@ type Config struct {
 	N          int           // messages per throughput measurement (upper bound; Duration may end it first)
 	Duration   time.Duration // time per throughput measurement (upper bound; N may end it first)
 	Asks       int           // sequential round trips per latency measurement
-	Senders    []int         // concurrent senders of the durable-enqueue phase
+	Senders    []int         // concurrent senders of the durable-enqueue phase and of the curves' tells
 	Backlog    int           // messages queued for the drain and RSS phases
 	Actors     int           // idle actors spawned by the actors phase
 	Only       []string      // phases to run; empty = all
@@ -104,10 +105,11 @@ func known(p string) bool {
 	return false
 }
 
-// runs reports whether phase p is selected.
+// runs reports whether phase p is selected. The curves phase takes
+// minutes and runs only when named.
 func (c Config) runs(p string) bool {
 	if len(c.Only) == 0 {
-		return true
+		return p != PhaseCurves
 	}
 	for _, q := range c.Only {
 		if q == p {

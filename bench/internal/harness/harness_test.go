@@ -89,10 +89,13 @@ func TestRunEveryPhase(t *testing.T) {
 	want := map[string]int{ // phase prefix -> rows expected
 		"tell vs":                 2,
 		"ask p":                   4,
-		"tell-reliable offline s": 2*3 + 1,
+		"bbolt commit latency":    1,
+		"tell-reliable offline s": 2*4 + 1,
+		"tell-reliable pipelined": 2, // vs JetStream async, default sync and sync-always
 		"drain":                   2, // into an in-process actor and into a daemon inbox
 		"RSS with":                1,
 		"memory per idle actor":   1,
+		"receiver state per":      1,
 	}
 	for prefix, n := range want {
 		got := 0
@@ -151,8 +154,9 @@ func TestRunOnly(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	if len(rep.Rows) != 1 || !strings.HasPrefix(rep.Rows[0].Phase, "memory per idle actor") {
-		t.Fatalf("rows = %+v, want only the actors row", rep.Rows)
+	if len(rep.Rows) != 2 || !strings.HasPrefix(rep.Rows[0].Phase, "memory per idle actor") ||
+		!strings.HasPrefix(rep.Rows[1].Phase, "receiver state per stream") {
+		t.Fatalf("rows = %+v, want only the actors phase's two rows", rep.Rows)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // childEnv carries the RSS child's job; its presence makes MaybeChild run it.
@@ -197,10 +198,53 @@ func (e *env) actorsPhase() ([]Row, error) {
 
 	g := goroutinePerActor(e.cfg.Actors)
 	e.cfg.logf("actors: %.0f B per idle goroutine", g)
-	return []Row{{Phase: fmt.Sprintf("memory per idle actor (%d actors)", e.cfg.Actors),
+	rows := []Row{{Phase: fmt.Sprintf("memory per idle actor (%d actors)", e.cfg.Actors),
 		Meshnode:   Figure{Value: per, Unit: "B"},
 		Comparison: &Figure{Name: "goroutine blocked on its channel", Value: g, Unit: "B"}, Ratio: ratio(per, g),
-		Target: "< 2048 B", Met: yesNo(per < 2048), Note: "heap + stacks after GC, default mailbox"}}, nil
+		Target: "< 2048 B", Met: yesNo(per < 2048), Note: "heap + stacks after GC, default mailbox"}}
+	sr, err := e.streamState(n)
+	if err != nil {
+		return nil, err
+	}
+	return append(rows, sr), nil
+}
+
+// streamState opens one reliable stream to each of up to 10,000 of the
+// idle actors (a TellReliable from the node to itself: the stream is
+// (this node, its outbox, the actor)) and reports the heap the node keeps
+// per stream once all were processed and the outbox is empty: the
+// receiver's watermark cache, plus whatever the sender and the actor kept.
+func (e *env) streamState(n *node.Node) (Row, error) {
+	k := min(e.cfg.Actors, 10_000)
+	targets := make([]node.Address, k)
+	for i := range targets {
+		targets[i] = node.Addr("a"+strconv.Itoa(i), n.Name())
+	}
+	msg := wrapperspb.Bytes(make([]byte, e.cfg.Payload))
+	streams0 := n.Stats().Streams
+	before := heapInUse()
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.Timeout)
+	defer cancel()
+	for i := 0; i < k; i += 1024 {
+		res, err := n.Dispatch(ctx, targets[i:min(i+1024, k)], msg)
+		if err != nil {
+			return Row{}, fmt.Errorf("bench: streams: dispatch: %w", err)
+		}
+		for _, err := range res.Errors {
+			return Row{}, fmt.Errorf("bench: streams: dispatch: %d rejected: %w", res.Rejected, err)
+		}
+	}
+	if err := waitFor(e.cfg.Timeout, "every stream processed", func() bool {
+		return n.Stats().Streams-streams0 >= k && n.Outbox().Stats().Depth == 0
+	}); err != nil {
+		return Row{}, fmt.Errorf("bench: streams: %d of %d streams, depth %d: %w", n.Stats().Streams-streams0, k, n.Outbox().Stats().Depth, err)
+	}
+	per := float64(int64(heapInUse())-int64(before)) / float64(k)
+	e.cfg.logf("streams: %.0f B per stream (%d streams)", per, k)
+	return Row{Phase: fmt.Sprintf("receiver state per stream (%d streams)", k), Meshnode: Figure{Value: per, Unit: "B"},
+		Target: "< 256 B", Met: yesNo(per < 256),
+		Note: "heap after GC per stream, one message each, short names (a0…, n1); includes what the sender and the actor kept. " +
+			"Longer names cost more: node's BenchmarkReceiverStreamState uses 32-byte ones"}, nil
 }
 
 // goroutinePerActor measures k goroutines each blocked on its own channel,

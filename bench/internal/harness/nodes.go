@@ -15,9 +15,10 @@ import (
 
 // env holds what every phase shares: the work directory and the cluster CA.
 type env struct {
-	cfg Config
-	dir string // this run's temporary directory, removed by Run
-	ca  *transport.CA
+	cfg    Config
+	dir    string // this run's temporary directory, removed by Run
+	ca     *transport.CA
+	points []Point // the curves phase's points
 }
 
 func newEnv(cfg Config, dir string) (*env, error) {

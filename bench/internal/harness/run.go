@@ -38,6 +38,7 @@ func Run(cfg Config) (*Report, error) {
 		{PhaseDrain, e.drainPhase},
 		{PhaseRSS, e.rssPhase},
 		{PhaseActors, e.actorsPhase},
+		{PhaseCurves, e.curvesPhase},
 	}
 	for _, p := range phases {
 		if !cfg.runs(p.name) {
@@ -51,6 +52,7 @@ func Run(cfg Config) (*Report, error) {
 		}
 		rep.Rows = append(rep.Rows, rows...)
 	}
+	rep.Curves = e.points
 	rep.Duration = time.Since(rep.Started).Round(time.Millisecond).String()
 	return rep, nil
 }

@@ -36,6 +36,7 @@ type Report struct {
 	Machine  Machine   `json:"machine"`
 	Config   string    `json:"config"` // the flags that reproduce it
 	Rows     []Row     `json:"rows"`
+	Curves   []Point   `json:"curves,omitempty"` // the curves phase's points
 	Duration string    `json:"duration"`
 }
 
