@@ -25,7 +25,11 @@ import (
 // the same instant: a reliable message then comes back as a lost
 // connection and is sent again (not charged), an Ask fails with
 // ErrConnLost, and a Tell, which promises nothing, may be lost, as with
-// any connection that ends.
+// any connection that ends. The side that owes a receipt does not know it
+// is owed: a handler that runs longer than IdleConnTimeout with nothing
+// else on the connection (the node's HandlerTimeout, 30 s, is far below
+// the default 2 min) loses its receipt with the connection, and the
+// message is sent again and answered DUPLICATE.
 
 // idleCheckEvery is how often, as a fraction of IdleConnTimeout, the
 // connections are looked at: a connection is closed between 1 and 1.25
