@@ -354,10 +354,6 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 	return nil
 }
 
-// maxSignature bounds the encoded signature of an origin: an RSA-4096
-// signature (512 bytes) is the largest this transport's keys make.
-const maxSignature = 512
-
 // CheckSizeForwarded is CheckSize for env as it goes to a forwarder: with
 // an origin naming node, carrying this transport's certificate, an outbox
 // id and a signature. A message that passes can be forwarded whenever the
@@ -370,12 +366,12 @@ func (t *Transport) CheckSizeForwarded(env *pb.Envelope, node string) error {
 	} else {
 		n = proto.Size(env)
 	}
-	certLen := 0
+	certLen, sigLen := 0, 0
 	if c := t.certs.Current(); c != nil && len(c.Certificate) > 0 {
-		certLen = len(c.Certificate[0])
+		certLen, sigLen = len(c.Certificate[0]), maxSignatureLen(c)
 	}
 	origin := 1 + protowire.SizeBytes(len(node)) + 1 + protowire.SizeBytes(16) +
-		1 + protowire.SizeBytes(certLen) + 1 + protowire.SizeBytes(maxSignature)
+		1 + protowire.SizeBytes(certLen) + 1 + protowire.SizeBytes(sigLen)
 	n += protowire.SizeTag(21) + protowire.SizeBytes(origin)
 	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + emissionSlack
 	if frame > t.cfg.MaxFrameSize {
