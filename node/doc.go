@@ -127,7 +127,10 @@
 //     "no such actor" after the receiver's SpawnGrace) count toward
 //     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
 //     down are waited out. A message too large for the wire is refused at
-//     the call with ErrTooLarge.
+//     the call with ErrTooLarge; with forwarding on, so is one too large to
+//     go through a forwarder with its origin (certificate and signature),
+//     which would otherwise hold its stream for as long as the direct path
+//     fails.
 //   - A peer that membership holds alive but that this node cannot reach
 //     (a partial partition: gossip reaches it through others) gets its
 //     reliable messages through another member that can, one hop, with

@@ -296,6 +296,14 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 	if err := n.transport.CheckSize(env); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
+	if n.fwd.on && to.Node != n.name {
+		// It may have to go through a forwarder, with its origin: one
+		// that fits only directly would hold its stream for as long as
+		// the direct path fails.
+		if err := n.transport.CheckSizeForwarded(env, n.name); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
+		}
+	}
 	return &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}, nil
 }
 

@@ -113,7 +113,14 @@ func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
 	} else {
 		env.Body = body
 	}
-	if err := n.transport.CheckSize(env); err != nil {
+	err := n.transport.CheckSize(env)
+	if err == nil && n.fwd.on && to.Node != n.name {
+		// It may have to go through a forwarder with its origin; one that
+		// fits only directly would hold the reply stream while the direct
+		// path fails.
+		err = n.transport.CheckSizeForwarded(env, n.name)
+	}
+	if err != nil {
 		// Retrying the request cannot make its reply smaller: say so instead.
 		env.Body = nil
 		mailbox.SetError(env, &RemoteError{Code: mailbox.Internal, Message: fmt.Sprintf("reply too large for the wire: %v", err)})

@@ -210,6 +210,21 @@ func signDigest(cert *tls.Certificate, dg [32]byte) ([]byte, error) {
 	return nil, fmt.Errorf("%w: keys of type %T cannot sign", ErrBadOrigin, cert.PrivateKey)
 }
 
+// maxSignatureLen bounds the length of a signature signDigest makes with
+// cert's key (an ASN.1 ECDSA signature is at most two integers of the
+// curve's size plus 9 bytes of framing).
+func maxSignatureLen(cert *tls.Certificate) int {
+	switch k := cert.PrivateKey.(type) {
+	case *ecdsa.PrivateKey:
+		return 2*((k.Curve.Params().BitSize+7)/8) + 9
+	case ed25519.PrivateKey:
+		return ed25519.SignatureSize
+	case *rsa.PrivateKey:
+		return k.Size()
+	}
+	return 0
+}
+
 // CanSign reports whether cert's key is of a type SignOrigin supports.
 func CanSign(cert *tls.Certificate) bool {
 	if cert == nil || len(cert.Certificate) == 0 {

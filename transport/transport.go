@@ -354,6 +354,32 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 	return nil
 }
 
+// CheckSizeForwarded is CheckSize for env as it goes to a forwarder: with
+// an origin naming node, carrying this transport's certificate, an outbox
+// id and a signature. A message that passes can be forwarded whenever the
+// direct path fails, so it never holds its stream behind it while a
+// forwarder could carry the rest.
+func (t *Transport) CheckSizeForwarded(env *pb.Envelope, node string) error {
+	n := 0
+	if sz, ok := sizeEnvelope(env); ok {
+		n = sz.total
+	} else {
+		n = proto.Size(env)
+	}
+	certLen, sigLen := 0, 0
+	if c := t.certs.Current(); c != nil && len(c.Certificate) > 0 {
+		certLen, sigLen = len(c.Certificate[0]), maxSignatureLen(c)
+	}
+	origin := 1 + protowire.SizeBytes(len(node)) + 1 + protowire.SizeBytes(16) +
+		1 + protowire.SizeBytes(certLen) + 1 + protowire.SizeBytes(sigLen)
+	n += protowire.SizeTag(21) + protowire.SizeBytes(origin)
+	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + emissionSlack
+	if frame > t.cfg.MaxFrameSize {
+		return fmt.Errorf("%w: a message of %d bytes encoded with its origin does not fit the %d-byte frame limit", ErrFrameTooLarge, n, t.cfg.MaxFrameSize)
+	}
+	return nil
+}
+
 // enqueue resolves and connects to node, then queues envs on one lane. reg,
 // when set, runs before the frames are queued (to register receipt waiters).
 func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelope, reg func(*conn) error) error {
