@@ -3,12 +3,14 @@ package node_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/node"
 )
@@ -39,15 +41,16 @@ func (l *eventLog) has(s string) bool {
 // waitEvent waits until l has the event s.
 func waitEvent(t *testing.T, l *eventLog, who, s string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !l.has(s) {
-		if time.Now().After(deadline) {
-			l.mu.Lock()
-			defer l.mu.Unlock()
-			t.Fatalf("%s: no %q event; got %v", who, s, l.got)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval; has decides
+	if !l.has(s) {
+		t.Cleanup(func() {
+			if t.Failed() {
+				l.mu.Lock()
+				defer l.mu.Unlock()
+				t.Logf("%s: events seen: %v", who, l.got)
+			}
+		})
 	}
+	testutil.WaitFor(t, 20*time.Second, fmt.Sprintf("%s: a %q event", who, s), func() bool { return l.has(s) })
 }
 
 // TestMemberEvents: join, update (tags), leave, dead and restart reach the
@@ -166,13 +169,7 @@ func TestStuckMemberCallbackBreaksNothing(t *testing.T) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond) // polling interval; cond decides
-	}
+	testutil.WaitFor(t, 20*time.Second, what, cond)
 }
 
 // TestMemberTagsChecked: tags that do not fit in memberlist's metadata are
