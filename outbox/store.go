@@ -352,31 +352,16 @@ func (s *Store) setSendAt(st *queue, at int64) {
 // Close stops the committer after it has committed every operation already
 // queued, then closes the file. The first call returns the file's close
 // error; later calls return ErrClosed.
-func (s *Store) Close() error {
-	s.closeMu.Lock()
-	if s.isClosed {
-		s.closeMu.Unlock()
-		return ErrClosed
-	}
-	s.isClosed = true
-	s.asyncMu.Lock()
-	close(s.closing)
-	s.asyncMu.Unlock()
-	s.closeMu.Unlock()
-	<-s.stopped
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("outbox: close: %w", err)
-	}
-	if err := storecheck.MarkClean(s.cfg.Path); err != nil {
-		return fmt.Errorf("outbox: close: %w", err)
-	}
-	return nil
-}
+func (s *Store) Close() error { return s.shut(true) }
 
 // Abandon closes the store as a crash would leave it, without the mark of
 // a clean shutdown, so that the next Open checks the whole file. For fault
 // injection (node.Kill); everything acknowledged was already fsynced.
-func (s *Store) Abandon() error {
+func (s *Store) Abandon() error { return s.shut(false) }
+
+// shut stops the committer, closes the file and, when clean, marks the
+// shutdown clean.
+func (s *Store) shut(clean bool) error {
 	s.closeMu.Lock()
 	if s.isClosed {
 		s.closeMu.Unlock()
@@ -389,6 +374,12 @@ func (s *Store) Abandon() error {
 	s.closeMu.Unlock()
 	<-s.stopped
 	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("outbox: close: %w", err)
+	}
+	if !clean {
+		return nil
+	}
+	if err := storecheck.MarkClean(s.cfg.Path); err != nil {
 		return fmt.Errorf("outbox: close: %w", err)
 	}
 	return nil
