@@ -117,26 +117,9 @@ func TestBatchHandlerPartialFailure(t *testing.T) {
 		}
 		return len(ids), nil
 	}
-	if _, err := n.Spawn("a", noHandler, node.WithBatch(r.handle, 0)); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
-	for seq := uint64(1); seq <= 4; seq++ {
-		env := streamEnv("a", "n1", seq, seq-1)
-		n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
-		if seq == 1 {
-			<-r.started
-		}
-	}
-	close(r.hold)
-	testutil.WaitFor(t, 5*time.Second, "all receipts", func() bool { return rs.len() == 4 })
-	want := map[string]pb.Receipt_Code{"m1": pb.Receipt_PROCESSED, "m2": pb.Receipt_PROCESSED,
-		"m3": pb.Receipt_TRANSIENT, "m4": pb.Receipt_CAPACITY}
-	for id, c := range want {
-		if got := rs.code(id); got != c {
-			t.Errorf("%s: receipt %v, want %v", id, got, c)
-		}
-	}
+	rs := batchOfFour(t, n, r)
+	wantCodes(t, rs, map[string]pb.Receipt_Code{"m1": pb.Receipt_PROCESSED, "m2": pb.Receipt_PROCESSED,
+		"m3": pb.Receipt_TRANSIENT, "m4": pb.Receipt_CAPACITY})
 	// m3 again: it runs now, since m2 is the watermark.
 	var again receipts
 	n.DeliverIncoming(peerP, streamEnv("a", "n1", 3, 2), again.reply("m3"))
@@ -159,26 +142,9 @@ func TestBatchHandlerPanicRejectsOnlyItsMessage(t *testing.T) {
 		}
 		return len(ids), nil
 	}
-	if _, err := n.Spawn("a", noHandler, node.WithBatch(r.handle, 0)); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
-	for seq := uint64(1); seq <= 4; seq++ {
-		env := streamEnv("a", "n1", seq, seq-1)
-		n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
-		if seq == 1 {
-			<-r.started
-		}
-	}
-	close(r.hold)
-	testutil.WaitFor(t, 5*time.Second, "all receipts", func() bool { return rs.len() == 4 })
-	want := map[string]pb.Receipt_Code{"m1": pb.Receipt_PROCESSED, "m2": pb.Receipt_PROCESSED,
-		"m3": pb.Receipt_REJECTED, "m4": pb.Receipt_CAPACITY}
-	for id, c := range want {
-		if got := rs.code(id); got != c {
-			t.Errorf("%s: receipt %v, want %v", id, got, c)
-		}
-	}
+	rs := batchOfFour(t, n, r)
+	wantCodes(t, rs, map[string]pb.Receipt_Code{"m1": pb.Receipt_PROCESSED, "m2": pb.Receipt_PROCESSED,
+		"m3": pb.Receipt_REJECTED, "m4": pb.Receipt_CAPACITY})
 }
 
 // End to end: a backlog drained into a batch actor arrives complete, in
@@ -228,5 +194,36 @@ func TestBatchHandlerDrainsBacklog(t *testing.T) {
 	var reply wrapperspb.StringValue
 	if err := nodes[0].Ask(ctx, to, wrapperspb.String("ping"), &reply); err != nil || reply.GetValue() != "echo:ping" {
 		t.Fatalf("ask to a batch actor = %q, %v", reply.GetValue(), err)
+	}
+}
+
+// batchOfFour spawns actor "a" with r as its batch handler, delivers m1..m4
+// of one stream (m2..m4 queue while r holds the call of m1), lets r go and
+// waits for the four receipts.
+func batchOfFour(t *testing.T, n *node.Node, r *batchRecorder) *receipts {
+	t.Helper()
+	if _, err := n.Spawn("a", noHandler, node.WithBatch(r.handle, 0)); err != nil {
+		t.Fatal(err)
+	}
+	rs := &receipts{}
+	for seq := uint64(1); seq <= 4; seq++ {
+		env := streamEnv("a", "n1", seq, seq-1)
+		n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
+		if seq == 1 {
+			<-r.started
+		}
+	}
+	close(r.hold)
+	testutil.WaitFor(t, 5*time.Second, "all receipts", func() bool { return rs.len() == 4 })
+	return rs
+}
+
+// wantCodes checks the receipt code of each message id.
+func wantCodes(t *testing.T, rs *receipts, want map[string]pb.Receipt_Code) {
+	t.Helper()
+	for id, c := range want {
+		if got := rs.code(id); got != c {
+			t.Errorf("%s: receipt %v, want %v", id, got, c)
+		}
 	}
 }
