@@ -50,7 +50,8 @@
 //
 //   - Capacity counts queued items only, not the one being handled, so a
 //     mailbox of capacity N holds up to N+1 accepted items.
-//   - RetryAfter = EWMA(Handle duration, weight 0.2) × depth / 2, clamped to
+//   - RetryAfter = EWMA(handle time per item, weight 0.2) × depth / 2 (a
+//     Handle that took k more items with TakeIf counts as k+1 items), clamped to
 //     [1 ms, 10 s]; 10 ms before the first sample. A remote hint decoded by
 //     ErrorOf is clamped to 10 s, and a missing or non-positive one becomes
 //     10 ms, so a hint is always positive.
