@@ -52,8 +52,11 @@ func (s *Store) DueRecipients(nowMs int64, keep func(recipient string) bool, lim
 // HeadRequest says which messages of a queue Head returns.
 type HeadRequest struct {
 	Recipient string
-	Max       int      // at most this many messages
-	Skip      []uint64 // ascending: sequences to pass over (acks still committing)
+	Max       int // at most this many messages
+	// MaxBytes: stop before the message whose stored record would take
+	// the total over it (0 = no bound); the first always comes.
+	MaxBytes int
+	Skip     []uint64 // ascending: sequences to pass over (acks still committing)
 	// Below: only sequences < Below (0 = no bound), because a message with
 	// a lower sequence may still be committing.
 	Below uint64
@@ -92,6 +95,7 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 			c := qb.Cursor()
 			k, v := c.First()
 			sk := req.Skip
+			size := 0 // stored bytes of msgs
 			for ; k != nil && len(msgs) < req.Max; k, v = c.Next() {
 				sq := seqOf(k)
 				if req.Below != 0 && sq >= req.Below {
@@ -121,12 +125,16 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					waitUntil = dl + skew
 					return nil
 				}
+				if req.MaxBytes > 0 && len(msgs) > 0 && size+len(v) > req.MaxBytes {
+					break
+				}
 				sm, err := decodeRecord(v)
 				if err != nil {
 					expire, reasons = append(expire, sq), append(reasons, "undecodable: "+err.Error())
 					continue
 				}
 				msgs = append(msgs, sm)
+				size += len(v)
 			}
 			more = k != nil
 			return nil

@@ -187,6 +187,30 @@ func TestQueueOrderedBySequence(t *testing.T) {
 	}
 }
 
+// TestHeadMaxBytes: a head of large messages stops before the one that
+// would take its stored bytes over MaxBytes.
+func TestHeadMaxBytes(t *testing.T) {
+	e := open(t, nil)
+	big := strings.Repeat("x", 1000)
+	s := e.send(t, "a@n1", big+"0", big+"1", big+"2", big+"3")
+	for _, tt := range []struct {
+		maxBytes int
+		want     []uint64
+	}{{0, s}, {2500, s[:2]}, {3500, s[:3]}, {1 << 20, s}} {
+		msgs, _, err := e.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 10, MaxBytes: tt.maxBytes})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []uint64
+		for _, m := range msgs {
+			got = append(got, m.GetEnvelope().GetSequence())
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Fatalf("MaxBytes %d: got %v, want %v", tt.maxBytes, got, tt.want)
+		}
+	}
+}
+
 func TestHeadSkipAndBelow(t *testing.T) {
 	e := open(t, nil)
 	s := e.send(t, "a@n1", "m0", "m1", "m2", "m3", "m4")
@@ -202,6 +226,8 @@ func TestHeadSkipAndBelow(t *testing.T) {
 		{"below", outbox.HeadRequest{Max: 10, Below: s[3]}, s[:3]},
 		{"below the head", outbox.HeadRequest{Max: 10, Below: s[0]}, nil},
 		{"skip and below", outbox.HeadRequest{Max: 10, Skip: s[:2], Below: s[4]}, s[2:4]},
+		{"bytes: the first always comes", outbox.HeadRequest{Max: 10, MaxBytes: 1}, s[:1]},
+		{"bytes: skipped ones do not count", outbox.HeadRequest{Max: 10, MaxBytes: 1, Skip: s[:3]}, s[3:4]},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

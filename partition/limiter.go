@@ -6,7 +6,7 @@ import "sync/atomic"
 type LimiterConfig struct {
 	Initial int // starting limit; default 10
 	Min     int // floor of multiplicative decrease; default 1
-	Max     int // ceiling of additive increase; default 100
+	Max     int // ceiling of additive increase; default 1024
 }
 
 // DefaultLimiterConfig returns the defaults. Max bounds the messages in
@@ -15,9 +15,9 @@ type LimiterConfig struct {
 // peer can receive per round trip.
 func DefaultLimiterConfig() LimiterConfig {
 	return LimiterConfig{
-		Initial: 10,  // a new peer starts gently
-		Min:     1,   // a full peer still gets one message at a time
-		Max:     100, // see above; tuned by measurement
+		Initial: 10,   // a new peer starts gently
+		Min:     1,    // a full peer still gets one message at a time
+		Max:     1024, // one full emission (Config.BatchSize); chosen by measuring the drain
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,6 +54,7 @@ func TestConfigAndNew(t *testing.T) {
 		{"partitions", func(c *partition.Config) { c.Partitions = 0 }},
 		{"too many partitions", func(c *partition.Config) { c.Partitions = 2000 }},
 		{"batch", func(c *partition.Config) { c.BatchSize = 0 }},
+		{"batch bytes", func(c *partition.Config) { c.BatchBytes = 0 }},
 		{"recheck", func(c *partition.Config) { c.DownRecheck = 0 }},
 		{"maxdue", func(c *partition.Config) { c.MaxDue = 0 }},
 		{"maxackpending", func(c *partition.Config) { c.MaxAckPending = 0 }},
@@ -149,6 +151,29 @@ func TestDrainInOrderWithChain(t *testing.T) {
 	testutil.WaitFor(t, wait, "late ones", func() bool { return rg.fake.ranCount("a@n1") == 400 })
 	if got := rg.fake.ranTypes("a@n1")[300:]; !slices.Equal(got, more) {
 		t.Fatalf("late order %v", got)
+	}
+}
+
+// An emission of large messages stops at BatchBytes of stored bytes
+// (one message always goes), in order, each message once.
+func TestEmissionBoundedByBytes(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 64; c.BatchBytes = 5000 })
+	big := make([]string, 20)
+	for i := range big {
+		big[i] = fmt.Sprintf("%02d%s", i, strings.Repeat("x", 2000))
+	}
+	rg.queue(t, "a@n1", big...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "all delivered", func() bool { return rg.fake.ranCount("a@n1") == len(big) })
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, big) {
+		t.Fatal("order broken")
+	}
+	calls := rg.fake.callsSnapshot()
+	checkEmissions(t, calls)
+	for _, c := range calls {
+		if len(c.envs) > 2 {
+			t.Fatalf("an emission of %d messages of 2 KB each, bound 5000 bytes", len(c.envs))
+		}
 	}
 }
 

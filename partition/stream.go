@@ -436,7 +436,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	}
 	st.sending = true
 	st.updateBlocked(r.cfg.MaxAckPending)
-	req := outbox.HeadRequest{Recipient: rcpt, Max: g, Skip: slices.Clone(st.acking), EmittedHW: st.emittedHW}
+	req := outbox.HeadRequest{Recipient: rcpt, Max: g, MaxBytes: r.cfg.BatchBytes, Skip: slices.Clone(st.acking), EmittedHW: st.emittedHW}
 	if len(st.storing) > 0 {
 		req.Below = st.storing[0]
 	}
