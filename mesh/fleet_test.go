@@ -91,7 +91,7 @@ func TestFleet(t *testing.T) {
 	begin := time.Now()
 	nodes := startFleet(t, size, 8)
 	started := time.Since(begin)
-	waitConverged(t, nodes, 5*time.Minute)
+	waitFleetConverged(t, nodes, 5*time.Minute)
 	t.Logf("%d members: all started in %v, converged (everyone sees %d alive) %v after the first start",
 		size, started.Round(time.Millisecond), size, time.Since(begin).Round(time.Millisecond))
 	var ms1 runtime.MemStats
@@ -113,6 +113,13 @@ func TestFleet(t *testing.T) {
 	if before > 0 {
 		t.Logf("%d suspect/dead events during start-up (a join wave on 2 cores; not steady state)", before)
 	}
+	sent := func() (b uint64) {
+		for _, n := range nodes {
+			b += n.Traffic().Sent
+		}
+		return b
+	}
+	sent0, steadyStart := sent(), time.Now()
 	deadline := time.Now().Add(hold)
 	testutil.WaitFor(t, hold+time.Minute, fmt.Sprintf("steady %v", hold), func() bool {
 		if c := bad() - before; c > 0 {
@@ -127,7 +134,8 @@ func TestFleet(t *testing.T) {
 		}
 		return time.Now().After(deadline)
 	})
-	t.Logf("steady %v: no suspicion among %d members", hold, size)
+	t.Logf("steady %v: no suspicion among %d members; gossip sent %.0f B/s per member",
+		hold, size, float64(sent()-sent0)/time.Since(steadyStart).Seconds()/float64(size))
 
 	// Detection: kill a member, time Dead at every survivor; restart it on
 	// the same address with a new boot id, time Alive at every member.
@@ -191,4 +199,50 @@ func roundAll(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(time.Millisecond)
 	}
 	return out
+}
+
+// waitFleetConverged is waitConverged with a progress line every 10 s (how
+// many members see everyone, the fewest alive any member sees, suspicion
+// so far) and, on a timeout, the last log lines of the member that sees
+// the fewest.
+func waitFleetConverged(tb testing.TB, nodes []*testNode, timeout time.Duration) {
+	tb.Helper()
+	lowest := func() (done, fewest int, who *testNode) {
+		fewest = len(nodes) + 1
+		for _, n := range nodes {
+			a := n.NumAlive()
+			if a == len(nodes) {
+				done++
+			}
+			if a < fewest {
+				fewest, who = a, n
+			}
+		}
+		return done, fewest, who
+	}
+	start, last := time.Now(), time.Now()
+	for {
+		done, fewest, who := lowest()
+		if done == len(nodes) {
+			return
+		}
+		if time.Since(last) >= 10*time.Second {
+			last = time.Now()
+			ev := 0
+			for _, n := range nodes {
+				ev += n.events.count(mesh.EventSuspect, mesh.EventDead)
+			}
+			tb.Logf("converging %v: %d of %d see everyone; fewest seen alive %d (%s); %d suspect/dead events so far",
+				time.Since(start).Round(time.Second), done, len(nodes), fewest, who.LocalName(), ev)
+		}
+		if time.Since(start) > timeout {
+			logs := who.logs.String()
+			if len(logs) > 4000 {
+				logs = logs[len(logs)-4000:]
+			}
+			tb.Fatalf("not converged after %v: %d of %d see everyone; %s sees %d alive; its last log lines:\n%s",
+				timeout, done, len(nodes), who.LocalName(), fewest, logs)
+		}
+		time.Sleep(100 * time.Millisecond) // polling the members' own view
+	}
 }

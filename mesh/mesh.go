@@ -28,6 +28,7 @@ type Mesh struct {
 	// guard and packetDrops hold the inbound limits' counters; set once in New.
 	guard       *streamGuard
 	packetDrops *atomic.Uint64
+	net         *netTransport // its byte counters
 
 	notify    chan struct{} // 1 slot: "the view changed"
 	done      chan struct{} // closed by shutdown: goroutines return
@@ -112,6 +113,7 @@ func New(cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("mesh: new: bind %s: %w", cfg.BindAddr, err)
 	}
 	m.packetDrops = &nt.dropped
+	m.net = nt
 	m.guard = newStreamGuard(nt, cfg.streamLimits())
 	var tr memberlist.NodeAwareTransport = m.guard
 	if cfg.WrapTransport != nil {
@@ -193,6 +195,18 @@ func (m *Mesh) InboundStats() InboundStats {
 	st := m.guard.stats()
 	st.PacketsTooLarge = m.packetDrops.Load()
 	return st
+}
+
+// Traffic is the gossip this node sent and received since New: every
+// datagram and stream byte on the gossip port (probes, gossip, push/pull,
+// joins), as the sockets saw them.
+type Traffic struct {
+	Sent, Received uint64 // bytes
+}
+
+// Traffic returns the gossip bytes sent and received since New.
+func (m *Mesh) Traffic() Traffic {
+	return Traffic{Sent: m.net.sent.Load(), Received: m.net.received.Load()}
 }
 
 // LocalName returns this node's name.

@@ -493,3 +493,24 @@ func freeAddr(t testing.TB) string {
 	_ = m.Kill()
 	return addr
 }
+
+// TestTrafficCounted: every member counts the gossip bytes it sends and
+// receives (a join is a stream, probes are datagrams), and the counts keep
+// growing while the cluster only probes.
+func TestTrafficCounted(t *testing.T) {
+	nodes := startCluster(t, 3, nil)
+	waitConverged(t, nodes, 5*time.Second)
+	first := make([]mesh.Traffic, len(nodes))
+	for i, n := range nodes {
+		first[i] = n.Traffic()
+		if first[i].Sent == 0 || first[i].Received == 0 {
+			t.Fatalf("%s after joining: %+v", n.LocalName(), first[i])
+		}
+	}
+	for i, n := range nodes {
+		testutil.WaitFor(t, 10*time.Second, n.LocalName()+" probing", func() bool {
+			tr := n.Traffic()
+			return tr.Sent > first[i].Sent && tr.Received > first[i].Received
+		})
+	}
+}

@@ -51,6 +51,26 @@ type netTransport struct {
 	closeOnce sync.Once
 	// dropped counts datagrams larger than maxPacket.
 	dropped atomic.Uint64
+	// sent and received count gossip bytes, datagrams and streams alike.
+	sent, received atomic.Uint64
+}
+
+// countedConn counts a gossip stream's bytes into its transport's totals.
+type countedConn struct {
+	net.Conn
+	t *netTransport
+}
+
+func (c countedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.t.received.Add(uint64(n))
+	return n, err
+}
+
+func (c countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.t.sent.Add(uint64(n))
+	return n, err
 }
 
 var _ memberlist.NodeAwareTransport = (*netTransport)(nil)
@@ -160,7 +180,8 @@ func (t *netTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	_, err = t.udp.WriteTo(b, ua)
+	n, err := t.udp.WriteTo(b, ua)
+	t.sent.Add(uint64(n))
 	return time.Now(), err
 }
 
@@ -172,7 +193,11 @@ func (t *netTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
 
 func (t *netTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
-	return d.Dial("tcp", addr)
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return countedConn{Conn: c, t: t}, nil
 }
 
 func (t *netTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
@@ -218,7 +243,7 @@ func (t *netTransport) acceptLoop() {
 		}
 		delay = 5 * time.Millisecond
 		select {
-		case t.streams <- c:
+		case t.streams <- countedConn{Conn: c, t: t}:
 		case <-t.done:
 			_ = c.Close()
 			return
@@ -248,6 +273,7 @@ func (t *netTransport) readLoop() {
 		if n < 1 {
 			continue
 		}
+		t.received.Add(uint64(n))
 		if n > t.maxPacket {
 			t.dropped.Add(1)
 			continue

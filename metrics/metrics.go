@@ -94,6 +94,7 @@ var (
 	dPeerDepth  = newDesc("meshnode_outbox_peer_depth", "Messages waiting in the outbox for one destination node.", prometheus.GaugeValue, "peer")
 	dPeerLimit  = newDesc("meshnode_outbox_aimd_limit", "Current AIMD limit of outbox deliveries in flight to one destination node.", prometheus.GaugeValue, "peer")
 	dPeerFrames = newDesc("meshnode_peer_frames_total", "QUIC frames exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
+	dGossip     = newDesc("meshnode_gossip_bytes_total", "Gossip bytes (membership: probes, gossip, push/pull, joins) this node sent and received, by direction.", prometheus.CounterValue, "direction")
 	dConns      = newDesc("meshnode_connections", "QUIC connections open to peers now (idle ones are closed after transport.Config.IdleConnTimeout).", prometheus.GaugeValue)
 	dPeerBytes  = newDesc("meshnode_peer_bytes_total", "QUIC payload bytes exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
 
@@ -104,7 +105,7 @@ var (
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit, dFwdRefused, dForwarded,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
-	dConns, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
+	dConns, dGossip, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
 
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
 // concurrent scrapes and observations.
@@ -304,6 +305,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	emit(dConns, float64(conns))
+	emit(dGossip, float64(ns.Gossip.Sent), "sent")
+	emit(dGossip, float64(ns.Gossip.Received), "received")
 	for _, p := range c.peerSet(members, os, ps) {
 		emit(dPeerDepth, float64(os.DepthByPeer[p]), p)
 		emit(dPeerLimit, float64(os.LimitByPeer[p]), p)

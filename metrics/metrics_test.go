@@ -120,6 +120,7 @@ func newSource() *fakeSource {
 		stats: node.Stats{TellSent: 5, TellFailed: 2, AskOK: 3, ReliableQueued: 7, DedupeHits: 1, Forgotten: 2, Actors: 2,
 			SenderMismatch: 4, ResponsesRefused: 6, RefusedPeerBytes: 8,
 			Forward: node.ForwardStats{Sent: 21, Carried: 22, Refused: 23, BadReceipts: 24},
+			Gossip:  mesh.Traffic{Sent: 31, Received: 32},
 			Refused: transport.Refusals{IdentityMismatch: 3, UnknownCA: 12, NoCertificate: 13, BadCertificate: 14}},
 		outbox: node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"a": 4},
 			OldestAge: 2 * time.Second, Fsyncs: 9, Enqueued: 11}, LimitByPeer: map[string]int{"a": 10, "c": 1}},
@@ -163,6 +164,8 @@ func TestCollectorValues(t *testing.T) {
 		{"meshnode_outbox_aimd_limit", []string{"peer", "c"}, 1},
 		{"meshnode_peer_bytes_total", []string{"peer", "a", "direction", "out"}, 40},
 		{"meshnode_connections", nil, 1},
+		{"meshnode_gossip_bytes_total", []string{"direction", "sent"}, 31},
+		{"meshnode_gossip_bytes_total", []string{"direction", "received"}, 32},
 		{"meshnode_mailbox_depth", []string{"actor", "busy"}, 3},
 		{"meshnode_mailbox_drops_total", []string{"actor", "busy", "reason", "rejected"}, 2},
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/transport"
 )
 
@@ -62,6 +63,7 @@ type Stats struct {
 	Refused          transport.Refusals // connections refused for who was at the other end (certificate, identity)
 
 	Forward ForwardStats // forwarded reliable messages: sent, carried, accepted, refused (forward.go)
+	Gossip  mesh.Traffic // gossip bytes sent and received since Start (membership's whole cost on the wire)
 }
 
 // Stats returns a snapshot of the node's counters.
@@ -80,6 +82,9 @@ func (n *Node) Stats() Stats {
 		Streams: n.in.len(),
 	}
 	s.Forward = n.fwd.stats()
+	if n.mesh != nil {
+		s.Gossip = n.mesh.Traffic()
+	}
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)
 	}

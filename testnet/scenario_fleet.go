@@ -5,7 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -108,6 +112,10 @@ type fleetSample struct {
 	limMin, limMed, limMax float64 // AIMD limits over every (sender, peer) with a limiter
 	connMean, connMax      float64 // open connections per running node
 	running                int
+	gossipSent             uint64 // gossip bytes every running node sent since it started
+	goroutines             int    // in the whole process
+	heap                   uint64 // Go heap in use in the whole process, bytes
+	rssAnon                uint64 // anonymous resident memory of the process, bytes (0 where /proc is missing)
 }
 
 func fleet(ctx context.Context, s *stage) error {
@@ -358,11 +366,17 @@ func fleet(ctx context.Context, s *stage) error {
 		peakConns = max(peakConns, f.connMax)
 	}
 	s.count("connections per node, peak", int64(peakConns))
+	pn, gossip := fleetPerNode(fs)
+	s.count("goroutines per node (median)", int64(pn.goroutines))
+	s.count("heap KiB per node (median)", int64(pn.heapKiB))
+	s.count("anonymous RSS KiB per node (median)", int64(pn.rssKiB))
+	s.count("gossip sent B/s per node (median)", int64(pn.gossipBps))
 	s.setCharts([]plot.Chart{
 		{Title: "Delivery latency, send call to handler run (by second of the run)", YLabel: "seconds", Series: []plot.Series{p50, p99, top}},
 		{Title: "Outbox depth (every node)", YLabel: "messages", Series: []plot.Series{depth}},
 		{Title: "AIMD limits over every sender>peer", YLabel: "limit", Series: []plot.Series{lmin, lmed, lmax}},
 		{Title: "Open connections per node", YLabel: "connections", Series: []plot.Series{cmean, cmax}},
+		{Title: "Gossip sent per node", YLabel: "bytes/s", Series: []plot.Series{gossip}},
 	})
 	return nil
 }
@@ -390,6 +404,7 @@ func sampleFleet(s *stage) fleetSample {
 		for _, l := range st.LimitByPeer {
 			limits = append(limits, float64(l))
 		}
+		f.gossipSent += nd.Stats().Gossip.Sent
 		c := 0
 		for _, p := range nd.PeerStats() {
 			if p.Connected {
@@ -406,5 +421,64 @@ func sampleFleet(s *stage) fleetSample {
 		f.connMean += c / float64(len(conns))
 		f.connMax = max(f.connMax, c)
 	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	f.goroutines, f.heap, f.rssAnon = runtime.NumGoroutine(), ms.HeapInuse, rssAnon()
 	return f
+}
+
+// perNode is what the fleet costs per running node: the medians over the
+// samples of the process's goroutines, Go heap and anonymous RSS divided
+// by the nodes running, and of the gossip each node sent per second
+// between two samples (a restarted node's counter starts again at 0, so a
+// sample whose total fell is left out).
+type perNode struct {
+	goroutines, heapKiB, rssKiB, gossipBps float64
+}
+
+func fleetPerNode(fs []fleetSample) (perNode, plot.Series) {
+	var g, h, r, b []float64
+	gossip := plot.Series{Name: "mean per node"}
+	for i, f := range fs {
+		if f.running == 0 {
+			continue
+		}
+		n := float64(f.running)
+		g, h = append(g, float64(f.goroutines)/n), append(h, float64(f.heap)/1024/n)
+		if f.rssAnon > 0 {
+			r = append(r, float64(f.rssAnon)/1024/n)
+		}
+		if i > 0 && f.gossipSent >= fs[i-1].gossipSent && f.at > fs[i-1].at {
+			bps := float64(f.gossipSent-fs[i-1].gossipSent) / (f.at - fs[i-1].at).Seconds() / n
+			b = append(b, bps)
+			gossip.Points = append(gossip.Points, plot.Point{T: f.at.Seconds(), V: bps})
+		}
+	}
+	med := func(v []float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	return perNode{goroutines: med(g), heapKiB: med(h), rssKiB: med(r), gossipBps: med(b)}, gossip
+}
+
+// rssAnon reads this process's anonymous resident memory from
+// /proc/self/status; 0 where it cannot.
+func rssAnon() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return kb * 1024
+		}
+	}
+	return 0
 }
