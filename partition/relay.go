@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -88,6 +87,13 @@ type Relay struct {
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
+
+	// xmu makes "is the node's limiter full?" and the store's
+	// ExcludeNode/IncludeNode that acts on the answer one step, so that a
+	// release between the two cannot leave a node with free slots
+	// excluded (scan.go). Lock order: stream.mu, then xmu, then the
+	// store's locks.
+	xmu sync.Mutex
 
 	routes *routes // the path to each peer: direct or through a forwarder (route.go)
 
@@ -266,26 +272,13 @@ func (r *Relay) loop(p *part) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	keep := func(rcpt string) bool {
-		if PartitionOf(rcpt, len(r.parts)) != p.id {
-			return false
-		}
-		if st := p.lookup(rcpt); st != nil && st.blocked.Load() {
-			return false
-		}
-		// A node at its AIMD limit is skipped until an emission to it
-		// completes and wakes the loop; this is what keeps a full peer
-		// from turning the loop into a spin.
-		l := r.Limiter(address.Node(rcpt))
-		return l.InFlight() < l.Limit()
-	}
 	for {
 		if r.ctx.Err() != nil {
 			return
 		}
 		r.iterations.Add(1)
 		now := r.store.ElapsedMs()
-		due, next := r.store.DueRecipients(now, keep, r.cfg.MaxDue)
+		due, next := r.scan(p, now)
 		started := 0
 		for _, rcpt := range due {
 			if r.dispatch(p, rcpt, now) {
