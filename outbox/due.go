@@ -251,3 +251,17 @@ func (h cursors) down(i int) {
 		i = least
 	}
 }
+
+// NodeQueued returns how many messages are queued for the recipients of
+// node. The relay asks it before it forgets a departed peer.
+func (s *Store) NodeQueued(node string) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	total := 0
+	if n := s.byNode[node]; n != nil {
+		for _, st := range n.queues {
+			total += st.count
+		}
+	}
+	return total
+}

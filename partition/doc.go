@@ -119,6 +119,12 @@
 //     skip them. A node is excluded only while it holds slots, and the
 //     check of its limiter and the exclusion are one step under xmu, so
 //     the last release always includes it.
+//   - ForgetPeer drops a departed peer's limiter, route and streams, and
+//     refuses while anything is queued or in flight to it; the node calls
+//     it a grace period after membership reported the peer gone. The
+//     relay's maps are rebuilt smaller once they fall to a quarter of
+//     their peak (shrink.go), so churn does not leave them at their
+//     largest.
 //   - Lock order: stream.mu, then xmu, then the store's locks, then part.mu
 //     (the loops' filter runs under the store's read lock and looks
 //     streams up).

@@ -87,6 +87,7 @@ type Relay struct {
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
+	limPeak  int                 // see shrinkDelete
 
 	// xmu makes "is the node's limiter full?" and the store's
 	// ExcludeNode/IncludeNode that acts on the answer one step, so that a
@@ -116,6 +117,7 @@ type part struct {
 	// Send and dispatch ask the store while holding their stream.
 	mu      sync.Mutex
 	streams map[string]*stream
+	peak    int // see shrinkDelete
 }
 
 // New builds a relay over store and d and hooks store.SetOnEnqueue to
@@ -254,15 +256,74 @@ func (r *Relay) Limiter(node string) *Limiter {
 	return l
 }
 
-// ForgetPeer drops the per-peer state of node (its limiter) once it has
-// left the cluster; nothing is lost, a new limiter starts if it returns.
-func (r *Relay) ForgetPeer(node string) {
+// ForgetPeer drops what the relay keeps in memory for node once it has
+// left the cluster: its AIMD limiter, its route and the streams of its
+// recipients. It reports whether it did: while anything is queued for node
+// or in flight to it (slots held, an emission or a direct attempt
+// unresolved, a message being stored) it keeps everything and returns
+// false, and the caller tries again later. Nothing on disk is touched; if
+// node comes back its state is made again from the store (a new limiter
+// starts at Limiter.Initial).
+func (r *Relay) ForgetPeer(node string) bool {
+	if r.store.NodeQueued(node) > 0 {
+		return false
+	}
+	r.lmu.Lock()
+	l := r.limiters[node]
+	r.lmu.Unlock()
+	if l != nil && l.InFlight() > 0 {
+		return false
+	}
+	if !r.forgetStreams(node) {
+		return false
+	}
 	r.routes.forget(node)
 	r.lmu.Lock()
-	if l := r.limiters[node]; l != nil && l.InFlight() == 0 {
-		delete(r.limiters, node)
+	if l := r.limiters[node]; l != nil {
+		if l.InFlight() > 0 {
+			r.lmu.Unlock()
+			return false // a send began meanwhile
+		}
+		shrinkDelete(&r.limiters, &r.limPeak, node)
 	}
 	r.lmu.Unlock()
+	// Not under lmu: the scan's filter takes lmu under the store's lock.
+	// A node is excluded only while it holds slots, so this is a no-op
+	// but for a store shared with another relay; it keeps the store's
+	// exclusions from outliving the peer.
+	r.store.IncludeNode(node)
+	return true
+}
+
+// forgetStreams drops the settled streams of node's recipients and reports
+// whether none is left (one still busy keeps the peer).
+func (r *Relay) forgetStreams(node string) bool {
+	idle := true
+	for _, p := range r.parts {
+		var of []*stream
+		p.mu.Lock()
+		for _, st := range p.streams {
+			if st.node == node {
+				of = append(of, st)
+			}
+		}
+		p.mu.Unlock()
+		for _, st := range of {
+			st.mu.Lock() // the stream before the partition: see part.mu
+			if st.settled() {
+				p.mu.Lock()
+				if p.streams[st.rcpt] == st {
+					shrinkDelete(&p.streams, &p.peak, st.rcpt)
+					st.gone = true
+				}
+				p.mu.Unlock()
+			} else {
+				idle = false
+			}
+			st.mu.Unlock()
+		}
+	}
+	return idle
 }
 
 // loop is one partition: it sleeps until the earliest send_at of its

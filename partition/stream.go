@@ -117,7 +117,7 @@ func (r *Relay) forget(st *stream) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.streams[st.rcpt] == st {
-		delete(p.streams, st.rcpt)
+		shrinkDelete(&p.streams, &p.peak, st.rcpt)
 		st.gone = true
 	}
 }
