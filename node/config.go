@@ -99,6 +99,13 @@ type Config struct {
 	// all mailboxes together; past it that peer's messages are refused as
 	// "full" while others' still get in (32 MiB).
 	PeerQueuedBytes int64
+	// DepartedPeerGrace: a peer that membership reports dead or left has
+	// its in-memory state here (relay limiter, route and streams,
+	// transport entry, byte budget, warnings) dropped this long after,
+	// once nothing is queued or in flight to it (10 min). A peer back
+	// within it keeps its state; one back later gets fresh state. What
+	// guards exactly-once on disk is never dropped with it.
+	DepartedPeerGrace time.Duration
 	// Responses bounds the ask responses kept while no ask waits for them
 	// (bytes per peer and in all, EarlyTTL); its TTL is AskResponseTTL.
 	Responses mailbox.RegistryConfig
@@ -123,11 +130,15 @@ func DefaultConfig(name string) Config {
 		Overflow:        mailbox.Reject,
 		MailboxBytes:    16 << 20,
 		PeerQueuedBytes: 32 << 20,
-		AskTimeout:      10 * time.Second,
-		AskResponseTTL:  time.Minute,
-		SpawnGrace:      2 * time.Minute,
-		HandlerTimeout:  30 * time.Second,
-		Tags:            nil, // no member tags
+		// Outlasts a restart or a brief partition, so a peer that comes
+		// back soon keeps its AIMD limit; short enough that churn does
+		// not accumulate.
+		DepartedPeerGrace: 10 * time.Minute,
+		AskTimeout:        10 * time.Second,
+		AskResponseTTL:    time.Minute,
+		SpawnGrace:        2 * time.Minute,
+		HandlerTimeout:    30 * time.Second,
+		Tags:              nil, // no member tags
 		// No interceptors, no tracing: nothing runs around a send but the send.
 		ClientInterceptors: nil,
 		ServerInterceptors: nil,
@@ -219,6 +230,9 @@ func (c Config) validateOwn() error {
 	}
 	if c.MailboxBytes <= 0 || c.PeerQueuedBytes <= 0 {
 		return bad("mailbox bytes %d and peer queued bytes %d must be positive", c.MailboxBytes, c.PeerQueuedBytes)
+	}
+	if c.DepartedPeerGrace < time.Second {
+		return bad("departed peer grace %v must be at least 1s", c.DepartedPeerGrace)
 	}
 	if c.AskTimeout <= 0 {
 		return bad("ask timeout must be positive")

@@ -162,3 +162,19 @@ func TestMeshPreset(t *testing.T) {
 		t.Error("DefaultConfig's mesh tuning is not MeshPreset(16)")
 	}
 }
+
+// DepartedPeerGrace below a second is refused: a peer would be pruned
+// before a restart or a brief partition could end.
+func TestConfigDepartedPeerGrace(t *testing.T) {
+	for _, tc := range []struct {
+		grace time.Duration
+		ok    bool
+	}{{0, false}, {time.Millisecond, false}, {time.Second, true}, {node.DefaultConfig("x").DepartedPeerGrace, true}} {
+		c := testConfig(t, "n1", t.TempDir())
+		c.DepartedPeerGrace = tc.grace
+		err := c.Validate()
+		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, node.ErrBadConfig)) {
+			t.Errorf("DepartedPeerGrace %v: Validate = %v, want ok=%v", tc.grace, err, tc.ok)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/transport"
 )
 
@@ -60,3 +61,23 @@ func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 // positive receipt: it counts an emission once its ack is recorded and the
 // stream may make a direct attempt again.
 func (n *Node) RelayDelivered() uint64 { return n.relay.Stats().Delivered }
+
+// MemberEvent hands ev to the node as if membership had published it.
+func (n *Node) MemberEvent(ev mesh.Event) { n.onMemberEvent(ev) }
+
+// PruneDeparted runs the pruning of departed peers now, as at time now.
+func (n *Node) PruneDeparted(now time.Time) { n.pruneDeparted(now) }
+
+// PeerState counts the per-peer entries the node and its layers keep in
+// memory: relay limiters, transport peers, byte budgets, unknown-peer
+// warnings, and departed peers awaiting their prune.
+func (n *Node) PeerState() (limiters, transportPeers, charges, warned, departed int) {
+	limiters = len(n.relay.Stats().LimitByPeer)
+	transportPeers = len(n.transport.PeerStats())
+	charges = n.charges.len()
+	n.warnedPeers.Range(func(any, any) bool { warned++; return true })
+	n.departedMu.Lock()
+	departed = len(n.departed)
+	n.departedMu.Unlock()
+	return limiters, transportPeers, charges, warned, departed
+}

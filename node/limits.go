@@ -47,6 +47,22 @@ func (c *peerCharges) take(peer string, size, limit int64) *atomic.Int64 {
 	}
 }
 
+// forget drops peer's counter when it holds nothing. A take that loaded
+// the counter before it went charges a counter nobody else sees: at most
+// one message's bytes escape the bound, for a peer that had left.
+func (c *peerCharges) forget(peer string) {
+	if v, ok := c.m.Load(peer); ok && v.(*atomic.Int64).Load() == 0 {
+		c.m.CompareAndDelete(peer, v)
+	}
+}
+
+// len returns how many peers have a counter (for tests).
+func (c *peerCharges) len() int {
+	n := 0
+	c.m.Range(func(any, any) bool { n++; return true })
+	return n
+}
+
 // charge charges d to the peer it came from; false means the peer is at
 // its bound and d must be refused.
 func (n *Node) charge(d *delivery, peer string) bool {

@@ -73,6 +73,11 @@ type Node struct {
 	actorsMu sync.RWMutex
 	actors   map[string]*actor
 
+	// departedMu guards the field below: when membership last reported
+	// each peer dead or left (absent once it is back or was pruned).
+	departedMu sync.Mutex
+	departed   map[string]time.Time
+
 	// askMu guards the field below: pending remote asks per peer, so a peer
 	// that dies or restarts fails its asks at once instead of at their deadline.
 	askMu sync.Mutex
@@ -126,6 +131,7 @@ func Open(cfg Config) (*Node, error) {
 		responses: responses,
 		actors:    make(map[string]*actor),
 		asks:      make(map[string]map[string]struct{}),
+		departed:  make(map[string]time.Time),
 		tags:      maps.Clone(cfg.Tags),
 	}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -338,6 +344,7 @@ func (n *Node) pruneLoop() {
 		case now := <-t.C:
 			n.responses.Prune(now)
 			n.in.evictIdle(streamCacheIdle.Milliseconds())
+			n.pruneDeparted(now)
 		}
 	}
 }
@@ -345,6 +352,44 @@ func (n *Node) pruneLoop() {
 // streamCacheIdle: a stream's watermark stays cached this long after its
 // last message; after that it is read from the store again.
 const streamCacheIdle = 10 * time.Minute
+
+// returned says peer is a member again: its state is not to be pruned.
+func (n *Node) returned(peer string) {
+	n.departedMu.Lock()
+	delete(n.departed, peer)
+	n.departedMu.Unlock()
+}
+
+// pruneDeparted drops the in-memory state of the peers gone for
+// DepartedPeerGrace at now, layer by layer, once the relay agrees nothing
+// is queued or in flight to them; a peer it refuses is tried again at the
+// next tick. Only memory is dropped: receiver watermarks, key windows and
+// the horizons of forgotten streams live in the stores with their own
+// retention, and a peer that comes back finds them. Runs on pruneLoop.
+func (n *Node) pruneDeparted(now time.Time) {
+	n.departedMu.Lock()
+	var due []string
+	for peer, at := range n.departed {
+		if now.Sub(at) >= n.cfg.DepartedPeerGrace {
+			due = append(due, peer)
+		}
+	}
+	n.departedMu.Unlock()
+	for _, peer := range due {
+		if !n.relay.ForgetPeer(peer) || !n.transport.ForgetPeer(peer) {
+			continue
+		}
+		n.charges.forget(peer)
+		n.warnedPeers.Delete(peer)
+		n.departedMu.Lock()
+		// Back meanwhile (returned deleted it) or gone again (a newer
+		// time): only the entry this pass judged is removed.
+		if at, ok := n.departed[peer]; ok && now.Sub(at) >= n.cfg.DepartedPeerGrace {
+			delete(n.departed, peer)
+		}
+		n.departedMu.Unlock()
+	}
+}
 
 // onMemberEvent runs on mesh's dispatcher goroutine.
 func (n *Node) onMemberEvent(ev mesh.Event) {
@@ -356,14 +401,16 @@ func (n *Node) onMemberEvent(ev mesh.Event) {
 	case mesh.EventDead, mesh.EventLeft:
 		n.transport.ClosePeer(name, "peer "+ev.Kind.String())
 		n.failAsks(name, "peer "+ev.Kind.String())
-		if ev.Kind == mesh.EventLeft {
-			n.relay.ForgetPeer(name)
-		}
+		n.departedMu.Lock()
+		n.departed[name] = time.Now()
+		n.departedMu.Unlock()
 	case mesh.EventRestart:
 		n.transport.ClosePeer(name, "peer restarted")
 		n.failAsks(name, "peer restarted")
+		n.returned(name)
 		n.relay.NodeAlive(name)
 	case mesh.EventJoin, mesh.EventAlive:
+		n.returned(name)
 		n.relay.NodeAlive(name)
 	}
 	switch ev.Kind {

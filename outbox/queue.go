@@ -16,39 +16,6 @@ import (
 // outbox. The store executes; the relay decides (what is due, what counts,
 // what has expired).
 
-// DueRecipients returns up to limit recipients whose queue is non-empty,
-// whose send_at <= nowMs (elapsed) and for which keep returns true (keep is
-// called with the store's lock held and must not call back into the
-// Store). next is the earliest send_at among the kept recipients that are
-// not yet due (0 if none). The in-memory index makes this O(due + skipped),
-// never a scan of the file.
-func (s *Store) DueRecipients(nowMs int64, keep func(recipient string) bool, limit int) (due []string, next int64) {
-	if limit <= 0 {
-		limit = 1
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	s.due.Ascend(func(st *queue) bool {
-		if st.sendAt > nowMs {
-			if keep == nil || keep(st.name) {
-				next = st.sendAt
-				return false
-			}
-			return true
-		}
-		if keep != nil && !keep(st.name) {
-			return true
-		}
-		if len(due) < limit {
-			due = append(due, st.name)
-			return true
-		}
-		next = nowMs // full: more are due now
-		return false
-	})
-	return due, next
-}
-
 // HeadRequest says which messages of a queue Head returns.
 type HeadRequest struct {
 	Recipient string
@@ -376,7 +343,11 @@ func (s *Store) WakeNode(node string) {
 	now := s.clock.nowMs()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, st := range s.byNode[node] {
+	n := s.byNode[node]
+	if n == nil {
+		return
+	}
+	for _, st := range n.queues {
 		if st.sendAt > now {
 			s.setSendAt(st, now)
 		}

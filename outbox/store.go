@@ -92,12 +92,13 @@ type Store struct {
 
 	// mu guards the fields below. Lock order: mu before kmu; the committer
 	// takes mu only after its transaction committed.
-	mu     sync.RWMutex
-	queues map[string]*queue            // non-empty queues only
-	byNode map[string]map[string]*queue // node -> recipient -> queue
-	due    *btree.BTreeG[*queue]        // every queue, by (sendAt, name)
-	depth  int                          // sum of queues[*].count
-	dlqLen int                          // records in the dlq bucket
+	mu       sync.RWMutex
+	queues   map[string]*queue          // non-empty queues only
+	byNode   map[string]*nodeQueues     // node -> its non-empty queues (due.go)
+	nodes    *btree.BTreeG[*nodeQueues] // nodes not excluded with a queue, by their earliest send_at
+	excluded map[string]struct{}        // nodes excluded by ExcludeNode, queued or not
+	depth    int                        // sum of queues[*].count
+	dlqLen   int                        // records in the dlq bucket
 
 	// kmu guards the field below: idempotency keys handed to the committer
 	// and not yet committed, so a copy arriving meanwhile sees them.
@@ -159,8 +160,9 @@ func Open(cfg Config) (*Store, error) {
 		closing:     make(chan struct{}),
 		stopped:     make(chan struct{}),
 		queues:      make(map[string]*queue),
-		byNode:      make(map[string]map[string]*queue),
-		due:         btree.NewG(32, lessQueue),
+		byNode:      make(map[string]*nodeQueues),
+		nodes:       btree.NewG(32, lessNode),
+		excluded:    make(map[string]struct{}),
 		pendingKeys: make(map[string]int),
 	}
 	if err := s.load(); err != nil {
@@ -313,41 +315,6 @@ func (s *Store) ElapsedMs() int64 { return s.clock.nowMs() }
 
 // Config returns the configuration the store was opened with.
 func (s *Store) Config() Config { return s.cfg }
-
-// insertQueue adds a new non-empty recipient to every index. Caller holds mu.
-func (s *Store) insertQueue(st *queue) {
-	s.queues[st.name] = st
-	m := s.byNode[st.node]
-	if m == nil {
-		m = make(map[string]*queue)
-		s.byNode[st.node] = m
-	}
-	m[st.name] = st
-	s.due.ReplaceOrInsert(st)
-	s.depth += st.count
-}
-
-// removeQueue drops an emptied recipient from every index. Caller holds mu.
-func (s *Store) removeQueue(st *queue) {
-	delete(s.queues, st.name)
-	if m := s.byNode[st.node]; m != nil {
-		delete(m, st.name)
-		if len(m) == 0 {
-			delete(s.byNode, st.node)
-		}
-	}
-	s.due.Delete(st)
-}
-
-// setSendAt moves st in the due index. Caller holds mu.
-func (s *Store) setSendAt(st *queue, at int64) {
-	if st.sendAt == at {
-		return
-	}
-	s.due.Delete(st)
-	st.sendAt = at
-	s.due.ReplaceOrInsert(st)
-}
 
 // Close stops the committer after it has committed every operation already
 // queued, then closes the file. The first call returns the file's close

@@ -109,6 +109,23 @@
 //     Forward.After; a forwarder without receipts is rotated), under its
 //     own mutex, which no other relay lock is held with; under it only the
 //     Deliverer's Alive and Forwarders are asked (fast, non-blocking).
-//   - Lock order: stream.mu, then the store's locks, then part.mu (the
-//     loops' filter runs under the store's read lock and looks streams up).
+//   - Finding what to send costs O(log n) per recipient found, not a walk
+//     of every due recipient (scan.go): the store indexes due queues per
+//     node (a btree of nodes by their earliest send_at, each with a btree
+//     of its queues), and a node at its AIMD limit is excluded from the
+//     scans as a whole (outbox.Store.ExcludeNode) until the release of its
+//     slots includes it again; the loops are woken then anyway. With a
+//     thousand peers full, a wake-up no longer walks their queues only to
+//     skip them. A node is excluded only while it holds slots, and the
+//     check of its limiter and the exclusion are one step under xmu, so
+//     the last release always includes it.
+//   - ForgetPeer drops a departed peer's limiter, route and streams, and
+//     refuses while anything is queued or in flight to it; the node calls
+//     it a grace period after membership reported the peer gone. The
+//     relay's maps are rebuilt smaller once they fall to a quarter of
+//     their peak (shrink.go), so churn does not leave them at their
+//     largest.
+//   - Lock order: stream.mu, then xmu, then the store's locks, then part.mu
+//     (the loops' filter runs under the store's read lock and looks
+//     streams up).
 package partition

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/address"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -88,6 +87,14 @@ type Relay struct {
 	// lmu guards the field below.
 	lmu      sync.Mutex
 	limiters map[string]*Limiter // per peer node
+	limPeak  int                 // see shrinkDelete
+
+	// xmu makes "is the node's limiter full?" and the store's
+	// ExcludeNode/IncludeNode that acts on the answer one step, so that a
+	// release between the two cannot leave a node with free slots
+	// excluded (scan.go). Lock order: stream.mu, then xmu, then the
+	// store's locks.
+	xmu sync.Mutex
 
 	routes *routes // the path to each peer: direct or through a forwarder (route.go)
 
@@ -110,6 +117,7 @@ type part struct {
 	// Send and dispatch ask the store while holding their stream.
 	mu      sync.Mutex
 	streams map[string]*stream
+	peak    int // see shrinkDelete
 }
 
 // New builds a relay over store and d and hooks store.SetOnEnqueue to
@@ -248,15 +256,74 @@ func (r *Relay) Limiter(node string) *Limiter {
 	return l
 }
 
-// ForgetPeer drops the per-peer state of node (its limiter) once it has
-// left the cluster; nothing is lost, a new limiter starts if it returns.
-func (r *Relay) ForgetPeer(node string) {
+// ForgetPeer drops what the relay keeps in memory for node once it has
+// left the cluster: its AIMD limiter, its route and the streams of its
+// recipients. It reports whether it did: while anything is queued for node
+// or in flight to it (slots held, an emission or a direct attempt
+// unresolved, a message being stored) it keeps everything and returns
+// false, and the caller tries again later. Nothing on disk is touched; if
+// node comes back its state is made again from the store (a new limiter
+// starts at Limiter.Initial).
+func (r *Relay) ForgetPeer(node string) bool {
+	if r.store.NodeQueued(node) > 0 {
+		return false
+	}
+	r.lmu.Lock()
+	l := r.limiters[node]
+	r.lmu.Unlock()
+	if l != nil && l.InFlight() > 0 {
+		return false
+	}
+	if !r.forgetStreams(node) {
+		return false
+	}
 	r.routes.forget(node)
 	r.lmu.Lock()
-	if l := r.limiters[node]; l != nil && l.InFlight() == 0 {
-		delete(r.limiters, node)
+	if l := r.limiters[node]; l != nil {
+		if l.InFlight() > 0 {
+			r.lmu.Unlock()
+			return false // a send began meanwhile
+		}
+		shrinkDelete(&r.limiters, &r.limPeak, node)
 	}
 	r.lmu.Unlock()
+	// Not under lmu: the scan's filter takes lmu under the store's lock.
+	// A node is excluded only while it holds slots, so this is a no-op
+	// but for a store shared with another relay; it keeps the store's
+	// exclusions from outliving the peer.
+	r.store.IncludeNode(node)
+	return true
+}
+
+// forgetStreams drops the settled streams of node's recipients and reports
+// whether none is left (one still busy keeps the peer).
+func (r *Relay) forgetStreams(node string) bool {
+	idle := true
+	for _, p := range r.parts {
+		var of []*stream
+		p.mu.Lock()
+		for _, st := range p.streams {
+			if st.node == node {
+				of = append(of, st)
+			}
+		}
+		p.mu.Unlock()
+		for _, st := range of {
+			st.mu.Lock() // the stream before the partition: see part.mu
+			if st.settled() {
+				p.mu.Lock()
+				if p.streams[st.rcpt] == st {
+					shrinkDelete(&p.streams, &p.peak, st.rcpt)
+					st.gone = true
+				}
+				p.mu.Unlock()
+			} else {
+				idle = false
+			}
+			st.mu.Unlock()
+		}
+	}
+	return idle
 }
 
 // loop is one partition: it sleeps until the earliest send_at of its
@@ -266,26 +333,13 @@ func (r *Relay) loop(p *part) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	keep := func(rcpt string) bool {
-		if PartitionOf(rcpt, len(r.parts)) != p.id {
-			return false
-		}
-		if st := p.lookup(rcpt); st != nil && st.blocked.Load() {
-			return false
-		}
-		// A node at its AIMD limit is skipped until an emission to it
-		// completes and wakes the loop; this is what keeps a full peer
-		// from turning the loop into a spin.
-		l := r.Limiter(address.Node(rcpt))
-		return l.InFlight() < l.Limit()
-	}
 	for {
 		if r.ctx.Err() != nil {
 			return
 		}
 		r.iterations.Add(1)
 		now := r.store.ElapsedMs()
-		due, next := r.store.DueRecipients(now, keep, r.cfg.MaxDue)
+		due, next := r.scan(p, now)
 		started := 0
 		for _, rcpt := range due {
 			if r.dispatch(p, rcpt, now) {

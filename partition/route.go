@@ -80,6 +80,7 @@ type routes struct {
 	// mu guards the fields below.
 	mu     sync.Mutex
 	peers  map[string]*route
+	peak   int  // see shrinkDelete
 	closed bool // set by close: no probe starts after it
 }
 
@@ -271,7 +272,7 @@ func (rs *routes) close() {
 // forget drops node's route (it left the cluster).
 func (rs *routes) forget(node string) {
 	rs.mu.Lock()
-	delete(rs.peers, node)
+	shrinkDelete(&rs.peers, &rs.peak, node)
 	rs.mu.Unlock()
 }
 

@@ -117,7 +117,7 @@ func (r *Relay) forget(st *stream) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.streams[st.rcpt] == st {
-		delete(p.streams, st.rcpt)
+		shrinkDelete(&p.streams, &p.peak, st.rcpt)
 		st.gone = true
 	}
 }
@@ -221,7 +221,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	rcs, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
 	stop()
 	cancel()
-	lim.Release(1)
+	r.release(st.node, lim, 1)
 	var rc *pb.Receipt
 	if len(rcs) > 0 {
 		rc = rcs[0]
@@ -434,6 +434,9 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	if g == 0 {
 		return false
 	}
+	if lim.InFlight() >= lim.Limit() {
+		r.exclude(node, lim) // full now: later scans skip the whole node
+	}
 	st.sending = true
 	st.updateBlocked(r.cfg.MaxAckPending)
 	req := outbox.HeadRequest{Recipient: rcpt, Max: g, MaxBytes: r.cfg.BatchBytes, Skip: slices.Clone(st.acking), EmittedHW: st.emittedHW}
@@ -459,7 +462,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	release := func() {
 		if !released {
 			released = true
-			lim.Release(slots)
+			r.release(st.node, lim, slots)
 		}
 	}
 	defer func() {

@@ -269,3 +269,37 @@ func TestCloseIdempotentAndSendAfterClose(t *testing.T) {
 		t.Fatalf("send after close: %v, want ErrClosed", err)
 	}
 }
+
+// ForgetPeer keeps a connected peer and drops one whose connection was
+// closed; a later send makes a new entry.
+func TestForgetPeer(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
+	h := &holder{}
+	startNode(t, testConfig(t, ca, "b"), r, h)
+	if err := a.Send(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_NONE)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "tell reaches b", func() bool { return h.n() == 1 })
+	if a.ForgetPeer("b") {
+		t.Fatal("ForgetPeer dropped a connected peer")
+	}
+	a.ClosePeer("b", "test says so")
+	if !a.ForgetPeer("b") {
+		t.Fatal("ForgetPeer kept a peer with no connection")
+	}
+	if _, ok := a.PeerStats()["b"]; ok {
+		t.Fatal("PeerStats still lists a forgotten peer")
+	}
+	if !a.ForgetPeer("nobody") {
+		t.Fatal("ForgetPeer of an unknown peer reported it kept")
+	}
+	if err := a.Send(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_NONE)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "tell after the peer was forgotten", func() bool { return h.n() == 2 })
+	if _, ok := a.PeerStats()["b"]; !ok {
+		t.Fatal("no entry for the peer after it was sent to again")
+	}
+}

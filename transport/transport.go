@@ -627,7 +627,27 @@ func (t *Transport) ClosePeer(node, reason string) {
 	}
 }
 
-// PeerStats returns the counters of every peer seen so far.
+// ForgetPeer drops the entry of node (its counters and connection slot)
+// once it has left the cluster, so that peers coming and going do not grow
+// the transport's memory. It reports whether it did: a peer with a
+// connection, a dial in flight or a caller waiting for its connection is
+// kept. A later send or an incoming connection makes a new entry.
+func (t *Transport) ForgetPeer(node string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	if p == nil {
+		return true
+	}
+	if p.conn != nil || p.dialing != nil || p.registered != nil {
+		return false
+	}
+	delete(t.peers, node)
+	return true
+}
+
+// PeerStats returns the counters of every peer seen so far (a departed
+// peer's until ForgetPeer drops them).
 func (t *Transport) PeerStats() map[string]PeerStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
