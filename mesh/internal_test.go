@@ -110,7 +110,7 @@ func newBare(tb testing.TB, logs io.Writer) *Mesh {
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	return &Mesh{
 		cfg: cfg, log: cfg.Logger, notify: make(chan struct{}, 1), done: make(chan struct{}),
-		view: map[string]Member{}, leaving: map[string]string{}, refused: map[string]string{}, moved: map[string]string{},
+		view: map[string]Member{}, changed: map[string]struct{}{}, leaving: map[string]string{}, refused: map[string]string{}, moved: map[string]string{},
 	}
 }
 

@@ -3,7 +3,6 @@ package mesh
 import (
 	"slices"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -12,25 +11,32 @@ func (m *Mesh) dispatch() {
 	defer m.wg.Done()
 	// published is what subscribers were last told; owned by dispatch.
 	published := make(map[string]Member)
-	lastPeers := ""
+	// inPeers: a member the peers file lists (known, not self, not Left).
+	inPeers := func(mem Member, known bool) bool {
+		return known && mem.Name != m.cfg.NodeName && mem.State != StateLeft
+	}
 	for {
 		select {
 		case <-m.done:
 			return
 		case <-m.notify:
 		}
-		snap := m.Members()
-		seen := make(map[string]bool, len(snap))
-		for _, cur := range snap {
-			seen[cur.Name] = true
-			if cur.Name == m.cfg.NodeName {
+		// Only the members written since the last pass: O(changes), not
+		// O(members), per pass.
+		cur, gone := m.takeChanged()
+		peersChanged := false
+		for _, mem := range cur {
+			if mem.Name == m.cfg.NodeName {
 				continue // no events about ourselves
 			}
-			prev, known := published[cur.Name]
-			published[cur.Name] = cur
-			kind, ok := diff(prev, known, cur)
+			prev, known := published[mem.Name]
+			published[mem.Name] = mem
+			if inPeers(prev, known) != inPeers(mem, true) || (known && prev.GossipAddr != mem.GossipAddr) {
+				peersChanged = true
+			}
+			kind, ok := diff(prev, known, mem)
 			if ok && m.cfg.OnEvent != nil {
-				m.emit(Event{Kind: kind, Member: cur})
+				m.emit(Event{Kind: kind, Member: mem})
 			}
 			select {
 			case <-m.done:
@@ -38,13 +44,14 @@ func (m *Mesh) dispatch() {
 			default:
 			}
 		}
-		for name := range published {
-			if !seen[name] {
-				delete(published, name) // forgotten after ReconnectTimeout
+		for _, name := range gone {
+			// Forgotten after ReconnectTimeout: no event.
+			if prev, known := published[name]; known {
+				peersChanged = peersChanged || inPeers(prev, true)
+				delete(published, name)
 			}
 		}
-		if sig := peersSignature(snap, m.cfg.NodeName); sig != lastPeers {
-			lastPeers = sig
+		if peersChanged {
 			m.peersDirty.Store(true)
 		}
 	}
@@ -58,16 +65,6 @@ func (m *Mesh) emit(ev Event) {
 		}
 	}()
 	m.cfg.OnEvent(ev)
-}
-
-func peersSignature(snap []Member, self string) string {
-	var b strings.Builder
-	for _, p := range snap {
-		if p.Name != self && p.State != StateLeft {
-			b.WriteString(p.Name + "=" + p.GossipAddr + ";")
-		}
-	}
-	return b.String()
 }
 
 // rememberedPeers is what peers.json holds: every member but self and those
@@ -130,7 +127,7 @@ func (m *Mesh) reconnectTargets(now time.Time) []string {
 			continue
 		}
 		if !mem.State.reachable() && now.Sub(mem.Since) > m.cfg.ReconnectTimeout {
-			delete(m.view, name)
+			m.deleteLocked(name)
 			delete(m.moved, name)
 			pruned = true
 			continue
@@ -189,7 +186,7 @@ func (m *Mesh) expireSuspicions(now time.Time) {
 		if mem.State == StateSuspect && now.Sub(mem.Since) > limit {
 			mem.State = StateAlive
 			mem.Since = now
-			m.view[name] = mem
+			m.setLocked(name, mem)
 			changed = true
 		}
 	}

@@ -53,8 +53,13 @@ type Mesh struct {
 	// mu guards the fields below. Held only for map reads and writes.
 	mu sync.RWMutex
 	// view is every known member incl. self, dead and left (until
-	// ReconnectTimeout); written synchronously by memberlist's delegates.
+	// ReconnectTimeout); written synchronously by memberlist's delegates,
+	// only through setLocked and deleteLocked.
 	view map[string]Member
+	// changed names the members whose view entry was written or deleted
+	// since the dispatcher last looked: it handles those, not the whole
+	// view (a pass over every member per change is O(n²) in a join wave).
+	changed map[string]struct{}
 	// leaving maps a node name to the boot id it announced leaving with.
 	leaving map[string]string
 	// moved maps a node name to the address a conflicting claim came from.
@@ -89,6 +94,7 @@ func New(cfg Config) (*Mesh, error) {
 		notify:    make(chan struct{}, 1),
 		done:      make(chan struct{}),
 		view:      make(map[string]Member),
+		changed:   make(map[string]struct{}),
 		leaving:   make(map[string]string),
 		refused:   make(map[string]string),
 		moved:     make(map[string]string),
@@ -453,9 +459,40 @@ func (m *Mesh) setFromNode(n *memberlist.Node, st State) {
 	if ok && old.State == mem.State {
 		mem.Since = old.Since
 	}
-	m.view[n.Name] = mem
+	m.setLocked(n.Name, mem)
 	m.mu.Unlock()
 	m.kick()
+}
+
+// setLocked writes name's view entry and marks it for the dispatcher.
+// Caller holds mu for writing.
+func (m *Mesh) setLocked(name string, mem Member) {
+	m.view[name] = mem
+	m.changed[name] = struct{}{}
+}
+
+// deleteLocked forgets name and marks it for the dispatcher. Caller holds
+// mu for writing.
+func (m *Mesh) deleteLocked(name string) {
+	delete(m.view, name)
+	m.changed[name] = struct{}{}
+}
+
+// takeChanged returns the members changed since the last call, sorted by
+// name, and the names of those deleted meanwhile.
+func (m *Mesh) takeChanged() (cur []Member, gone []string) {
+	m.mu.Lock()
+	for name := range m.changed {
+		if mem, ok := m.view[name]; ok {
+			cur = append(cur, mem.clone())
+		} else {
+			gone = append(gone, name)
+		}
+	}
+	clear(m.changed)
+	m.mu.Unlock()
+	sort.Slice(cur, func(i, j int) bool { return cur[i].Name < cur[j].Name })
+	return cur, gone
 }
 
 // markSuspect is called when our own probe of name failed.
@@ -471,7 +508,7 @@ func (m *Mesh) transition(name string, from, to State) {
 	if changed {
 		mem.State = to
 		mem.Since = time.Now()
-		m.view[name] = mem
+		m.setLocked(name, mem)
 	}
 	m.mu.Unlock()
 	if changed {
@@ -488,7 +525,7 @@ func (m *Mesh) recordLeaveIntent(name, bootID string) {
 	changed := ok && mem.State == StateDead && mem.BootID == bootID
 	if changed {
 		mem.State = StateLeft
-		m.view[name] = mem
+		m.setLocked(name, mem)
 	}
 	m.mu.Unlock()
 	if changed {
