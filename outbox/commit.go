@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -427,12 +428,18 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		if qb == nil {
 			return nil
 		}
+		// One cursor seek per message instead of a Get and a Delete (two
+		// searches); acks come in sequence order, a drain's thousands per
+		// commit.
+		c := qb.Cursor()
+		var key [8]byte
 		for _, sq := range o.seqs {
-			v := qb.Get(seqKey(sq))
-			if v == nil {
+			binary.BigEndian.PutUint64(key[:], sq)
+			k, v := c.Seek(key[:])
+			if k == nil || !bytes.Equal(k, key[:]) {
 				continue // already acked, replaced or given up
 			}
-			if err := s.removeRecord(tx, b, o.recipient, qb, sq, v); err != nil {
+			if err := s.removeRecordAt(tx, b, o.recipient, c, sq, v); err != nil {
 				return err
 			}
 			b.counters.delivered++
@@ -555,6 +562,31 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 // removeRecord deletes the queued record seq (value v) of recipient r and
 // its index entries.
 func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte) error {
+	if err := s.removeIndexes(tx, b, r, seq, v); err != nil {
+		return err
+	}
+	if err := qb.Delete(seqKey(seq)); err != nil {
+		return err
+	}
+	b.delta(r).count--
+	return nil
+}
+
+// removeRecordAt is removeRecord for the record under cursor c.
+func (s *Store) removeRecordAt(tx *bolt.Tx, b *batch, r string, c *bolt.Cursor, seq uint64, v []byte) error {
+	if err := s.removeIndexes(tx, b, r, seq, v); err != nil {
+		return err
+	}
+	if err := c.Delete(); err != nil {
+		return err
+	}
+	b.delta(r).count--
+	return nil
+}
+
+// removeIndexes deletes the index entries of the queued record seq (value
+// v) of recipient r.
+func (s *Store) removeIndexes(tx *bolt.Tx, b *batch, r string, seq uint64, v []byte) error {
 	if g := deadlineMs(v); g != 0 {
 		if err := tx.Bucket(bucketExpiry).Delete(expiryKey(g, seq, r)); err != nil {
 			return err
@@ -574,10 +606,6 @@ func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, s
 			}
 		}
 	}
-	if err := qb.Delete(seqKey(seq)); err != nil {
-		return err
-	}
-	b.delta(r).count--
 	return nil
 }
 
