@@ -63,15 +63,18 @@ func (r *Relay) exclude(node string, l *Limiter) {
 }
 
 // release returns n of node's slots to l and, if that made room, brings
-// the node back into the scans, waking every loop when it had been left
-// out of them (its recipients may be in any partition, and a loop with
-// nothing else due sleeps without a timer).
+// the node back into the scans. It wakes every loop when the node had been
+// left out of them or was full before this release: a loop that found the
+// node full (in its scan, or at dispatch when a direct attempt took the
+// last slot) gave up on its recipients without a timer, and they may be
+// in any partition.
 func (r *Relay) release(node string, l *Limiter, n int) {
-	l.Release(n)
 	r.xmu.Lock()
+	wasFull := l.InFlight() >= l.Limit()
+	l.Release(n)
 	included := l.InFlight() < l.Limit() && r.store.IncludeNode(node)
 	r.xmu.Unlock()
-	if included {
+	if wasFull || included {
 		r.wakeAll()
 	}
 }
