@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build install test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go check-dist chaos fleet sim flood hostile
+.PHONY: all build install test test-short vet lint generate verify-generate bench demo clean fuzz reports bench-go check-dist chaos fleet fleet-cost sim flood hostile
 
 all: build
 
@@ -84,6 +84,11 @@ fuzz:
 # members in virtual time; a stranger flooding the gossip port for 30 s.
 fleet:
 	MESH_FLEET=200 MESH_FLEET_STEADY=2m $(GO) test -count 1 -run TestFleet -v -timeout 30m ./mesh/
+
+# What a fleet of whole nodes costs per node at rest (memory, goroutines,
+# connections, gossip); figures in README.md.
+fleet-cost:
+	MESHNODE_FLEET_NODES=200 $(GO) test -count 1 -run TestFleetCost -v -timeout 20m ./testnet/
 
 sim:
 	MESH_SIM=1000,5000 $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 90m ./mesh/

@@ -143,23 +143,9 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("testnet: start: %w", err)
 	}
-	// A large cluster joins in waves, each converged before the next: a
-	// join wave of hundreds of nodes on a few cores floods every node with
-	// alive messages at once, starves the probes of CPU and turns into a
-	// storm of false suspicions that feeds itself. Devices of a real fleet
-	// do not all boot on two cores in the same second.
-	for from := 1; from < n; from += startWave {
-		to := min(from+startWave, n)
-		if err := c.startParallel(from, to); err != nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("testnet: start: %w", err)
-		}
-		if to < n {
-			if err := c.WaitConverged(o.converge); err != nil {
-				_ = c.Close()
-				return nil, fmt.Errorf("testnet: start: %d of %d nodes up: %w", to, n, err)
-			}
-		}
+	if err := c.startParallel(1, n); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("testnet: start: %w", err)
 	}
 	if err := c.WaitConverged(o.converge); err != nil {
 		_ = c.Close()
@@ -173,9 +159,6 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 // opens a store and runs a memberlist join, and a burst of hundreds only
 // queues on the seeds' accept queues.
 const startWorkers = 8
-
-// startWave is how many nodes join before the cluster must converge again.
-const startWave = 50
 
 // startParallel starts nodes [from, to) with startWorkers workers and
 // returns the first error.
