@@ -112,6 +112,81 @@ func (r *Relay) b3Quiet() bool {
 	return loops == len(r.parts)
 }
 
+// b3Relay returns a relay with 2 partitions, n2's AIMD limit starting at
+// one slot, over a real store and a b3Deliverer that refuses x's first
+// emission for capacity and holds y's in Deliver until its gate opens.
+// The relay is not started; cleanup closes it and its store.
+func b3Relay(t *testing.T) (x, y string, r *Relay, d *b3Deliverer) {
+	t.Helper()
+	const parts = 2
+	x, y = b3Names("n2", parts)
+	d = &b3Deliverer{capFirst: x, capRetry: time.Second, gate: y,
+		gateIn: make(chan struct{}), gateOut: make(chan struct{}),
+		calls: map[string]int{}, ran: map[string]int{}}
+	scfg := outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db"))
+	scfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := outbox.Open(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Partitions = parts
+	cfg.Logger = scfg.Logger
+	cfg.Limiter = LimiterConfig{Initial: 1, Min: 1, Max: 1024}
+	cfg.DirectTimeout = time.Minute // the gated attempt must not time out
+	r, err = New(cfg, s, d)
+	if err != nil {
+		_ = s.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = r.Close()
+		_ = s.Close()
+	})
+	return x, y, r, d
+}
+
+// b3SendDirect starts a direct Send to rcpt; the returned func waits for
+// it and fails t unless it was Delivered.
+func (r *Relay) b3SendDirect(rcpt string) func(t *testing.T) {
+	type result struct {
+		res Sent
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: "y", MsgId: "y"}}
+		res, err := r.Send(context.Background(), sm, true)
+		sent <- result{res, err}
+	}()
+	return func(t *testing.T) {
+		t.Helper()
+		select {
+		case got := <-sent:
+			if got.err != nil || got.res.Outcome != Delivered {
+				t.Fatalf("direct Send to %s: %+v, %v", rcpt, got.res, got.err)
+			}
+		case <-time.After(wait10s):
+			t.Fatalf("direct Send to %s did not return", rcpt)
+		}
+	}
+}
+
+// b3WaitRan waits until x ran once and left the store; on a timeout it
+// says where the relay stood.
+func (r *Relay) b3WaitRan(t *testing.T, d *b3Deliverer, x string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for r.store.Pending(x) != 0 || d.ranCount(x) != 1 {
+		if time.Now().After(deadline) {
+			lim := r.Limiter("n2")
+			t.Fatalf("%s stalled: pending %d, ran %d, Deliver calls %d; n2 limiter %d/%d in flight, %d nodes excluded, %d loop iterations: a message queued to a live peer with free slots is never sent",
+				x, r.store.Pending(x), d.ranCount(x), d.callCount(x), lim.InFlight(), lim.Limit(), r.store.ExcludedNodes(), r.iterations.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling interval; the condition decides
+	}
+}
+
 // b3Names returns two recipients of node in different partitions of n.
 func b3Names(node string, n int) (a, b string) {
 	a = "x@" + node
@@ -138,32 +213,9 @@ func b3Names(node string, n int) (a, b string) {
 // loop's scan reaches exclude while Send's direct attempt holds the one
 // slot, then the attempt's release runs its l.Release and waits for xmu.
 func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
-	const parts = 2
-	x, y := b3Names("n2", parts)
-	d := &b3Deliverer{capFirst: x, capRetry: time.Second, gate: y,
-		gateIn: make(chan struct{}), gateOut: make(chan struct{}),
-		calls: map[string]int{}, ran: map[string]int{}}
-	scfg := outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db"))
-	scfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := outbox.Open(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Partitions = parts
-	cfg.Logger = scfg.Logger
-	cfg.Limiter = LimiterConfig{Initial: 1, Min: 1, Max: 1024}
-	cfg.DirectTimeout = time.Minute // the gated attempt must not time out
-	r, err := New(cfg, s, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	x, y, r, d := b3Relay(t)
 	var closeOnce sync.Once
-	t.Cleanup(func() {
-		closeOnce.Do(func() { close(d.gateOut) })
-		_ = r.Close()
-		_ = s.Close()
-	})
+	t.Cleanup(func() { closeOnce.Do(func() { close(d.gateOut) }) })
 	r.Start()
 
 	// x's first emission is refused for capacity: x is deferred by the
@@ -180,16 +232,7 @@ func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
 		}
 	}()
 	// A direct Send to y (same node, other partition) takes n2's only slot.
-	type sendResult struct {
-		res Sent
-		err error
-	}
-	sent := make(chan sendResult, 1)
-	go func() {
-		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: y, Sender: "app@n0", Type: "y", MsgId: "y"}}
-		res, err := r.Send(context.Background(), sm, true)
-		sent <- sendResult{res, err}
-	}()
+	sent := r.b3SendDirect(y)
 	select {
 	case <-d.gateIn:
 	case <-time.After(wait10s):
@@ -202,25 +245,10 @@ func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
 	waitBlocked(t, "partition.(*Relay).release(", nil)
 	r.xmu.Unlock()
 	locked = false
-	select {
-	case res := <-sent:
-		if res.err != nil || res.res.Outcome != Delivered {
-			t.Fatalf("direct Send to y: %+v, %v", res.res, res.err)
-		}
-	case <-time.After(wait10s):
-		t.Fatal("direct Send to y did not return")
-	}
+	sent(t)
 
 	// n2 now has its slot free and is not excluded; x is queued and due.
-	deadline := time.Now().Add(5 * time.Second)
-	for r.store.Pending(x) != 0 || d.ranCount(x) != 1 {
-		if time.Now().After(deadline) {
-			lim := r.Limiter("n2")
-			t.Fatalf("x@n2 stalled: pending %d, ran %d, Deliver calls %d; n2 limiter %d/%d in flight, %d nodes excluded, %d loop iterations: a message queued to a live peer with free slots is never sent",
-				r.store.Pending(x), d.ranCount(x), d.callCount(x), lim.InFlight(), lim.Limit(), r.store.ExcludedNodes(), r.iterations.Load())
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval; the condition decides
-	}
+	r.b3WaitRan(t, d, x)
 }
 
 // The same missing wake-up through dispatch: a loop whose scan kept x
@@ -233,26 +261,7 @@ func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
 // (from the scan to TryAcquire) is held open with the afterLookup hook,
 // which runs in dispatch's lockStream.
 func TestBreaker3DirectSendStealsSlotFromDispatch(t *testing.T) {
-	const parts = 2
-	x, y := b3Names("n2", parts)
-	d := &b3Deliverer{capFirst: x, capRetry: time.Second, gate: y,
-		gateIn: make(chan struct{}), gateOut: make(chan struct{}),
-		calls: map[string]int{}, ran: map[string]int{}}
-	scfg := outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db"))
-	scfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := outbox.Open(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Partitions = parts
-	cfg.Logger = scfg.Logger
-	cfg.Limiter = LimiterConfig{Initial: 1, Min: 1, Max: 1024}
-	cfg.DirectTimeout = time.Minute // the gated attempt must not time out
-	r, err := New(cfg, s, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	x, y, r, d := b3Relay(t)
 	var armed atomic.Bool
 	var hookOnce sync.Once
 	hookIn, hookOut := make(chan struct{}), make(chan struct{})
@@ -269,8 +278,6 @@ func TestBreaker3DirectSendStealsSlotFromDispatch(t *testing.T) {
 	t.Cleanup(func() {
 		hookOutOnce.Do(func() { close(hookOut) })
 		gateOnce.Do(func() { close(d.gateOut) })
-		_ = r.Close()
-		_ = s.Close()
 	})
 	r.Start()
 
@@ -288,16 +295,7 @@ func TestBreaker3DirectSendStealsSlotFromDispatch(t *testing.T) {
 	}
 	// Meanwhile a direct Send to y (same node, other partition) takes n2's
 	// only slot.
-	type sendResult struct {
-		res Sent
-		err error
-	}
-	sent := make(chan sendResult, 1)
-	go func() {
-		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: y, Sender: "app@n0", Type: "y", MsgId: "y"}}
-		res, err := r.Send(context.Background(), sm, true)
-		sent <- sendResult{res, err}
-	}()
+	sent := r.b3SendDirect(y)
 	select {
 	case <-d.gateIn:
 	case <-time.After(wait10s):
@@ -320,22 +318,7 @@ func TestBreaker3DirectSendStealsSlotFromDispatch(t *testing.T) {
 	})
 	// The direct attempt ends and frees the slot.
 	gateOnce.Do(func() { close(d.gateOut) })
-	select {
-	case res := <-sent:
-		if res.err != nil || res.res.Outcome != Delivered {
-			t.Fatalf("direct Send to y: %+v, %v", res.res, res.err)
-		}
-	case <-time.After(wait10s):
-		t.Fatal("direct Send to y did not return")
-	}
+	sent(t)
 
-	deadline := time.Now().Add(5 * time.Second)
-	for r.store.Pending(x) != 0 || d.ranCount(x) != 1 {
-		if time.Now().After(deadline) {
-			lim := r.Limiter("n2")
-			t.Fatalf("x@n2 stalled: pending %d, ran %d, Deliver calls %d; n2 limiter %d/%d in flight, %d nodes excluded, %d loop iterations: a message queued to a live peer with free slots is never sent",
-				r.store.Pending(x), d.ranCount(x), d.callCount(x), lim.InFlight(), lim.Limit(), r.store.ExcludedNodes(), r.iterations.Load())
-		}
-		time.Sleep(20 * time.Millisecond) // polling interval; the condition decides
-	}
+	r.b3WaitRan(t, d, x)
 }
