@@ -89,7 +89,8 @@ type Config struct {
 	// come back from a new address (restart on another port or host).
 	DeadNodeReclaimTime time.Duration
 	// ReconnectInterval: how often unreachable seeds and recently failed
-	// peers are re-joined; bounds how fast a healed partition merges.
+	// peers are re-joined (failed peers by about two members of the
+	// cluster each interval); bounds how fast a healed partition merges.
 	ReconnectInterval time.Duration
 	// ReconnectTimeout: a failed or left peer is forgotten (and no longer
 	// re-joined) after this long.

@@ -61,8 +61,12 @@
 //   - No events about the local node. Members includes it.
 //   - A member learned of only when already dead produces no event.
 //   - Dead and left members stay in Members for ReconnectTimeout, then are
-//     forgotten (and no longer re-joined). Failed (not left) members and
-//     peers.json entries are re-joined every ReconnectInterval until then.
+//     forgotten (and no longer re-joined). Until then failed (not left)
+//     members and peers.json entries are re-joined: each ReconnectInterval a
+//     member tries each with probability 2/(reachable members), so the
+//     cluster as a whole makes about two Joins per failed member per
+//     interval whatever its size (every member dialling every failed one
+//     was n×d dials per interval). Seeds are tried every interval.
 //   - Kill does not write peers.json (a crash would not); Close does.
 //   - UpdateMeta waits up to TCPTimeout for the broadcast; a timeout is not
 //     an error because gossip and push/pull spread the new metadata anyway.

@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -314,5 +315,51 @@ func TestSuspicionExpires(t *testing.T) {
 	m.expireSuspicions(time.Now().Add(time.Hour))
 	if got := m.view["p"].State; got != StateDead {
 		t.Fatalf("a dead member became %v", got)
+	}
+}
+
+// Failed members are re-joined by about reconnectFanout members of the
+// cluster per round, not by every member: each member tries each with
+// probability reconnectFanout/(reachable members). Seeds are always tried.
+func TestReconnectTargetsSampled(t *testing.T) {
+	m := newBare(t, io.Discard)
+	m.cfg.Join = []string{"seed:1"}
+	now := time.Now()
+	for i := range 40 {
+		m.view[fmt.Sprintf("alive%d", i)] = Member{Name: fmt.Sprintf("alive%d", i), GossipAddr: fmt.Sprintf("a:%d", i), State: StateAlive, Since: now}
+	}
+	for i := range 10 {
+		m.view[fmt.Sprintf("dead%d", i)] = Member{Name: fmt.Sprintf("dead%d", i), GossipAddr: fmt.Sprintf("d:%d", i), State: StateDead, Since: now}
+	}
+	const rounds = 2000
+	dead, seed := 0, 0
+	for range rounds {
+		for _, a := range m.reconnectTargets(now) {
+			switch {
+			case a == "seed:1":
+				seed++
+			case strings.HasPrefix(a, "d:"):
+				dead++
+			default:
+				t.Fatalf("target %s is alive", a)
+			}
+		}
+	}
+	if seed != rounds {
+		t.Errorf("seed tried in %d of %d rounds", seed, rounds)
+	}
+	// Expected 10 dead × 2/40 = 0.5 per round: 1,000 of 2,000 (σ ≈ 31).
+	if want := rounds * 10 * reconnectFanout / 40; dead < want*8/10 || dead > want*12/10 {
+		t.Errorf("dead members tried %d times in %d rounds, want about %d", dead, rounds, want)
+	}
+
+	// A member alone, or with few reachable peers, tries every failed one.
+	for name := range m.view {
+		if strings.HasPrefix(name, "alive") && name != "alive0" {
+			delete(m.view, name)
+		}
+	}
+	if got := len(m.reconnectTargets(now)); got != 1+10 {
+		t.Errorf("with one reachable peer, %d targets, want the seed and all 10 failed", got)
 	}
 }
