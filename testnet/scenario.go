@@ -137,10 +137,13 @@ func ScenarioNames() []string { return slices.Sorted(maps.Keys(scenarios)) }
 // stage is what a running scenario works with.
 type stage struct {
 	c         *Cluster
+	name      string
 	size      Size
 	res       *Result
 	processed atomic.Int64
 	start     time.Time
+	out       io.Writer  // progress lines; nil for none
+	outMu     sync.Mutex // one progress line at a time
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -202,6 +205,18 @@ func (s *stage) mark(label string) {
 	s.mu.Lock()
 	s.events = append(s.events, Event{At: time.Since(s.start), Label: label})
 	s.mu.Unlock()
+	s.progress("%s", label)
+}
+
+// progress prints one line of what the run is doing now, so that a run of
+// minutes is not silent until its summary.
+func (s *stage) progress(format string, args ...any) {
+	if s.out == nil {
+		return
+	}
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	fmt.Fprintf(s.out, "%s %7.1fs  %s\n", s.name, time.Since(s.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
 func (s *stage) count(k string, d int64) {
@@ -235,7 +250,8 @@ func (s *stage) sample() {
 }
 
 // RunScenario runs the named scenario at size on a new in-process cluster,
-// prints a summary table to out and returns the result with its SVG report.
+// prints a line to out as each step of the run begins (out may be nil) and
+// a summary table at the end, and returns the result with its SVG report.
 func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Result, error) {
 	sc, ok := scenarios[name]
 	if !ok {
@@ -245,13 +261,15 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 		return Result{}, err
 	}
 	res := Result{Name: name, Size: size, Counts: map[string]int64{}, Checks: map[string]bool{}}
-	st := &stage{size: size, res: &res}
+	st := &stage{name: name, size: size, res: &res, out: out, start: time.Now()}
+	st.progress("starting %d nodes", size.Nodes)
 	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second+time.Duration(size.Nodes)*300*time.Millisecond))
 	if err != nil {
 		return Result{}, fmt.Errorf("testnet: scenario %s: %w", name, err)
 	}
 	defer func() { _ = c.Close() }()
 	st.c = c
+	st.progress("%d nodes up and converged; the scenario starts (its clock restarts at 0)", size.Nodes)
 	st.start = time.Now()
 	sctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -324,9 +324,11 @@ func fleet(ctx context.Context, s *stage) error {
 		stepErr = ctx.Err()
 	}
 	if stepErr == nil {
+		s.progress("sends done; waiting for every node to see every other alive")
 		stepErr = s.c.WaitConverged(20*time.Second + time.Duration(n)*100*time.Millisecond)
 	}
 	if stepErr == nil {
+		s.progress("converged; waiting for every outbox to drain")
 		stepErr = s.c.WaitDrained(drainTimeout(s.size))
 	}
 	stopSampler()
