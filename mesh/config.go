@@ -127,6 +127,14 @@ type Config struct {
 	// unread. memberlist never sends more than about 1,400 bytes (its UDP
 	// buffer) plus the label and encryption overhead.
 	InboundPacketBytes int
+	// HandoffQueueDepth bounds the gossip messages (alive, suspect, dead
+	// and user messages) received and waiting for memberlist's handler;
+	// beyond it they are dropped. A wave of deaths or joins in a large
+	// cluster arrives as a burst of them, and a dropped alive message is a
+	// refutation lost: the member stays dead in that view until a
+	// push/pull. Each waiting message holds its datagram (at most
+	// InboundPacketBytes); with a SecretKey only members can fill it.
+	HandoffQueueDepth int
 
 	// WrapTransport lets tests inject faults: it gets mesh's transport (the
 	// gossip sockets under the inbound limits) and returns the one
@@ -170,6 +178,7 @@ func DefaultConfig(nodeName string) Config {
 		InboundStreamTimeout:    2 * time.Second,        // 2 x TCPTimeout: honest peers end on memberlist's deadline
 		InboundStreamRate:       4 << 20,                // 4 MiB/s: ~1,000 joins of a 10-node list per second
 		InboundPacketBytes:      8 << 10,                // memberlist sends <= ~1.7 KiB; leaves ample room
+		HandoffQueueDepth:       1024,                   // memberlist's default; presets above 16 members raise it
 		WrapTransport:           nil,                    // real network
 		Logger:                  slog.Default(),         // process logger
 	}
@@ -234,7 +243,7 @@ func (c Config) Validate() error {
 		v    int
 	}{
 		{"SuspicionMult", c.SuspicionMult}, {"SuspicionMaxTimeoutMult", c.SuspicionMaxTimeoutMult},
-		{"RetransmitMult", c.RetransmitMult},
+		{"RetransmitMult", c.RetransmitMult}, {"HandoffQueueDepth", c.HandoffQueueDepth},
 	} {
 		if n.v < 1 {
 			return bad("%s must be >= 1, got %d", n.name, n.v)
@@ -279,6 +288,7 @@ func (c Config) memberlistConfig() *memberlist.Config {
 	mc.RetransmitMult = c.RetransmitMult
 	mc.IndirectChecks = c.IndirectChecks
 	mc.DeadNodeReclaimTime = c.DeadNodeReclaimTime
+	mc.HandoffQueueDepth = c.HandoffQueueDepth
 	if c.SecretKey != nil {
 		mc.SecretKey = slices.Clone(c.SecretKey)
 		mc.GossipVerifyIncoming = true

@@ -363,3 +363,17 @@ func TestReconnectTargetsSampled(t *testing.T) {
 		t.Errorf("with one reachable peer, %d targets, want the seed and all 10 failed", got)
 	}
 }
+
+// The handoff queue memberlist runs with is the one the config names.
+func TestMemberlistConfigHandoffQueue(t *testing.T) {
+	for _, c := range []Config{DefaultConfig("n"), PresetFor("n", 200)} {
+		if got := c.memberlistConfig().HandoffQueueDepth; got != c.HandoffQueueDepth {
+			t.Errorf("memberlist HandoffQueueDepth %d, config %d", got, c.HandoffQueueDepth)
+		}
+	}
+	bad := DefaultConfig("n")
+	bad.HandoffQueueDepth = 0
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "HandoffQueueDepth") {
+		t.Errorf("HandoffQueueDepth 0: Validate = %v", err)
+	}
+}

@@ -9,6 +9,7 @@ type preset struct {
 	pushPull                      time.Duration
 	streams, streamBytes, rate    int
 	retransmitMult, suspicionMult int
+	handoff                       int // HandoffQueueDepth
 }
 
 // presets, smallest first. What changes with size, and why:
@@ -29,26 +30,31 @@ type preset struct {
 //   - InboundStreams, InboundStreamBytes, InboundStreamRate. One push/pull
 //     must fit the byte limit with room for MaxMetaSize metadata; the rate
 //     must admit a join wave's member lists.
+//   - HandoffQueueDepth. A wave of deaths, restarts or joins reaches every
+//     member as a burst of suspect, dead and alive messages; memberlist's
+//     1,024 overflowed at 200 members and dropped refutations, which kept
+//     live members dead in some views and fed a storm of suspicions.
 //
 // ProbeInterval, ProbeTimeout, SuspicionMult and the rest not named here
 // keep their DefaultConfig values up to 256 members, which is what the
 // detection bounds (dead <= 3 s, alive <= 2 s) are measured with.
 var presets = []preset{
 	{upTo: 16, probe: 300 * time.Millisecond, probeTimeout: 150 * time.Millisecond, gossip: 50 * time.Millisecond,
-		pushPull: 5 * time.Second, streams: 16, streamBytes: 1 << 20, rate: 4 << 20, retransmitMult: 4, suspicionMult: 2},
+		pushPull: 5 * time.Second, streams: 16, streamBytes: 1 << 20, rate: 4 << 20, retransmitMult: 4, suspicionMult: 2, handoff: 1024},
 	{upTo: 256, probe: 300 * time.Millisecond, probeTimeout: 200 * time.Millisecond, gossip: 50 * time.Millisecond,
-		pushPull: 10 * time.Second, streams: 32, streamBytes: 1 << 20, rate: 8 << 20, retransmitMult: 4, suspicionMult: 2},
+		pushPull: 10 * time.Second, streams: 32, streamBytes: 1 << 20, rate: 8 << 20, retransmitMult: 4, suspicionMult: 2, handoff: 8192},
 	{upTo: 1024, probe: time.Second, probeTimeout: 500 * time.Millisecond, gossip: 100 * time.Millisecond,
-		pushPull: 30 * time.Second, streams: 32, streamBytes: 2 << 20, rate: 16 << 20, retransmitMult: 4, suspicionMult: 2},
+		pushPull: 30 * time.Second, streams: 32, streamBytes: 2 << 20, rate: 16 << 20, retransmitMult: 4, suspicionMult: 2, handoff: 8192},
 	{upTo: 8192, probe: 2 * time.Second, probeTimeout: time.Second, gossip: 200 * time.Millisecond,
-		pushPull: 60 * time.Second, streams: 32, streamBytes: 8 << 20, rate: 32 << 20, retransmitMult: 4, suspicionMult: 2},
+		pushPull: 60 * time.Second, streams: 32, streamBytes: 8 << 20, rate: 32 << 20, retransmitMult: 4, suspicionMult: 2, handoff: 8192},
 }
 
 // PresetFor returns DefaultConfig(nodeName) tuned for a cluster of about
 // clusterSize members: the smallest preset whose size is at least
 // clusterSize (the largest, 8,192, beyond that). Presets change
 // ProbeInterval, ProbeTimeout, GossipInterval, PushPullInterval,
-// RetransmitMult, SuspicionMult and the inbound stream limits; see
+// RetransmitMult, SuspicionMult, HandoffQueueDepth and the inbound stream
+// limits; see
 // docs/fleet-scale.md for the figures each was measured at.
 //
 //	size      probe / timeout   gossip   push/pull   stream bytes
@@ -74,5 +80,6 @@ func PresetFor(nodeName string, clusterSize int) Config {
 	c.PushPullInterval = p.pushPull
 	c.InboundStreams, c.InboundStreamBytes, c.InboundStreamRate = p.streams, p.streamBytes, p.rate
 	c.RetransmitMult, c.SuspicionMult = p.retransmitMult, p.suspicionMult
+	c.HandoffQueueDepth = p.handoff
 	return c
 }

@@ -31,6 +31,13 @@ func TestPresetFor(t *testing.T) {
 			t.Errorf("PresetFor(%d) = probe %v push/pull %v bytes %d streams %d", tc.size,
 				c.ProbeInterval, c.PushPullInterval, c.InboundStreamBytes, c.InboundStreams)
 		}
+		want := def.HandoffQueueDepth
+		if tc.size > 16 {
+			want = 8192
+		}
+		if c.HandoffQueueDepth != want {
+			t.Errorf("PresetFor(%d).HandoffQueueDepth = %d, want %d", tc.size, c.HandoffQueueDepth, want)
+		}
 		// The fields presets do not own are DefaultConfig's.
 		if c.NodeName != "n" || c.TCPTimeout != def.TCPTimeout || c.ReconnectInterval != def.ReconnectInterval {
 			t.Errorf("PresetFor(%d) changed a field it does not own", tc.size)
