@@ -138,9 +138,9 @@ func (e *env) drainInto(sub, phase string, spawn func(rcv *node.Node, s *sink, f
 	if err != nil {
 		return nil, err
 	}
-	rcv, err := node.New(sinkCfg)
+	rcv, err := node.Open(sinkCfg)
 	if err != nil {
-		return nil, fmt.Errorf("bench: drain: start sink: %w", err)
+		return nil, fmt.Errorf("bench: drain: open sink: %w", err)
 	}
 	var cleanup func() // what spawn opened, closed after the node
 	defer func() {
@@ -149,11 +149,14 @@ func (e *env) drainInto(sub, phase string, spawn func(rcv *node.Node, s *sink, f
 			cleanup()
 		}
 	}()
-	// The actor is spawned right after New returns; the sender needs the
-	// gossip event and a QUIC handshake first, so it is there before the
-	// first batch (a miss would show as NoSuchActor in the note).
+	// As the daemon does: the actor (and the inbox's store) is in place
+	// before the node joins, so the first emission finds it (a miss would
+	// show as NoSuchActor in the note, and cost the sender a backoff).
 	if cleanup, err = spawn(rcv, &s, &firstNanos); err != nil {
 		return nil, fmt.Errorf("bench: drain: spawn: %w", err)
+	}
+	if err := rcv.Start(context.Background()); err != nil {
+		return nil, fmt.Errorf("bench: drain: start sink: %w", err)
 	}
 	if err := waitFor(e.cfg.Timeout, "backlog drained", func() bool {
 		return s.n.Load() >= int64(e.cfg.Backlog)
