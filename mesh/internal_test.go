@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -334,7 +335,7 @@ func TestReconnectTargetsSampled(t *testing.T) {
 	const rounds = 2000
 	dead, seed := 0, 0
 	for range rounds {
-		for _, a := range m.reconnectTargets(now) {
+		for _, a := range m.reconnectTargets(now.Add(-m.cfg.ReconnectInterval), now) {
 			switch {
 			case a == "seed:1":
 				seed++
@@ -359,7 +360,7 @@ func TestReconnectTargetsSampled(t *testing.T) {
 			delete(m.view, name)
 		}
 	}
-	if got := len(m.reconnectTargets(now)); got != 1+10 {
+	if got := len(m.reconnectTargets(now.Add(-m.cfg.ReconnectInterval), now)); got != 1+10 {
 		t.Errorf("with one reachable peer, %d targets, want the seed and all 10 failed", got)
 	}
 }
@@ -375,5 +376,41 @@ func TestMemberlistConfigHandoffQueue(t *testing.T) {
 	bad.HandoffQueueDepth = 0
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "HandoffQueueDepth") {
 		t.Errorf("HandoffQueueDepth 0: Validate = %v", err)
+	}
+}
+
+// A member seen failing gets Joins of its own from each member that sees
+// it, 1, 2, 4, ... 32 rounds after the failure (the quickest repair of a
+// false death), whatever the sampling says; rounds late or early by up to
+// half an interval change nothing.
+func TestReconnectRetriesAfterFailure(t *testing.T) {
+	m := newBare(t, io.Discard)
+	iv := m.cfg.ReconnectInterval
+	failed := time.Now()
+	var due []int
+	prev := failed
+	for i := 1; i <= 100; i++ {
+		now := failed.Add(time.Duration(i) * iv).Add(time.Duration(i%3-1) * iv / 3) // jitter -1/3, 0, +1/3
+		if m.retryDue(failed, prev, now) {
+			due = append(due, i)
+		}
+		prev = now
+	}
+	if want := []int{1, 2, 4, 8, 16, 32}; !slices.Equal(due, want) {
+		t.Fatalf("retries in rounds %v, want %v", due, want)
+	}
+
+	// Through reconnectTargets: with 40 reachable members the sampling
+	// alone tries a failed one in 1 round of 20; a failure one interval old
+	// is tried every time.
+	now := time.Now()
+	for i := range 40 {
+		m.view[fmt.Sprintf("alive%d", i)] = Member{Name: fmt.Sprintf("alive%d", i), GossipAddr: fmt.Sprintf("a:%d", i), State: StateAlive, Since: now}
+	}
+	m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: now.Add(-iv)}
+	for range 50 {
+		if got := m.reconnectTargets(now.Add(-iv/2), now); !slices.Contains(got, "d:1") {
+			t.Fatalf("a member failed one interval ago was not tried: %v", got)
+		}
 	}
 }

@@ -87,20 +87,24 @@ func (m *Mesh) reconnect() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.ReconnectInterval)
 	defer t.Stop()
+	prev := time.Now() // when the previous round began
 	for {
 		select {
 		case <-m.done:
 			return
 		case <-t.C:
 		}
-		m.expireSuspicions(time.Now())
+		now := time.Now()
+		m.expireSuspicions(now)
 		if m.peersDirty.Swap(false) {
 			if err := savePeers(m.cfg.DataDir, m.rememberedPeers()); err != nil {
 				m.log.Warn("mesh: cannot persist peers", "err", err)
 				m.peersDirty.Store(true)
 			}
 		}
-		for _, addr := range m.reconnectTargets(time.Now()) {
+		targets := m.reconnectTargets(prev, now)
+		prev = now
+		for _, addr := range targets {
 			select {
 			case <-m.done:
 				return
@@ -120,17 +124,26 @@ func (m *Mesh) reconnect() {
 // failed member per ReconnectInterval.
 const reconnectFanout = 2
 
+// reconnectRetries is how many Joins of its own a member makes to each
+// member it sees fail: 1, 2, 4, ... 32 ReconnectIntervals after the failure.
+const reconnectRetries = 6
+
 // reconnectTargets prunes members failed or left longer than
-// ReconnectTimeout and returns the gossip addresses worth a Join this round.
+// ReconnectTimeout and returns the gossip addresses worth a Join in the
+// round that began at now (the previous one began at prev).
 //
-// Seeds and the new address of a restarted member are always tried. A failed
-// member or a peers.json entry is tried with probability
+// Seeds and the new address of a restarted member are always tried. A
+// member that failed is tried 1, 2, 4, ... 32 rounds after it failed: a
+// false death (a member too busy to answer probes for a moment) is repaired
+// fastest by a Join from a member that holds it, since the push/pull tells
+// the member it was declared dead and it refutes. After that, and for
+// peers.json entries, each round tries each with probability
 // reconnectFanout/(reachable members), as serf does: one healed link needs
 // only one Join, and if every member dialled every failed one each round, a
 // fleet of n with d devices offline would make n×d dials a round (3,600/s at
 // 200 members with 19 offline, a sixth of the process's CPU in the fleet
 // scenario) instead of about reconnectFanout×d.
-func (m *Mesh) reconnectTargets(now time.Time) []string {
+func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 	m.mu.Lock()
 	pruned := false
 	live := map[string]bool{m.addr: true}
@@ -159,7 +172,7 @@ func (m *Mesh) reconnectTargets(now time.Time) []string {
 		}
 	}
 	for _, mem := range m.view {
-		if mem.State == StateDead && !live[mem.GossipAddr] && sampled() {
+		if mem.State == StateDead && !live[mem.GossipAddr] && (m.retryDue(mem.Since, prev, now) || sampled()) {
 			set[mem.GossipAddr] = true
 		}
 		if a, ok := m.moved[mem.Name]; ok && !mem.State.reachable() && !live[a] {
@@ -188,6 +201,18 @@ func (m *Mesh) reconnectTargets(now time.Time) []string {
 	}
 	sort.Strings(out)
 	return slices.Clip(out)
+}
+
+// retryDue reports whether one of the times 1, 2, 4, ... 32
+// ReconnectIntervals after a failure at since falls in the round (prev, now].
+func (m *Mesh) retryDue(since, prev, now time.Time) bool {
+	for k := range reconnectRetries {
+		at := since.Add(m.cfg.ReconnectInterval << k)
+		if at.After(prev) && !at.After(now) {
+			return true
+		}
+	}
+	return false
 }
 
 // expireSuspicions ends a Suspect state that outlived memberlist's longest
