@@ -21,6 +21,10 @@ import (
 // one recipient. Its lock serializes the stream: under it a sequence is
 // assigned, the path (direct or outbox) chosen and an emission started; it
 // is never held while waiting for receipts or a commit of messages.
+//
+// The fields are ordered so that the struct is 128 bytes, an allocation
+// class of its own, rather than 152 rounded up to 160: a relay keeps one
+// per recipient it has sent to.
 type stream struct {
 	rcpt, node string
 
@@ -28,7 +32,21 @@ type stream struct {
 	// filter, which must not take mu (it runs under the store's lock).
 	blocked atomic.Bool
 
-	// mu guards the fields below.
+	// The four flags below are guarded by mu; they sit here, beside
+	// blocked, so that the struct packs.
+	//
+	// direct: a direct attempt is unresolved (until its message is settled
+	// or stored). sending: a relay emission awaits its receipts.
+	direct, sending bool
+	// waitStoring: the last emission found nothing to send below
+	// storing[0]; the stream waits for doneStoring instead of the loop
+	// trying again at once (which would spin until the commit).
+	waitStoring bool
+	// gone: forget dropped the stream from its partition; whoever still
+	// holds it must look the recipient up again (lockStream).
+	gone bool
+
+	// mu guards the four flags above and the fields below.
 	mu sync.Mutex
 	// epoch is the stream's current epoch (persisted by the store).
 	epoch uint64
@@ -36,17 +54,10 @@ type stream struct {
 	// what was stored before this run, and what this run sent. A receiver
 	// watermark above it means this sender's state went back.
 	emittedHW uint64
-	// direct: a direct attempt is unresolved (until its message is settled
-	// or stored). sending: a relay emission awaits its receipts.
-	direct, sending bool
 	// storing lists, ascending, sequences handed to the store and not yet
 	// committed: nothing at or above the lowest may be sent, since it may
 	// still appear below messages that were.
 	storing []uint64
-	// waitStoring: the last emission found nothing to send below
-	// storing[0]; the stream waits for doneStoring instead of the loop
-	// trying again at once (which would spin until the commit).
-	waitStoring bool
 	// acking lists, ascending, sequences positively receipted whose Ack is
 	// still committing; ackBatches counts those Acks.
 	acking     []uint64
@@ -54,9 +65,6 @@ type stream struct {
 	// deferrals counts deferrals since the last positive receipt: the
 	// backoff exponent for delays nobody is charged for.
 	deferrals int
-	// gone: forget dropped the stream from its partition; whoever still
-	// holds it must look the recipient up again (lockStream).
-	gone bool
 }
 
 // settled reports that nothing of the stream is unresolved: a direct
