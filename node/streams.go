@@ -139,12 +139,15 @@ func (in *inbound) release(st *inStream) {
 // whose watermark is durable and that wait for nothing: their state is on
 // disk.
 func (in *inbound) evictIdle(idleMs int64) int {
+	// lastUse is rounded down to the second, so a stream is kept while
+	// lastUse >= the cutoff's second: never evicted before idleMs has
+	// passed, at most a second after.
 	cutoff := (in.store.ElapsedMs() - idleMs) / 1000
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	n := 0
 	for k, st := range in.streams {
-		if st.users > 0 || int64(st.lastUse) > cutoff || st.durable.Load() != st.w.Load() {
+		if st.users > 0 || int64(st.lastUse) >= cutoff || st.durable.Load() != st.w.Load() {
 			continue
 		}
 		st.cmu.Lock()

@@ -391,3 +391,32 @@ func TestRepeatedKeyBehindItsFirstRunsOnce(t *testing.T) {
 		}
 	}
 }
+
+// The receiver's stream cache keeps a stream until it has been idle for
+// the whole idle time (its last use is kept to the second, rounded down),
+// and lets it go within a second after.
+func TestIdleStreamEvictedNotBeforeItsTime(t *testing.T) {
+	clk := outbox.NewAdjustableClock()
+	n := startNodeWith(t, "n1", t.TempDir(), func(c *node.Config) { c.Outbox.Clock = clk })
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(1900 * time.Millisecond) // the use falls late in a second
+	var rs receipts
+	env := streamEnv("a", "n1", 1, 0)
+	env.Sender = "@" + peerP.Name
+	n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
+	testutil.WaitFor(t, 5*time.Second, "receipt", func() bool { return rs.len() == 1 })
+	if c := rs.code(env.GetMsgId()); c != pb.Receipt_PROCESSED {
+		t.Fatalf("receipt %v", c)
+	}
+	const idle = 10 * time.Second
+	clk.Advance(idle - 200*time.Millisecond)
+	if k := n.EvictIdleStreams(idle); k != 0 {
+		t.Fatalf("evicted %d streams idle for less than %v", k, idle)
+	}
+	clk.Advance(1200 * time.Millisecond)
+	if k := n.EvictIdleStreams(idle); k != 1 {
+		t.Fatalf("evicted %d streams idle for %v + 1 s, want 1", k, idle)
+	}
+}
