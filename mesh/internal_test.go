@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
 )
@@ -413,4 +416,64 @@ func TestReconnectRetriesAfterFailure(t *testing.T) {
 			t.Fatalf("a member failed one interval ago was not tried: %v", got)
 		}
 	}
+}
+
+// Joins that hang (a seed that accepts and never answers, each Join
+// waiting TCPTimeout) do not hold up the reconnect loop's housekeeping: a
+// Suspect state still ends once memberlist's longest suspicion timeout has
+// passed, not after the round's Joins.
+func TestSuspicionExpiresWhileJoinsHang(t *testing.T) {
+	var held []net.Conn
+	var heldMu sync.Mutex
+	var seeds []string
+	for range 6 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				heldMu.Lock()
+				held = append(held, c) // never read, never answered
+				heldMu.Unlock()
+			}
+		}()
+		seeds = append(seeds, ln.Addr().String())
+	}
+	t.Cleanup(func() {
+		heldMu.Lock()
+		defer heldMu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	cfg := DefaultConfig("self")
+	cfg.Cluster = "test"
+	cfg.BindAddr = "127.0.0.1:0"
+	cfg.DataDir = t.TempDir()
+	cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:1"}
+	cfg.Join = seeds
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	m, err := New(cfg) // the seeds' Joins time out (6 s): New still succeeds
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Kill() })
+	// Each round now spends 6 × TCPTimeout (6 s) in Joins.
+
+	m.mu.Lock()
+	m.setLocked("p", Member{Name: "p", GossipAddr: "127.0.0.1:2", State: StateAlive, Since: time.Now()})
+	m.mu.Unlock()
+	m.markSuspect("p")
+	limit := cfg.maxSuspicion(len(m.Members())) + 3*cfg.ReconnectInterval
+	testutil.WaitFor(t, limit, "p Alive again while the seeds' Joins hang", func() bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.view["p"].State == StateAlive
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 )
 
@@ -82,11 +83,19 @@ func (m *Mesh) rememberedPeers() []peerRecord {
 
 // reconnect is the serf-like loop: it writes peers.json when dirty, forgets
 // old failures, and re-joins seeds and failed peers that are not members,
-// which is also what merges the halves of a healed partition.
+// which is also what merges the halves of a healed partition. The Joins run
+// on a goroutine of their own: each may take up to TCPTimeout, and a round
+// of them must not hold up the next round's suspicion expiry and
+// peers.json. A round whose Joins find the previous round's still running
+// leaves them to the next.
 func (m *Mesh) reconnect() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.ReconnectInterval)
 	defer t.Stop()
+	joins := make(chan []string) // unbuffered: a send succeeds only when the joiner is idle
+	var joiner sync.WaitGroup
+	defer joiner.Wait()
+	joiner.Go(func() { m.joinLoop(joins) })
 	prev := time.Now() // when the previous round began
 	for {
 		select {
@@ -104,6 +113,25 @@ func (m *Mesh) reconnect() {
 		}
 		targets := m.reconnectTargets(prev, now)
 		prev = now
+		if len(targets) > 0 {
+			select {
+			case joins <- targets:
+			default: // still joining the previous round's
+			}
+		}
+	}
+}
+
+// joinLoop joins each batch of addresses reconnect hands it, until the
+// mesh closes.
+func (m *Mesh) joinLoop(joins <-chan []string) {
+	for {
+		var targets []string
+		select {
+		case <-m.done:
+			return
+		case targets = <-joins:
+		}
 		for _, addr := range targets {
 			select {
 			case <-m.done:
