@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,13 +17,21 @@ import (
 // forwarder is b's handler in the forward tests: every envelope for node
 // c goes on with Forward, and c's receipt comes back unchanged; when
 // Forward cannot take it, an unsigned CODE_UNSPECIFIED receipt says why.
+// The node is set once it has started; the handler's goroutines learn of
+// it through the atomic (an envelope's arrival over the network is no
+// happens-before edge the race detector can see).
 type forwarder struct {
-	t  **node
+	n  atomic.Pointer[node]
 	to string
 }
 
-func (f forwarder) HandleEnvelope(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-	err := (*f.t).Forward(f.to, env, 5*time.Second, func(rc *pb.Receipt, err error) {
+func (f *forwarder) HandleEnvelope(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	n := f.n.Load()
+	if n == nil {
+		reply(&pb.Receipt{Message: "forwarder not started"})
+		return
+	}
+	err := n.Forward(f.to, env, 5*time.Second, func(rc *pb.Receipt, err error) {
 		if err != nil {
 			rc = &pb.Receipt{Message: err.Error()}
 		}
@@ -41,8 +50,9 @@ func TestForwardCarriesEnvelopesAndReceipts(t *testing.T) {
 	r := newResolver()
 	rec := &recorder{}
 	c := startNode(t, testConfig(t, ca, "c"), r, rec)
-	var b *node
-	b = startNode(t, testConfig(t, ca, "b"), r, forwarder{t: &b, to: "c"})
+	fw := &forwarder{to: "c"}
+	b := startNode(t, testConfig(t, ca, "b"), r, fw)
+	fw.n.Store(b)
 	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
 	_ = c
 
