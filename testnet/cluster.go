@@ -431,15 +431,16 @@ func (c *Cluster) converged() (ok bool, why string) {
 	}
 	c.mu.Unlock()
 	for _, a := range running {
-		alive := map[string]bool{}
+		state := map[string]mesh.State{}
 		for _, m := range a.Members() {
-			if m.State == mesh.StateAlive {
-				alive[m.Name] = true
-			}
+			state[m.Name] = m.State
 		}
 		for _, b := range running {
-			if !alive[b.Name()] {
-				return false, fmt.Sprintf("%s does not see %s alive", a.Name(), b.Name())
+			switch st, known := state[b.Name()]; {
+			case !known:
+				return false, fmt.Sprintf("%s does not know %s", a.Name(), b.Name())
+			case st != mesh.StateAlive:
+				return false, fmt.Sprintf("%s sees %s %v, not alive", a.Name(), b.Name(), st)
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package testnet
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,6 +100,11 @@ func TestClusterKillRestart(t *testing.T) {
 	// A graceful stop: the sender's outbox survives its own restart.
 	c.Isolate(1)
 	testutil.WaitFor(t, 10*time.Second, "n0 sees n1 down", func() bool { return !c.Sees(0, 1) })
+	// Not converged, and the error says what the first laggard sees.
+	if err := c.WaitConverged(time.Millisecond); !errors.Is(err, ErrNotConverged) ||
+		!strings.Contains(err.Error(), "n0 sees n1 ") || !strings.Contains(err.Error(), ", not alive") {
+		t.Fatalf("WaitConverged with n1 isolated: %v", err)
+	}
 	for range 5 {
 		if _, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); err != nil {
 			t.Fatal(err)
