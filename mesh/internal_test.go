@@ -322,6 +322,15 @@ func TestSuspicionExpires(t *testing.T) {
 	}
 }
 
+// addMembers puts n members named prefix0.. in m's view, at gossip
+// addresses host:0.., in state since since.
+func addMembers(m *Mesh, prefix, host string, n int, state State, since time.Time) {
+	for i := range n {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		m.view[name] = Member{Name: name, GossipAddr: fmt.Sprintf("%s:%d", host, i), State: state, Since: since}
+	}
+}
+
 // Failed members are re-joined by about reconnectFanout members of the
 // cluster per round, not by every member: each member tries each with
 // probability reconnectFanout/(reachable members). Seeds are always tried.
@@ -329,12 +338,8 @@ func TestReconnectTargetsSampled(t *testing.T) {
 	m := newBare(t, io.Discard)
 	m.cfg.Join = []string{"seed:1"}
 	now := time.Now()
-	for i := range 40 {
-		m.view[fmt.Sprintf("alive%d", i)] = Member{Name: fmt.Sprintf("alive%d", i), GossipAddr: fmt.Sprintf("a:%d", i), State: StateAlive, Since: now}
-	}
-	for i := range 10 {
-		m.view[fmt.Sprintf("dead%d", i)] = Member{Name: fmt.Sprintf("dead%d", i), GossipAddr: fmt.Sprintf("d:%d", i), State: StateDead, Since: now}
-	}
+	addMembers(m, "alive", "a", 40, StateAlive, now)
+	addMembers(m, "dead", "d", 10, StateDead, now)
 	const rounds = 2000
 	dead, seed := 0, 0
 	for range rounds {
@@ -407,9 +412,7 @@ func TestReconnectRetriesAfterFailure(t *testing.T) {
 	// alone tries a failed one in 1 round of 20; a failure one interval old
 	// is tried every time.
 	now := time.Now()
-	for i := range 40 {
-		m.view[fmt.Sprintf("alive%d", i)] = Member{Name: fmt.Sprintf("alive%d", i), GossipAddr: fmt.Sprintf("a:%d", i), State: StateAlive, Since: now}
-	}
+	addMembers(m, "alive", "a", 40, StateAlive, now)
 	m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: now.Add(-iv)}
 	for range 50 {
 		if got := m.reconnectTargets(now.Add(-iv/2), now); !slices.Contains(got, "d:1") {
