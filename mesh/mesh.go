@@ -300,7 +300,7 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 // socket said: a seed that is down refuses the connection or times out,
 // but one that is up and in another cluster, or with another gossip key,
 // reads the first bytes and closes the connection, which the joiner sees
-// as a bare "EOF". The seed cannot say which: it never authenticated us.
+// as a bare "EOF". The seed node cannot say which: it never authenticated us.
 func (m *Mesh) joinFailed(addrs []string, err error) error {
 	if isKeyMismatch(err.Error()) {
 		return fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %w",

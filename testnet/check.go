@@ -16,7 +16,7 @@ import (
 // Recorder collects what senders were told and what handlers processed.
 type Recorder = invariant.Recorder
 
-// Report is the invariant checker's verdict; Report.Err() prints the seed.
+// Report is the invariant checker's verdict; Report.Err() prints the random seed.
 type Report = invariant.Report
 
 // Dead is one dead letter as the checker sees it.

@@ -138,7 +138,7 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 		c.members = append(c.members, &member{name: name, dataDir: filepath.Join(c.dir, name), clock: outbox.NewAdjustableClock()})
 	}
 	// The first node alone, then the rest in parallel: each joins n0 and
-	// two random running nodes, so no seed takes every join in turn.
+	// two random running nodes, so no join seed takes every join in turn.
 	if err := c.startNode(0); err != nil {
 		_ = c.Close()
 		return nil, fmt.Errorf("testnet: start: %w", err)

@@ -13,7 +13,7 @@
 //	c.Heal()
 //	c.WaitDrained(10 * time.Second)
 //	rep, _ := c.Check(rec)
-//	if err := rep.Err(); err != nil { t.Fatal(err) } // prints the seed
+//	if err := rep.Err(); err != nil { t.Fatal(err) } // prints the random seed
 //
 // # Guarantees
 //
