@@ -408,15 +408,37 @@ func TestReconnectRetriesAfterFailure(t *testing.T) {
 		t.Fatalf("retries in rounds %v, want %v", due, want)
 	}
 
-	// Through reconnectTargets: with 40 reachable members the sampling
-	// alone tries a failed one in 1 round of 20; a failure one interval old
-	// is tried every time.
+	// Through reconnectTargets: with 8 reachable members (retryFanout) a
+	// failure one interval old is retried every time.
 	now := time.Now()
-	addMembers(m, "alive", "a", 40, StateAlive, now)
+	addMembers(m, "alive", "a", retryFanout, StateAlive, now)
 	m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: now.Add(-iv)}
-	for range 50 {
-		if got := m.reconnectTargets(now.Add(-iv/2), now); !slices.Contains(got, "d:1") {
-			t.Fatalf("a member failed one interval ago was not tried: %v", got)
+	tried := func(rounds int, since time.Time) (n int) {
+		m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: since}
+		for range rounds {
+			if slices.Contains(m.reconnectTargets(now.Add(-iv/2), now), "d:1") {
+				n++
+			}
+		}
+		return n
+	}
+	if got := tried(50, now.Add(-iv)); got != 50 {
+		t.Fatalf("with %d reachable members a failure one interval old was retried in %d of 50 rounds", retryFanout, got)
+	}
+
+	// With 40 reachable members each member takes a retry with probability
+	// 8/40 (about 8 retriers in the cluster) and the round's sampling adds
+	// 2/40: 0.2 + 0.8 × 0.05 = 0.24 of the rounds. Between retry times only
+	// the sampling's 0.05 remains.
+	addMembers(m, "more", "b", 40-retryFanout, StateAlive, now)
+	const rounds = 10000
+	for _, tc := range []struct {
+		since time.Time
+		p     float64
+	}{{now.Add(-iv), 0.24}, {now.Add(-3 * iv), 0.05}} {
+		want := tc.p * rounds // ±20 % is more than 4σ for either p
+		if got := float64(tried(rounds, tc.since)); got < want*0.8 || got > want*1.2 {
+			t.Errorf("failed %v ago: tried in %.0f of %d rounds, want about %.0f", now.Sub(tc.since), got, rounds, want)
 		}
 	}
 }

@@ -152,25 +152,34 @@ func (m *Mesh) joinLoop(joins <-chan []string) {
 // failed member per ReconnectInterval.
 const reconnectFanout = 2
 
-// reconnectRetries is how many Joins of its own a member makes to each
-// member it sees fail: 1, 2, 4, ... 32 ReconnectIntervals after the failure.
+// reconnectRetries is how many retries follow a failure: 1, 2, 4, ... 32
+// ReconnectIntervals after it.
 const reconnectRetries = 6
+
+// retryFanout is about how many members of the cluster retry a failed
+// member at each of those times: each member that sees the failure takes
+// each retry with probability retryFanout/(reachable members), so a
+// cluster of retryFanout or fewer retries from every member.
+const retryFanout = 8
 
 // reconnectTargets prunes members failed or left longer than
 // ReconnectTimeout and returns the gossip addresses worth a Join in the
 // round that began at now (the previous one began at prev).
 //
 // Seeds and the new address of a restarted member are always tried. A
-// member that failed is tried 1, 2, 4, ... 32 rounds after it failed: a
-// false death (a member too busy to answer probes for a moment) is repaired
-// fastest by a Join from a member that holds it, since the push/pull tells
-// the member it was declared dead and it refutes. After that, and for
-// peers.json entries, each round tries each with probability
-// reconnectFanout/(reachable members), as serf does: one healed link needs
-// only one Join, and if every member dialled every failed one each round, a
-// fleet of n with d devices offline would make n×d dials a round (3,600/s at
-// 200 members with 19 offline, a sixth of the process's CPU in the fleet
-// scenario) instead of about reconnectFanout×d.
+// member that failed is retried 1, 2, 4, ... 32 rounds after it failed, by
+// about retryFanout members at each of those times: a false death (a member
+// too busy to answer probes for a moment) is repaired fastest by a Join
+// from a member that holds it, since the push/pull tells the member it was
+// declared dead and it refutes, and one such Join is enough. Apart from
+// those, and for peers.json entries, each round tries each with
+// probability reconnectFanout/(reachable members), as serf does: one healed
+// link needs only one Join. Were every member to dial every failed one, a
+// fleet of n with d devices offline would make n×d dials a round (3,600/s
+// at 200 members with 19 offline, a sixth of the process's CPU in the fleet
+// scenario) instead of about reconnectFanout×d, and a wave of d deaths
+// would bring 6×n×d retries (22,700 for 19 at 200, a third of them in the
+// first two rounds) instead of about 6×retryFanout×d.
 func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 	m.mu.Lock()
 	pruned := false
@@ -193,6 +202,10 @@ func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 	}
 	chance := min(1, float64(reconnectFanout)/float64(max(1, len(liveNames))))
 	sampled := func() bool { return chance >= 1 || rand.Float64() < chance }
+	retryChance := min(1, float64(retryFanout)/float64(max(1, len(liveNames))))
+	retry := func(since time.Time) bool {
+		return m.retryDue(since, prev, now) && (retryChance >= 1 || rand.Float64() < retryChance)
+	}
 	set := map[string]bool{}
 	for _, a := range m.cfg.Join {
 		if !live[a] {
@@ -200,7 +213,7 @@ func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 		}
 	}
 	for _, mem := range m.view {
-		if mem.State == StateDead && !live[mem.GossipAddr] && (m.retryDue(mem.Since, prev, now) || sampled()) {
+		if mem.State == StateDead && !live[mem.GossipAddr] && (retry(mem.Since) || sampled()) {
 			set[mem.GossipAddr] = true
 		}
 		if a, ok := m.moved[mem.Name]; ok && !mem.State.reachable() && !live[a] {
