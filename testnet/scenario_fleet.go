@@ -280,7 +280,19 @@ func fleet(ctx context.Context, s *stage) error {
 		return nil
 	}
 	restart := func(w []int) error {
-		for _, i := range w {
+		// Devices come back one every joinEvery, not in one instant: each
+		// join's gossip grows with the cluster, and all of them share
+		// this process's cores (see joinEvery).
+		tick := time.NewTicker(joinEvery)
+		defer tick.Stop()
+		for k, i := range w {
+			if k > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-tick.C:
+				}
+			}
 			if err := s.c.Restart(i); err != nil {
 				return err
 			}
