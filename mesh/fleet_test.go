@@ -18,11 +18,11 @@ import (
 
 // fleetJoinEvery paces the start of a large cluster in one process: one
 // member begins to join every 100 ms. A joiner re-broadcasts every member
-// its push/pull taught it, each RetransmitMult x log10(n) times, so a join
-// costs gossip in proportion to the cluster's size. On two cores, 200
-// members started by eight workers as fast as they could tipped into a
+// its push/pull taught it, each RetransmitMult x ceil(log10(n+1)) times, so
+// a join costs gossip in proportion to the cluster's size. On two cores,
+// 200 members started by eight workers as fast as they could tipped into a
 // storm of suspicions in 5 of 5 starts; started about ten a second they
-// converged in 3 of 3, within a second of the last start. Devices of a
+// converged in 6 of 6, within a second of the last start. Devices of a
 // real fleet each have their own CPU for the gossip of their joins.
 const fleetJoinEvery = 100 * time.Millisecond
 
