@@ -16,8 +16,8 @@ func TestPresetFor(t *testing.T) {
 	}{
 		{1, def.ProbeInterval, def.PushPullInterval, def.InboundStreamBytes, def.InboundStreams},
 		{16, def.ProbeInterval, def.PushPullInterval, def.InboundStreamBytes, def.InboundStreams},
-		{17, 300 * time.Millisecond, 10 * time.Second, 1 << 20, 32},
-		{200, 300 * time.Millisecond, 10 * time.Second, 1 << 20, 32},
+		{17, 250 * time.Millisecond, 10 * time.Second, 1 << 20, 32},
+		{200, 250 * time.Millisecond, 10 * time.Second, 1 << 20, 32},
 		{1000, time.Second, 30 * time.Second, 2 << 20, 32},
 		{5000, 2 * time.Second, time.Minute, 8 << 20, 32},
 		{100000, 2 * time.Second, time.Minute, 8 << 20, 32},
