@@ -36,11 +36,12 @@ type preset struct {
 //     live members dead in some views and fed a storm of suspicions.
 //
 // SuspicionMult and the rest not named here keep their DefaultConfig
-// values up to 256 members, which is what the detection bounds (dead <= 3
-// s, alive <= 2 s) are measured with. Up to 256, the probe is 250 ms (the
-// suspicion timeout is SuspicionMult x log10(n) x ProbeInterval, 1.15 s at
-// 200): with 300 ms, 2 of 15 deaths at 200 members took 3.01-3.04 s to
-// reach everyone on a slower machine; with 250 ms, 1.62-2.33 s.
+// values up to 256 members, which is what the detection bounds
+// (dead <= 3 s, alive <= 2 s) are measured with. Up to 256 the probe is
+// shorter than DefaultConfig's, 250 ms: the suspicion timeout is
+// SuspicionMult x log10(n) x ProbeInterval (1.15 s at 200), and with
+// 300 ms 2 of 15 deaths at 200 members took 3.01-3.04 s to reach everyone
+// on a slower machine; with 250 ms, 1.62-2.33 s.
 var presets = []preset{
 	{upTo: 16, probe: 300 * time.Millisecond, probeTimeout: 150 * time.Millisecond, gossip: 50 * time.Millisecond,
 		pushPull: 5 * time.Second, streams: 16, streamBytes: 1 << 20, rate: 4 << 20, retransmitMult: 4, suspicionMult: 2, handoff: 1024},
