@@ -88,9 +88,10 @@ type Config struct {
 	// DeadNodeReclaimTime: after this long dead, a node of the same name may
 	// come back from a new address (restart on another port or host).
 	DeadNodeReclaimTime time.Duration
-	// ReconnectInterval: how often unreachable seeds and recently failed
-	// peers are re-joined (failed peers by about two members of the
-	// cluster each interval); bounds how fast a healed partition merges.
+	// ReconnectInterval: how often unreachable join seeds and recently
+	// failed peers are re-joined (failed peers by about two members of the
+	// cluster each interval, and by about eight 1, 2, 4 ... 32 intervals
+	// after the failure); bounds how fast a healed partition merges.
 	ReconnectInterval time.Duration
 	// ReconnectTimeout: a failed or left peer is forgotten (and no longer
 	// re-joined) after this long.

@@ -62,15 +62,17 @@
 //   - A member learned of only when already dead produces no event.
 //   - Dead and left members stay in Members for ReconnectTimeout, then are
 //     forgotten (and no longer re-joined). Until then failed (not left)
-//     members and peers.json entries are re-joined. Each member that sees a
-//     member fail joins it 1, 2, 4, ... 32 ReconnectIntervals after the
-//     failure (the quickest repair of a false death: the push/pull tells the
-//     member it was declared dead, and it refutes); after that, each
-//     interval a member tries each failed member and peers.json entry with
-//     probability 2/(reachable members), so the cluster as a whole makes
-//     about two Joins per failed member per interval whatever its size
-//     (every member dialling every failed one was n×d dials per interval).
-//     Seeds are tried every interval.
+//     members and peers.json entries are re-joined. A failed member is
+//     joined 1, 2, 4, ... 32 ReconnectIntervals after the failure by about
+//     eight members of the cluster (each member that sees the failure takes
+//     each of these with probability 8/(reachable members)): the quickest
+//     repair of a false death, since the push/pull tells the member it was
+//     declared dead, and it refutes. Besides, each interval a member tries
+//     each failed member and peers.json entry with probability
+//     2/(reachable members), so the cluster as a whole makes about two Joins
+//     per failed member per interval whatever its size (every member
+//     dialling every failed one was n×d dials per interval). Join seeds are
+//     tried every interval.
 //   - Kill does not write peers.json (a crash would not); Close does.
 //   - UpdateMeta waits up to TCPTimeout for the broadcast; a timeout is not
 //     an error because gossip and push/pull spread the new metadata anyway.

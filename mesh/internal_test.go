@@ -387,10 +387,10 @@ func TestMemberlistConfigHandoffQueue(t *testing.T) {
 	}
 }
 
-// A member seen failing gets Joins of its own from each member that sees
-// it, 1, 2, 4, ... 32 rounds after the failure (the quickest repair of a
-// false death), whatever the sampling says; rounds late or early by up to
-// half an interval change nothing.
+// A member seen failing is retried 1, 2, 4, ... 32 rounds after the failure
+// (the quickest repair of a false death) by about retryFanout members of
+// the cluster, on top of the round's sampling; rounds late or early by up
+// to half an interval change nothing.
 func TestReconnectRetriesAfterFailure(t *testing.T) {
 	m := newBare(t, io.Discard)
 	iv := m.cfg.ReconnectInterval
@@ -412,7 +412,6 @@ func TestReconnectRetriesAfterFailure(t *testing.T) {
 	// failure one interval old is retried every time.
 	now := time.Now()
 	addMembers(m, "alive", "a", retryFanout, StateAlive, now)
-	m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: now.Add(-iv)}
 	tried := func(rounds int, since time.Time) (n int) {
 		m.view["dead"] = Member{Name: "dead", GossipAddr: "d:1", State: StateDead, Since: since}
 		for range rounds {

@@ -200,12 +200,9 @@ func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 			liveNames[name] = true
 		}
 	}
-	chance := min(1, float64(reconnectFanout)/float64(max(1, len(liveNames))))
-	sampled := func() bool { return chance >= 1 || rand.Float64() < chance }
-	retryChance := min(1, float64(retryFanout)/float64(max(1, len(liveNames))))
-	retry := func(since time.Time) bool {
-		return m.retryDue(since, prev, now) && (retryChance >= 1 || rand.Float64() < retryChance)
-	}
+	reachable := float64(max(1, len(liveNames)))
+	sampled := func() bool { return coin(reconnectFanout / reachable) }
+	retry := func(since time.Time) bool { return m.retryDue(since, prev, now) && coin(retryFanout/reachable) }
 	set := map[string]bool{}
 	for _, a := range m.cfg.Join {
 		if !live[a] {
@@ -243,6 +240,9 @@ func (m *Mesh) reconnectTargets(prev, now time.Time) []string {
 	sort.Strings(out)
 	return slices.Clip(out)
 }
+
+// coin is true with probability p (always when p >= 1).
+func coin(p float64) bool { return p >= 1 || rand.Float64() < p }
 
 // retryDue reports whether one of the times 1, 2, 4, ... 32
 // ReconnectIntervals after a failure at since falls in the round (prev, now].

@@ -168,21 +168,22 @@ func (e *env) rssPhase() ([]Row, error) {
 // heapAlloc returns the heap in use after a GC, without goroutine stacks:
 // stacks that grew while work ran shrink only at a later GC, and ±50 B per
 // stream between runs of the stream row came from them, not from state.
-func heapAlloc() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc
-}
+func heapAlloc() uint64 { return memAfterGC().HeapAlloc }
 
 // heapInUse returns heap plus goroutine stacks in use, after a GC.
 func heapInUse() uint64 {
+	ms := memAfterGC()
+	return ms.HeapAlloc + ms.StackInuse
+}
+
+// memAfterGC reads the memory statistics after two collections (the
+// second frees what the first's finalizers released).
+func memAfterGC() runtime.MemStats {
 	runtime.GC()
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapAlloc + ms.StackInuse
+	return ms
 }
 
 // actorsPhase spawns cfg.Actors idle actors on a node and reports the heap
