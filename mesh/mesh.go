@@ -72,9 +72,10 @@ type Mesh struct {
 	startedAt time.Time
 }
 
-// New starts a member: it binds the gossip address, tries the seeds (Join and
-// peers.json) once, and starts the dispatcher and reconnect goroutines.
-// Unreachable seeds are not an error: the reconnect loop keeps trying.
+// New starts a member: it binds the gossip address, tries the join addresses
+// (Config.Join and peers.json) once, and starts the dispatcher and
+// reconnect goroutines. Unreachable join addresses are not an error: the
+// reconnect loop keeps trying.
 func New(cfg Config) (*Mesh, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -105,7 +106,7 @@ func New(cfg Config) (*Mesh, error) {
 		m.log.Warn("mesh: gossip is NOT encrypted (SecretKey is nil); use only in tests")
 	}
 	if m.filePeers, err = loadPeers(cfg.DataDir); err != nil {
-		// A corrupt peers file must not keep the node down: seeds still work.
+		// A corrupt peers file must not keep the node down: Config.Join still works.
 		m.log.Warn("mesh: ignoring peers file", "err", err)
 	}
 
@@ -297,10 +298,10 @@ func (m *Mesh) Join(addrs []string) (int, error) {
 }
 
 // joinFailed says why a join may have failed. memberlist reports what the
-// socket said: a seed that is down refuses the connection or times out,
+// socket said: a join address that is down refuses the connection or times out,
 // but one that is up and in another cluster, or with another gossip key,
 // reads the first bytes and closes the connection, which the joiner sees
-// as a bare "EOF". The seed node cannot say which: it never authenticated us.
+// as a bare "EOF". That node cannot say which: it never authenticated us.
 func (m *Mesh) joinFailed(addrs []string, err error) error {
 	if isKeyMismatch(err.Error()) {
 		return fmt.Errorf("mesh: join %v: %w: check that gossip_key_file holds the cluster's key (meshnode keyring list on a member shows its keys): %w",

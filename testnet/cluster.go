@@ -157,7 +157,7 @@ func Start(ctx context.Context, n int, opts ...Option) (*Cluster, error) {
 
 // startWorkers bounds the nodes starting at once: each start binds sockets,
 // opens a store and runs a memberlist join, and a burst of hundreds only
-// queues on the seeds' accept queues. With 8, 200 whole nodes on two cores
+// queues on the accept queues of the nodes joined through. With 8, 200 whole nodes on two cores
 // converged in 3 of 12 starts (the join wave tipped into a storm of
 // suspicions); with 2, in 3 of 3, in 4.6-5.8 s.
 const startWorkers = 2
@@ -217,7 +217,7 @@ func (c *Cluster) startNode(i int) error {
 		return ErrClosed
 	}
 	m := c.members[i]
-	// Seeds: the first running node, which every node knows, and two random
+	// Join addresses: the first running node, which every node knows, and two random
 	// running others, which spreads the joins of a parallel start.
 	var running []string
 	for j, o := range c.members {

@@ -103,7 +103,7 @@ type Recorder struct {
 	clocks    map[string]func() time.Duration
 }
 
-// NewRecorder returns an empty Recorder; seed is printed by every Report
+// NewRecorder returns an empty Recorder; the random seed is printed by every Report
 // so a failure can be reproduced.
 func NewRecorder(seed int64) *Recorder {
 	return &Recorder{seed: seed, next: make(map[[2]string]uint64), crashed: make(map[string]bool)}
@@ -197,7 +197,7 @@ func (r Report) OK() bool {
 		len(r.DeadWithoutReason) == 0 && len(r.HealthyDeadLettered) == 0 && len(r.Unexpected) == 0
 }
 
-// Err returns nil when OK, else an error carrying the summary and the seed.
+// Err returns nil when OK, else an error carrying the summary and the random seed.
 func (r Report) Err() error {
 	if r.OK() {
 		return nil

@@ -1,4 +1,4 @@
-// Package nemesis plans seeded random fault schedules: the same seed, node
+// Package nemesis plans random fault schedules: the same random seed, node
 // count, duration and kinds always give the same schedule. Applying it is
 // the cluster's business (testnet.Cluster.RunNemesis).
 package nemesis
@@ -77,7 +77,7 @@ type Config struct {
 	MaxGap   time.Duration   // longest time between steps
 	Kinds    []Kind          // kinds to draw from; Heal is always added
 	MaxDown  int             // most nodes killed at once (0 = (Nodes-1)/2)
-	Protect  []int           // nodes never killed or isolated (e.g. the seed node)
+	Protect  []int           // nodes never killed or isolated (e.g. the node the others join through)
 	Advances []time.Duration // Advance draws its jump from these (required with Advance)
 	Steps    []time.Duration // StepClock draws its step from these (required with StepClock)
 }
