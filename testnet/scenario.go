@@ -94,7 +94,8 @@ func (r Result) WriteSVG(dir string) (string, error) {
 type scenario struct {
 	doc          string
 	run          func(ctx context.Context, sc *stage) error
-	small, large *Size // nil: SmallSize and LargeSize
+	small, large *Size               // nil: SmallSize and LargeSize
+	options      func(Size) []Option // cluster options beyond the defaults (nil: none)
 }
 
 var scenarios = map[string]scenario{
@@ -103,7 +104,7 @@ var scenarios = map[string]scenario{
 	"heartbeat-coalescing": {doc: "a fast heartbeat sender, a slow receiver: only the newest heartbeat per worker waits", run: heartbeatCoalescing},
 	"telemetry-fallback":   {doc: "ask first, outbox on failure, to a collector at capacity half of the time", run: telemetryFallback},
 	"offline-delivery":     {doc: "workers go offline mid-deployment and the sender restarts; every message arrives once, in order", run: offlineDelivery},
-	"fleet":                {doc: "200 nodes: devices send telemetry to 3 collectors and get commands, a fifth go offline in waves, 1 % of links cut", run: fleet, small: &fleetSmall, large: &fleetLarge},
+	"fleet":                {doc: "200 nodes: devices send telemetry to 3 collectors and get commands, a fifth go offline in waves, 1 % of links cut", run: fleet, small: &fleetSmall, large: &fleetLarge, options: fleetOptions},
 }
 
 // SmallSizeOf is the size the test suite runs scenario name at.
@@ -263,7 +264,11 @@ func RunScenario(ctx context.Context, name string, size Size, out io.Writer) (Re
 	res := Result{Name: name, Size: size, Counts: map[string]int64{}, Checks: map[string]bool{}}
 	st := &stage{name: name, size: size, res: &res, out: out, start: time.Now()}
 	st.progress("starting %d nodes", size.Nodes)
-	c, err := Start(ctx, size.Nodes, WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second+time.Duration(size.Nodes)*300*time.Millisecond))
+	opts := []Option{WithSpawn(st.spawn), WithConvergeTimeout(20*time.Second + time.Duration(size.Nodes)*300*time.Millisecond)}
+	if sc.options != nil {
+		opts = append(opts, sc.options(size)...)
+	}
+	c, err := Start(ctx, size.Nodes, opts...)
 	if err != nil {
 		return Result{}, fmt.Errorf("testnet: scenario %s: %w", name, err)
 	}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshnode/meshnode/node"
 )
 
 // TestScenarios runs every seed scenario at SmallSize and checks its own
@@ -71,5 +73,35 @@ func TestRunScenarioBadInput(t *testing.T) {
 	}
 	if _, err := RunScenario(context.Background(), "thundering-herd", Size{Nodes: 1, Workers: 1, Messages: 1}, nil); !errors.Is(err, ErrBadSize) {
 		t.Errorf("bad size: %v", err)
+	}
+}
+
+// TestFleetOptions: a fleet larger than paceAbove runs with the relaxed
+// timers (its devices share this process's cores); the test suite's small
+// fleet keeps the defaults.
+func TestFleetOptions(t *testing.T) {
+	if opts := fleetOptions(fleetSmall); opts != nil {
+		t.Errorf("small fleet: %d options, want none", len(opts))
+	}
+	var o options
+	for _, f := range fleetOptions(fleetLarge) {
+		f(&o)
+	}
+	if len(o.mutate) != 1 {
+		t.Fatalf("large fleet: %d config changes, want 1", len(o.mutate))
+	}
+	cfg := node.DefaultConfig("n")
+	cfg.Mesh = node.MeshPreset(fleetLarge.Nodes)
+	shipped := cfg.Mesh
+	o.mutate[0](0, &cfg)
+	relaxed := node.MeshPreset(1024)
+	if cfg.Mesh.ProbeInterval != relaxed.ProbeInterval || cfg.Mesh.ProbeTimeout != relaxed.ProbeTimeout ||
+		cfg.Mesh.GossipInterval != relaxed.GossipInterval || cfg.Mesh.PushPullInterval != relaxed.PushPullInterval {
+		t.Errorf("large fleet timers %v/%v/%v/%v, want the 1,024-member preset's %v/%v/%v/%v",
+			cfg.Mesh.ProbeInterval, cfg.Mesh.ProbeTimeout, cfg.Mesh.GossipInterval, cfg.Mesh.PushPullInterval,
+			relaxed.ProbeInterval, relaxed.ProbeTimeout, relaxed.GossipInterval, relaxed.PushPullInterval)
+	}
+	if cfg.Mesh.ProbeInterval <= shipped.ProbeInterval {
+		t.Errorf("relaxed probe %v is not longer than the shipped %v", cfg.Mesh.ProbeInterval, shipped.ProbeInterval)
 	}
 }

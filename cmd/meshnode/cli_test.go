@@ -294,3 +294,24 @@ func TestCertRenew(t *testing.T) {
 		t.Fatalf("renew without a certificate: exit %d %q", code, errOut)
 	}
 }
+
+// TestTestnetCPUProfile: --cpuprofile writes a gzipped pprof profile of the
+// run, and a path it cannot create fails before anything runs.
+func TestTestnetCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.pprof")
+	code, _, stderr := rc(t, nil, "testnet", "run", "heartbeat-coalescing", "--size", "small", "--out", "", "--cpuprofile", path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) < 2 || b[0] != 0x1f || b[1] != 0x8b {
+		t.Fatalf("profile of %d bytes is not gzipped pprof data", len(b))
+	}
+	code, _, stderr = rc(t, nil, "testnet", "run", "heartbeat-coalescing", "--size", "small", "--out", "", "--cpuprofile", filepath.Join(t.TempDir(), "missing", "cpu.pprof"))
+	if code == 0 || !strings.Contains(stderr, "--cpuprofile") {
+		t.Fatalf("unwritable profile path: exit %d, stderr %q", code, stderr)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 
@@ -44,6 +45,7 @@ func newTestnetRunCmd() *cobra.Command {
 		sizeName string
 		size     testnet.Size
 		out      string
+		cpuprof  string
 	)
 	cmd := &cobra.Command{
 		Use:   "run NAME|all",
@@ -83,6 +85,13 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if cpuprof != "" {
+				stopProfile, err := startCPUProfile(cpuprof)
+				if err != nil {
+					return err
+				}
+				defer stopProfile()
+			}
 			w := cmd.OutOrStdout()
 			var failed []string
 			for _, name := range names {
@@ -118,5 +127,23 @@ report with AIMD limit per peer, outbox depth and delivery rate over time.`,
 	f.IntVar(&size.Workers, "workers", 0, "override the number of simulated workers")
 	f.IntVar(&size.Messages, "messages", 0, "override the number of messages")
 	f.StringVar(&out, "out", ".", "directory for the SVG report (\"\" to skip)")
+	f.StringVar(&cpuprof, "cpuprofile", "", "write a CPU profile of the whole run to this file (read it with go tool pprof)")
 	return cmd
+}
+
+// startCPUProfile profiles the process into path until the returned
+// function runs.
+func startCPUProfile(path string) (func(), error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile %s: %w", path, err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
