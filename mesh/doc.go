@@ -52,8 +52,10 @@
 //   - Suspect. No memberlist delegate reports suspicion, and Members()
 //     carries the same zero State. mesh recognises memberlist's own log line
 //     for a failed local probe ("Suspect X has failed, no acks received") and
-//     marks X Suspect; the next ack from X (PingDelegate) clears it. Alive
-//     messages do not: memberlist hands them to
+//     marks X Suspect; the next ack from X (PingDelegate) clears it. mesh
+//     pings a member that has been Suspect for a ProbeInterval again itself,
+//     once per ProbeInterval, since memberlist's next probe of it is a whole
+//     round away; an answer clears it too. Alive messages do not: memberlist hands them to
 //     the AliveDelegate before its incarnation check, so stale ones (gossip
 //     retransmits, push/pull merges) would make Suspect flap. Suspicion
 //     raised by other nodes' gossip alone is not visible. Suspect members

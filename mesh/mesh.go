@@ -66,6 +66,8 @@ type Mesh struct {
 	moved map[string]string
 	// refused maps a refused node name to the last reason logged.
 	refused map[string]string
+	// reprobing names the Suspect members a re-probe is running for.
+	reprobing map[string]struct{}
 	// filePeers are the peers loaded from peers.json, retried until they
 	// are members or ReconnectTimeout passes after start.
 	filePeers []peerRecord
@@ -99,6 +101,7 @@ func New(cfg Config) (*Mesh, error) {
 		leaving:   make(map[string]string),
 		refused:   make(map[string]string),
 		moved:     make(map[string]string),
+		reprobing: make(map[string]struct{}),
 		startedAt: time.Now(),
 	}
 	m.meta.Store(&metaBytes)
