@@ -83,7 +83,7 @@ fuzz:
 # 200 real members for a 2-minute steady run; 1,000 and 5,000 simulated
 # members in virtual time; a stranger flooding the gossip port for 30 s.
 fleet:
-	MESH_FLEET=200 MESH_FLEET_STEADY=2m $(GO) test -count 1 -run TestFleet -v -timeout 30m ./mesh/
+	MESH_FLEET=200 MESH_FLEET_STEADY=2m MESH_REPORT_DIR=$(CURDIR)/docs $(GO) test -count 1 -run TestFleet -v -timeout 30m ./mesh/
 
 # What a fleet of whole nodes costs per node at rest (memory, goroutines,
 # connections, gossip); figures in README.md.
@@ -91,7 +91,7 @@ fleet-cost:
 	MESHNODE_FLEET_NODES=200 $(GO) test -count 1 -run TestFleetCost -v -timeout 20m ./testnet/
 
 sim:
-	MESH_SIM=1000,5000 $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 90m ./mesh/
+	MESH_SIM=1000,5000 MESH_REPORT_DIR=$(CURDIR)/docs $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 90m ./mesh/
 
 flood:
 	MESH_FLOOD=30s $(GO) test -count 1 -run TestGossipFloodCannotMoveMembership -v -timeout 5m ./mesh/

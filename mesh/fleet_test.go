@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/ident"
+	"github.com/meshnode/meshnode/internal/plot"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -34,7 +36,7 @@ const fleetQuiet = 5 * time.Second
 // startFleet starts n members with PresetFor(n): the first alone, then the
 // rest one every fleetJoinEvery, each joining the first member and two
 // random members already up, so no seed serialises the joins.
-func startFleet(tb testing.TB, n int) []*testNode {
+func startFleet(tb testing.TB, n int, rep *fleetReport) []*testNode {
 	tb.Helper()
 	cfgFor := func(i int) mesh.Config {
 		name := fmt.Sprintf("n%03d", i)
@@ -54,6 +56,9 @@ func startFleet(tb testing.TB, n int) []*testNode {
 		cfg.Join = []string{up[0], up[rand.IntN(len(up))], up[rand.IntN(len(up))]}
 		nodes[i] = start(tb, cfg)
 		up = append(up, nodes[i].GossipAddr())
+		if i%10 == 0 {
+			rep.converging(nodes[:i+1], n)
+		}
 	}
 	return nodes
 }
@@ -88,9 +93,11 @@ func TestFleet(t *testing.T) {
 	runtime.ReadMemStats(&ms0)
 	g0 := runtime.NumGoroutine()
 	begin := time.Now()
-	nodes := startFleet(t, size)
+	rep := &fleetReport{begin: begin}
+	defer rep.write(t, size)
+	nodes := startFleet(t, size, rep)
 	started := time.Since(begin)
-	waitFleetConverged(t, nodes, 5*time.Minute)
+	waitFleetConverged(t, nodes, 5*time.Minute, rep)
 	t.Logf("%d members: all started in %v, converged (everyone sees %d alive) %v after the first start",
 		size, started.Round(time.Millisecond), size, time.Since(begin).Round(time.Millisecond))
 	var ms1 runtime.MemStats
@@ -128,8 +135,15 @@ func TestFleet(t *testing.T) {
 		return b
 	}
 	sent0, steadyStart := sent(), time.Now()
+	lastSent, lastAt := sent0, steadyStart
 	deadline := time.Now().Add(hold)
 	testutil.WaitFor(t, hold+time.Minute, fmt.Sprintf("steady %v", hold), func() bool {
+		if now := time.Now(); now.Sub(lastAt) >= 5*time.Second {
+			b := sent()
+			rep.gossip.Points = append(rep.gossip.Points, plot.Point{T: now.Sub(steadyStart).Seconds(),
+				V: float64(b-lastSent) / now.Sub(lastAt).Seconds() / float64(size)})
+			lastSent, lastAt = b, now
+		}
 		if c := bad() - before; c > 0 {
 			for _, n := range nodes {
 				for _, k := range []mesh.EventKind{mesh.EventSuspect, mesh.EventDead} {
@@ -157,14 +171,18 @@ func TestFleet(t *testing.T) {
 		if err := victim.Kill(); err != nil {
 			t.Fatal(err)
 		}
+		death := plot.Series{Name: fmt.Sprintf("trial %d", i+1)}
 		testutil.WaitFor(t, 30*time.Second, "dead at every survivor", func() bool {
+			seen := 0
 			for _, o := range others {
-				if stateAt(o, victim.LocalName()) != mesh.StateDead {
-					return false
+				if stateAt(o, victim.LocalName()) == mesh.StateDead {
+					seen++
 				}
 			}
-			return true
+			death.Points = append(death.Points, plot.Point{T: time.Since(killed).Seconds(), V: float64(seen)})
+			return seen == len(others)
 		})
+		rep.deaths = append(rep.deaths, death)
 		deads = append(deads, time.Since(killed))
 		cfg := victim.cfg
 		cfg.BindAddr = victim.GossipAddr()
@@ -173,19 +191,22 @@ func TestFleet(t *testing.T) {
 		up := time.Now()
 		n := start(t, cfg)
 		logged := false
+		back := plot.Series{Name: fmt.Sprintf("trial %d", i+1)}
 		testutil.WaitFor(t, 30*time.Second, "alive at every member", func() bool {
+			seen := 0
 			for _, o := range others {
 				m, ok := o.Member(cfg.NodeName)
-				if !ok || m.State != mesh.StateAlive || m.BootID != cfg.Meta.GetBootId() {
-					if !logged && time.Since(up) > 2*time.Second {
-						logged = true
-						t.Logf("after 2 s %s sees %s as %s boot %s (new boot %s)", o.LocalName(), cfg.NodeName, m.State, m.BootID, cfg.Meta.GetBootId())
-					}
-					return false
+				if ok && m.State == mesh.StateAlive && m.BootID == cfg.Meta.GetBootId() {
+					seen++
+				} else if !logged && time.Since(up) > 2*time.Second {
+					logged = true
+					t.Logf("after 2 s %s sees %s as %s boot %s (new boot %s)", o.LocalName(), cfg.NodeName, m.State, m.BootID, cfg.Meta.GetBootId())
 				}
 			}
-			return true
+			back.Points = append(back.Points, plot.Point{T: time.Since(up).Seconds(), V: float64(seen)})
+			return seen == len(others)
 		})
+		rep.restarts = append(rep.restarts, back)
 		alives = append(alives, time.Since(up))
 		nodes[k] = n
 	}
@@ -213,7 +234,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 // many members see everyone, the fewest alive any member sees, suspicion
 // so far) and, on a timeout, the last log lines of the member that sees
 // the fewest.
-func waitFleetConverged(tb testing.TB, nodes []*testNode, timeout time.Duration) {
+func waitFleetConverged(tb testing.TB, nodes []*testNode, timeout time.Duration, rep *fleetReport) {
 	tb.Helper()
 	lowest := func() (done, fewest int, who *testNode) {
 		fewest = len(nodes) + 1
@@ -231,6 +252,7 @@ func waitFleetConverged(tb testing.TB, nodes []*testNode, timeout time.Duration)
 	start, last := time.Now(), time.Now()
 	for {
 		done, fewest, who := lowest()
+		rep.add(len(nodes), done, fewest)
 		if done == len(nodes) {
 			return
 		}
@@ -253,4 +275,60 @@ func waitFleetConverged(tb testing.TB, nodes []*testNode, timeout time.Duration)
 		}
 		time.Sleep(100 * time.Millisecond) // polling the members' own view
 	}
+}
+
+// fleetReport holds the curves TestFleet draws into fleet-members-N.svg
+// when MESH_REPORT_DIR names a directory (make fleet: docs/).
+type fleetReport struct {
+	begin                     time.Time
+	started, everyone, fewest plot.Series // by seconds since the first start
+	gossip                    plot.Series // B/s per member, by seconds of the steady hold
+	deaths, restarts          []plot.Series
+}
+
+// converging samples the members started so far (of n in all).
+func (r *fleetReport) converging(up []*testNode, n int) {
+	done, fewest := 0, n+1
+	for _, u := range up {
+		a := u.NumAlive()
+		if a == n {
+			done++
+		}
+		fewest = min(fewest, a)
+	}
+	r.add(len(up), done, fewest)
+}
+
+func (r *fleetReport) add(started, everyone, fewest int) {
+	t := time.Since(r.begin).Seconds()
+	r.started.Points = append(r.started.Points, plot.Point{T: t, V: float64(started)})
+	r.everyone.Points = append(r.everyone.Points, plot.Point{T: t, V: float64(everyone)})
+	r.fewest.Points = append(r.fewest.Points, plot.Point{T: t, V: float64(fewest)})
+}
+
+func (r *fleetReport) write(tb testing.TB, size int) {
+	dir := os.Getenv("MESH_REPORT_DIR")
+	if dir == "" {
+		return
+	}
+	r.started.Name, r.everyone.Name, r.fewest.Name = "members started", "members that see all alive", "fewest alive any member sees"
+	r.gossip.Name = "gossip sent per member"
+	charts := []plot.Chart{
+		{Title: fmt.Sprintf("Paced start of %d members (seconds since the first start)", size), YLabel: "members", Series: []plot.Series{r.started, r.everyone, r.fewest}},
+		{Title: "Steady hold: gossip sent per member (seconds into the hold)", YLabel: "bytes/s", Series: []plot.Series{r.gossip}},
+		{Title: "A member killed: survivors that see it dead (seconds since the kill)", YLabel: "members", Series: r.deaths},
+		{Title: "Restarted with a new boot id: members that see it alive (seconds since the restart)", YLabel: "members", Series: r.restarts},
+	}
+	writeReport(tb, filepath.Join(dir, fmt.Sprintf("fleet-members-%d.svg", size)),
+		fmt.Sprintf("make fleet: %d gossip members in one process, %s", size, time.Now().Format("2006-01-02")), charts)
+}
+
+// writeReport writes charts as an SVG file at path.
+func writeReport(tb testing.TB, path, title string, charts []plot.Chart) {
+	tb.Helper()
+	if err := plot.WriteFile(path, title, charts); err != nil {
+		tb.Errorf("report: %v", err)
+		return
+	}
+	tb.Logf("report: %s", path)
 }

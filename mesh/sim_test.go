@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/meshnode/meshnode/internal/ident"
+	"github.com/meshnode/meshnode/internal/plot"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -257,7 +259,7 @@ func (c *simCluster) shutdown() {
 
 // spread times one broadcast: start makes it, and it has reached everyone
 // when count calls of the hook installed by arm have been seen.
-func (c *simCluster) spread(tb testing.TB, name string, arm func(m *simMember, hook func(string)), start func()) time.Duration {
+func (c *simCluster) spread(tb testing.TB, name string, arm func(m *simMember, hook func(string)), start func(), curve *plot.Series) time.Duration {
 	tb.Helper()
 	var seen atomic.Int64
 	want := int64(0)
@@ -271,9 +273,12 @@ func (c *simCluster) spread(tb testing.TB, name string, arm func(m *simMember, h
 			})
 		}
 	}
+	began := time.Now()
 	start()
 	return waitUntil(tb, 5*time.Millisecond, 10*time.Minute, "broadcast reaches everyone", func() bool {
-		return seen.Load() >= want
+		n := seen.Load()
+		addChange(curve, time.Since(began), float64(n))
+		return n >= want
 	})
 }
 
@@ -287,6 +292,17 @@ type simFigures struct {
 	wall                      time.Duration
 	gossipRoundsToDisseminate float64
 	logN                      float64
+	// The curves of the report: members that hold everyone alive after the
+	// join wave began, members that declared the victim dead after the kill
+	// (by virtual seconds).
+	converging, dying plot.Series
+}
+
+// addChange appends (at, v) to s when v differs from its last point.
+func addChange(s *plot.Series, at time.Duration, v float64) {
+	if k := len(s.Points); k == 0 || s.Points[k-1].V != v {
+		s.Points = append(s.Points, plot.Point{T: at.Seconds(), V: v})
+	}
 }
 
 // simulate runs the join wave, a steady window and one death in a synctest
@@ -304,8 +320,11 @@ func simulate(t *testing.T, size int, steady time.Duration) simFigures {
 		limit := 10 * time.Minute
 		start := time.Now()
 		c.joinWave(t)
-		f.converge = time.Since(start) + waitUntil(t, 100*time.Millisecond, limit, "convergence", func() bool {
-			return c.converged.Load() == int64(size)
+		joined := time.Since(start)
+		f.converge = joined + waitUntil(t, 100*time.Millisecond, limit, "convergence", func() bool {
+			n := c.converged.Load()
+			addChange(&f.converging, time.Since(start), float64(n))
+			return n == int64(size)
 		})
 		var after runtime.MemStats
 		runtime.GC()
@@ -330,7 +349,7 @@ func simulate(t *testing.T, size int, steady time.Duration) simFigures {
 				}
 				h(n)
 			}
-		}, func() { _ = victim.ml.Shutdown() })
+		}, func() { _ = victim.ml.Shutdown() }, &f.dying)
 		f.detect = time.Unix(0, first.Load()).Sub(killed)
 		f.disseminate = total - f.detect
 	})
@@ -373,6 +392,7 @@ func TestSimulatedCluster(t *testing.T) {
 	for _, n := range sizes {
 		f := simulate(t, n, steady)
 		t.Log(f.String())
+		f.report(t)
 		// What the presets promise, and what SWIM predicts: a death reaches
 		// everyone in O(log n) gossip rounds, the suspicion timeout bounds
 		// detection, and a member's gossip traffic stays small.
@@ -384,4 +404,24 @@ func TestSimulatedCluster(t *testing.T) {
 			t.Errorf("%d members: a broadcast took %.1f gossip rounds to reach everyone, more than 2 log2 n = %.0f", n, f.gossipRoundsToDisseminate, rounds)
 		}
 	}
+}
+
+// report writes sim-N.svg when MESH_REPORT_DIR names a directory (make sim:
+// docs/).
+func (f simFigures) report(tb testing.TB) {
+	dir := os.Getenv("MESH_REPORT_DIR")
+	if dir == "" {
+		return
+	}
+	f.converging.Name, f.dying.Name = "members that hold all alive", "members that declared it dead"
+	path := filepath.Join(dir, fmt.Sprintf("sim-%d.svg", f.size))
+	err := plot.WriteFile(path, fmt.Sprintf("make sim: %d simulated members, virtual time", f.size), []plot.Chart{
+		{Title: "Join wave: members that hold every member alive (virtual seconds since the wave began)", YLabel: "members", Series: []plot.Series{f.converging}},
+		{Title: "A member stops: members that declared it dead (virtual seconds since it stopped)", YLabel: "members", Series: []plot.Series{f.dying}},
+	})
+	if err != nil {
+		tb.Errorf("report: %v", err)
+		return
+	}
+	tb.Logf("report: %s", path)
 }

@@ -14,8 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/plot"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/testnet/internal/plot"
 )
 
 // Size scales a scenario.

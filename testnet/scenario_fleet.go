@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/plot"
 	"github.com/meshnode/meshnode/node"
-	"github.com/meshnode/meshnode/testnet/internal/plot"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -90,5 +92,27 @@ func BenchmarkSVG(b *testing.B) {
 		if err := SVG(io.Discard, "bench", cs); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestWriteFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "r.svg")
+	c := []Chart{{Title: "t", YLabel: "y", Series: []Series{{Name: "s", Points: []Point{{T: 0, V: 1}, {T: 1, V: 2}}}}}}
+	if err := WriteFile(path, "title", c); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(b, new(struct{})); err != nil || !strings.Contains(string(b), "title") {
+		t.Fatalf("not the SVG of the charts (%v): %.80s", err, b)
+	}
+	if err := WriteFile(filepath.Join(dir, "missing", "r.svg"), "title", c); err == nil {
+		t.Error("wrote into a missing directory")
+	}
+	if err := WriteFile(path, "title", nil); !errors.Is(err, ErrNoCharts) {
+		t.Errorf("no charts: %v", err)
 	}
 }

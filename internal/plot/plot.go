@@ -1,5 +1,6 @@
-// Package plot writes small line charts as hand-written SVG, so scenario
-// reports need no plotting dependency. Events (a node killed, a partition
+// Package plot writes small line charts as hand-written SVG, so the
+// reports of testnet's scenarios and of mesh's fleet and simulation runs
+// need no plotting dependency. Events (a node killed, a partition
 // healed) are marked on the time axis of every panel.
 //
 // A plotting library (gonum.org/v1/plot) was considered and not taken: it
@@ -14,6 +15,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"os"
 	"strings"
 )
 
@@ -55,6 +57,18 @@ const (
 )
 
 var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
+
+// WriteFile writes the charts as an SVG file at path.
+func WriteFile(path, title string, charts []Chart) error {
+	var b strings.Builder
+	if err := SVG(&b, title, charts); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	return nil
+}
 
 // SVG writes the charts stacked vertically under title. Series beyond the
 // palette repeat colours; more than 10 series per chart are drawn but only
