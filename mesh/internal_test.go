@@ -502,68 +502,6 @@ func TestSuspicionExpiresWhileJoinsHang(t *testing.T) {
 	})
 }
 
-// TestReprobeEndsSuspicion: a member Suspect from our failed probe is
-// pinged again after a ProbeInterval and is Alive as soon as it answers;
-// one that does not answer stays Suspect. memberlist's own probes and the
-// expiry timeout are a minute away here, so only the re-probe can end it.
-func TestReprobeEndsSuspicion(t *testing.T) {
-	cfgFor := func(name string, join []string) Config {
-		cfg := DefaultConfig(name)
-		cfg.Cluster = "test"
-		cfg.BindAddr = "127.0.0.1:0"
-		cfg.DataDir = t.TempDir()
-		cfg.Meta = &pb.NodeMeta{QuicAddr: "127.0.0.1:1", BootId: name + "-boot"}
-		cfg.Join = join
-		cfg.Logger = slog.New(slog.DiscardHandler)
-		cfg.ProbeInterval, cfg.ProbeTimeout = time.Minute, 200*time.Millisecond
-		return cfg
-	}
-	a, err := New(cfgFor("a", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = a.Kill() })
-	b, err := New(cfgFor("b", []string{a.GossipAddr()}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Kill() })
-	testutil.WaitFor(t, 10*time.Second, "a sees b alive", func() bool { return stateOf(a, "b") == StateAlive })
-	since := func() time.Time {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return a.view["b"].Since
-	}
-	reprobing := func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		_, ok := a.reprobing["b"]
-		return ok
-	}
-
-	a.markSuspect("b")
-	if got := stateOf(a, "b"); got != StateSuspect {
-		t.Fatalf("after a failed probe: %v", got)
-	}
-	a.reprobeSuspects(since()) // too young: memberlist records its suspicion just after the log line
-	if reprobing() {
-		t.Fatal("re-probed a suspicion younger than one ProbeInterval")
-	}
-	a.reprobeSuspects(since().Add(2 * time.Minute))
-	testutil.WaitFor(t, 10*time.Second, "b Alive after answering the re-probe", func() bool { return stateOf(a, "b") == StateAlive })
-	testutil.WaitFor(t, 10*time.Second, "re-probe finished", func() bool { return !reprobing() })
-
-	// A member that does not answer stays Suspect.
-	if err := b.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	a.markSuspect("b")
-	a.reprobe("b", b.GossipAddr())
-	if got := stateOf(a, "b"); got != StateSuspect {
-		t.Fatalf("a member that did not answer the re-probe is %v", got)
-	}
-}
-
 func stateOf(m *Mesh, name string) State {
 	m.mu.Lock()
 	defer m.mu.Unlock()

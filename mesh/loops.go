@@ -272,8 +272,15 @@ func (m *Mesh) retryDue(since, prev, now time.Time) bool {
 // here until expireSuspicions' timeout: a restarted member, probed while
 // its join's gossip kept two shared cores busy, was Suspect at one of 200
 // members for 2.9 s. Only the members whose probe of it failed hold a
-// member Suspect, so a wave of deaths costs a few pings per death.
+// member Suspect, so a wave of deaths costs a few pings per death. Close
+// and Kill wait for the re-probes in flight: at most ProbeTimeout, since
+// memberlist's Ping cannot be cancelled.
 func (m *Mesh) reprobeSuspects(now time.Time) {
+	select {
+	case <-m.done:
+		return // shutting down: start no ping that Close would wait for
+	default:
+	}
 	type target struct{ name, addr string }
 	var due []target
 	m.mu.Lock()

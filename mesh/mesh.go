@@ -350,8 +350,9 @@ func (m *Mesh) UpdateMeta(meta *pb.NodeMeta) error {
 }
 
 // Close leaves gracefully (bounded by LeaveTimeout), shuts memberlist down
-// and waits for the mesh goroutines. Idempotent; later calls return the
-// first result.
+// and waits for the mesh goroutines, among them a re-probe of a Suspect
+// member in flight (at most ProbeTimeout). Idempotent; later calls return
+// the first result.
 func (m *Mesh) Close() error { return m.shutdown(true) }
 
 // Kill shuts down without a leave, as a crash would: peers detect the node
