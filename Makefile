@@ -91,7 +91,7 @@ fleet-cost:
 	MESHNODE_FLEET_NODES=200 $(GO) test -count 1 -run TestFleetCost -v -timeout 20m ./testnet/
 
 sim:
-	MESH_SIM=1000,5000 MESH_REPORT_DIR=$(CURDIR)/docs $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 90m ./mesh/
+	MESH_SIM=1000,5000 MESH_REPORT_DIR=$(CURDIR)/docs $(GO) test -count 1 -run TestSimulatedCluster -v -timeout 150m ./mesh/
 
 flood:
 	MESH_FLOOD=30s $(GO) test -count 1 -run TestGossipFloodCannotMoveMembership -v -timeout 5m ./mesh/
