@@ -28,13 +28,31 @@ func reprobeCfg(t *testing.T, name string, join []string) Config {
 	return cfg
 }
 
-func reprobeStart(t *testing.T, cfg Config) *Mesh {
-	m, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
+// reprobeCluster starts a member per name, each joining the first, and
+// waits until the first sees the others alive.
+func reprobeCluster(t *testing.T, names ...string) []*Mesh {
+	var ms []*Mesh
+	for _, name := range names {
+		var join []string
+		if len(ms) > 0 {
+			join = []string{ms[0].GossipAddr()}
+		}
+		m, err := New(reprobeCfg(t, name, join))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = m.Kill() })
+		ms = append(ms, m)
 	}
-	t.Cleanup(func() { _ = m.Kill() })
-	return m
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%s sees %v alive", names[0], names[1:]), func() bool {
+		for _, name := range names[1:] {
+			if stateOf(ms[0], name) != StateAlive {
+				return false
+			}
+		}
+		return true
+	})
+	return ms
 }
 
 // blackhole is a bound UDP socket that never reads: pings to it vanish
@@ -53,9 +71,8 @@ func blackhole(t *testing.T) string {
 // one that does not answer stays Suspect. memberlist's own probes and the
 // expiry timeout are a minute away here, so only the re-probe can end it.
 func TestReprobeEndsSuspicion(t *testing.T) {
-	a := reprobeStart(t, reprobeCfg(t, "a", nil))
-	b := reprobeStart(t, reprobeCfg(t, "b", []string{a.GossipAddr()}))
-	testutil.WaitFor(t, 10*time.Second, "a sees b alive", func() bool { return stateOf(a, "b") == StateAlive })
+	ms := reprobeCluster(t, "a", "b")
+	a, b := ms[0], ms[1]
 	since := func() time.Time {
 		a.mu.Lock()
 		defer a.mu.Unlock()
@@ -94,12 +111,8 @@ func TestReprobeEndsSuspicion(t *testing.T) {
 // TestReprobeNeedsTheMember: the ping names the member, so another member
 // at the address in the view (a stale one) does not answer for it.
 func TestReprobeNeedsTheMember(t *testing.T) {
-	a := reprobeStart(t, reprobeCfg(t, "a", nil))
-	b := reprobeStart(t, reprobeCfg(t, "b", []string{a.GossipAddr()}))
-	c := reprobeStart(t, reprobeCfg(t, "c", []string{a.GossipAddr()}))
-	testutil.WaitFor(t, 10*time.Second, "a sees b,c", func() bool {
-		return stateOf(a, "b") == StateAlive && stateOf(a, "c") == StateAlive
-	})
+	ms := reprobeCluster(t, "a", "b", "c")
+	a, b, c := ms[0], ms[1], ms[2]
 	_ = b.Kill()
 	a.mu.Lock()
 	mem := a.view["b"]
@@ -116,9 +129,8 @@ func TestReprobeNeedsTheMember(t *testing.T) {
 // TestReprobeLeavesDeadAndLeft: a Dead or Left member that would answer
 // is not re-probed, nor made Alive by an answer.
 func TestReprobeLeavesDeadAndLeft(t *testing.T) {
-	a := reprobeStart(t, reprobeCfg(t, "a", nil))
-	b := reprobeStart(t, reprobeCfg(t, "b", []string{a.GossipAddr()}))
-	testutil.WaitFor(t, 10*time.Second, "a sees b", func() bool { return stateOf(a, "b") == StateAlive })
+	ms := reprobeCluster(t, "a", "b")
+	a, b := ms[0], ms[1]
 	for _, st := range []State{StateDead, StateLeft} {
 		a.mu.Lock()
 		mem := a.view["b"]
