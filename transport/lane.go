@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
 )
@@ -66,8 +67,8 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		// size step (a relay emission of a thousand envelopes is ~300 KB).
 		need := 0
 		for _, env := range envs {
-			if sz, ok := sizeEnvelope(env); ok {
-				need += sz.total + 16 // with its frame length, tag and envelope length
+			if sz, ok := envcodec.Size(env); ok {
+				need += sz.Total + 16 // with its frame length, tag and envelope length
 			}
 		}
 		out = slices.Grow(out, need)

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -274,7 +275,7 @@ func checkEnvelopeLimits(frame []byte, maxHeaders, maxHeaderBytes int) error {
 				if k < 0 {
 					break
 				}
-				if en == envHeaders {
+				if en == envcodec.FieldHeaders {
 					entries++
 					bytes += k
 				}
@@ -297,7 +298,7 @@ func checkEnvelopeLimits(frame []byte, maxHeaders, maxHeaderBytes int) error {
 func (c Config) CheckHeaders(h map[string]string) error {
 	bytes := 0
 	for k, v := range h {
-		bytes += protowire.SizeBytes(mapEntrySize(k, v))
+		bytes += protowire.SizeBytes(envcodec.MapEntrySize(k, v))
 	}
 	if len(h) > c.MaxHeaders || bytes > c.MaxHeaderBytes {
 		return fmt.Errorf("transport: %d headers of %d bytes encoded (limits %d and %d)", len(h), bytes, c.MaxHeaders, c.MaxHeaderBytes)

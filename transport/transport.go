@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -342,8 +343,8 @@ const emissionSlack = 128
 // the wire whenever it is sent.
 func (t *Transport) CheckSize(env *pb.Envelope) error {
 	n := 0
-	if sz, ok := sizeEnvelope(env); ok {
-		n = sz.total
+	if sz, ok := envcodec.Size(env); ok {
+		n = sz.Total
 	} else {
 		n = proto.Size(env)
 	}
@@ -361,8 +362,8 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 // forwarder could carry the rest.
 func (t *Transport) CheckSizeForwarded(env *pb.Envelope, node string) error {
 	n := 0
-	if sz, ok := sizeEnvelope(env); ok {
-		n = sz.total
+	if sz, ok := envcodec.Size(env); ok {
+		n = sz.Total
 	} else {
 		n = proto.Size(env)
 	}
