@@ -44,6 +44,7 @@ func (k opKind) String() string {
 type op struct {
 	kind      opKind
 	msgs      []*pb.StoredMessage // opEnqueue, opDeadLetter
+	recs      [][]byte            // opEnqueue: msgs[i] encoded as a queue record by the caller (nil: encode in the transaction)
 	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop, opVersion
 	seqs      []uint64            // opAck, opExpire, opReplay (new sequences); opFail uses seqs[0]
 	seq       uint64              // opReserve: new high-water; opEpoch: the epoch; opVersion: the version
@@ -91,8 +92,18 @@ type batch struct {
 	nowMs       int64
 	wallMs      int64
 	q           map[string]*qdelta
+	queues      map[string]*queueAt // enqueue's view of each queue it wrote to
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
+}
+
+// queueAt is a recipient's queue bucket as the batch's enqueues see it:
+// looked up once per transaction instead of once per message, with the
+// highest sequence it holds, so that a message above it needs no lookup
+// to prove its sequence is free.
+type queueAt struct {
+	qb  *bolt.Bucket // nil until the queue exists
+	top uint64
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -407,7 +418,11 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 			if o.errs[i] != nil {
 				continue
 			}
-			res, err := s.applyEnqueue(tx, b, sm)
+			var rec []byte
+			if o.recs != nil {
+				rec = o.recs[i]
+			}
+			res, err := s.applyEnqueue(tx, b, sm, rec)
 			if err != nil {
 				o.errs[i] = err
 				continue
@@ -490,36 +505,38 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 
 // applyEnqueue stores sm at its sequence. An OVERWRITE message with a
 // coalesce key replaces the waiting older version of the same (recipient,
-// key), and is dropped as superseded if a newer version was stored.
+// key), and is dropped as superseded if a newer version was stored. rec is
+// sm already encoded by encodeMessage, or nil.
 //
 // Every check that can refuse sm (its sequence taken, the record not
 // encodable) comes before the first write: a refused message fails alone
 // in a transaction that still commits, so it must leave nothing behind.
-func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Result, error) {
+func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []byte) (Result, error) {
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
-	if qb := tx.Bucket(bucketQueues).Bucket([]byte(r)); qb != nil && qb.Get(seqKey(seq)) != nil {
+	qa := b.queueAt(tx, r)
+	if qa.qb != nil && seq <= qa.top && qa.qb.Get(seqKey(seq)) != nil {
 		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
 	}
-	coalesce := env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != ""
-	var flags byte
-	if coalesce {
-		flags |= flagCoalesce
+	val := rec
+	if val == nil {
+		var err error
+		if val, err = encodeMessage(sm); err != nil {
+			return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
+		}
 	}
-	var deadline int64
-	if t := env.GetTtlMs(); t > 0 {
-		deadline = sm.GetCreatedElapsedMs() + t
+	if qa.qb == nil {
+		qb, err := tx.Bucket(bucketQueues).CreateBucket([]byte(r))
+		if err != nil {
+			return 0, err
+		}
+		qa.qb = qb
 	}
-	val, err := encodeRecord(sm, deadline, flags)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
-	}
-	qb, err := tx.Bucket(bucketQueues).CreateBucketIfNotExists([]byte(r))
-	if err != nil {
-		return 0, err
-	}
+	qb := qa.qb
 	d := b.delta(r)
 	res := Queued
+	coalesce := recFlags(val)&flagCoalesce != 0
+	deadline := deadlineMs(val)
 	if coalesce {
 		co := tx.Bucket(bucketCoalesce)
 		ck := coalesceKey(r, env.GetCoalesceKey())
@@ -552,6 +569,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage) (Resul
 	if err := qb.Put(seqKey(seq), val); err != nil {
 		return 0, err
 	}
+	qa.top = max(qa.top, seq)
 	d.count++
 	d.enqueued = true
 	d.highWater = max(d.highWater, seq)
@@ -629,12 +647,50 @@ func expiryKey(deadline int64, seq uint64, r string) []byte {
 	return k
 }
 
+// queueAt returns r's queue as this batch's enqueues see it.
+func (b *batch) queueAt(tx *bolt.Tx, r string) *queueAt {
+	qa := b.queues[r]
+	if qa == nil {
+		qa = &queueAt{}
+		if qa.qb = tx.Bucket(bucketQueues).Bucket([]byte(r)); qa.qb != nil {
+			if k, _ := qa.qb.Cursor().Last(); k != nil {
+				qa.top = seqOf(k)
+			}
+		}
+		if b.queues == nil {
+			b.queues = make(map[string]*queueAt)
+		}
+		b.queues[r] = qa
+	}
+	return qa
+}
+
+// encodeMessage encodes sm as a new queue record: its TTL deadline and
+// whether it takes part in coalescing go into the record's header.
+func encodeMessage(sm *pb.StoredMessage) ([]byte, error) {
+	env := sm.GetEnvelope()
+	var flags byte
+	if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+		flags |= flagCoalesce
+	}
+	var deadline int64
+	if t := env.GetTtlMs(); t > 0 {
+		deadline = sm.GetCreatedElapsedMs() + t
+	}
+	return encodeRecord(sm, deadline, flags)
+}
+
 func encodeRecord(sm *pb.StoredMessage, deadline int64, flags byte) ([]byte, error) {
-	buf := make([]byte, recHeader, recHeader+proto.Size(sm))
-	binary.BigEndian.PutUint64(buf[:8], uint64(sm.GetCreatedElapsedMs()))
-	binary.BigEndian.PutUint64(buf[8:16], uint64(deadline))
-	buf[16] = flags
-	out, err := proto.MarshalOptions{}.MarshalAppend(buf, sm)
+	var head [recHeader]byte
+	binary.BigEndian.PutUint64(head[:8], uint64(sm.GetCreatedElapsedMs()))
+	binary.BigEndian.PutUint64(head[8:16], uint64(deadline))
+	head[16] = flags
+	if out, ok := appendStored(head[:], sm); ok {
+		return out, nil
+	}
+	buf := append(make([]byte, 0, recHeader+proto.Size(sm)), head[:]...)
+	// Size just filled the size cache of sm and every message in it.
+	out, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, sm)
 	if err != nil {
 		return nil, fmt.Errorf("marshal: %w", err)
 	}
@@ -645,9 +701,12 @@ func decodeRecord(v []byte) (*pb.StoredMessage, error) {
 	if len(v) < recHeader {
 		return nil, fmt.Errorf("%w: short queue record", ErrCorrupt)
 	}
-	sm := &pb.StoredMessage{}
-	if err := proto.Unmarshal(v[recHeader:], sm); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	sm, ok := decodeStored(v[recHeader:])
+	if !ok {
+		sm = &pb.StoredMessage{}
+		if err := proto.Unmarshal(v[recHeader:], sm); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
 	}
 	if sm.Envelope == nil {
 		sm.Envelope = &pb.Envelope{}

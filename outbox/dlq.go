@@ -294,7 +294,7 @@ func (s *Store) applyReplay(tx *bolt.Tx, b *batch, o *op) error {
 		if o.replayTTL >= 0 {
 			env.TtlMs = o.replayTTL
 		}
-		if _, err := s.applyEnqueue(tx, b, sm); err != nil {
+		if _, err := s.applyEnqueue(tx, b, sm, nil); err != nil {
 			return err
 		}
 		if err := dlq.Delete(k); err != nil {

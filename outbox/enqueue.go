@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -42,11 +40,11 @@ func (r Result) String() string {
 // and never changes. sm.CreatedElapsedMs zero means now. The relay is woken
 // through the OnEnqueue hook.
 func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, error) {
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, results: make([]Result, 1), errs: make([]error, 1)}
-	if o.errs[0] = s.precheck(sm); o.errs[0] != nil {
-		return 0, o.errs[0]
+	rec, err := s.prepare(sm)
+	if err != nil {
+		return 0, err
 	}
-	o.bytes = proto.Size(sm)
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeader}
 	if err := s.submit(ctx, o); err != nil {
 		return 0, err
 	}
@@ -64,14 +62,15 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]Result, []error) {
 	results, errs := make([]Result, len(msgs)), make([]error, len(msgs))
 	var group []int
+	recs := make([][]byte, len(msgs))
 	bytes := 0
 	flush := func() {
 		if len(group) == 0 {
 			return
 		}
-		o := &op{kind: opEnqueue, msgs: make([]*pb.StoredMessage, len(group)), results: make([]Result, len(group)), errs: make([]error, len(group)), bytes: bytes}
+		o := &op{kind: opEnqueue, msgs: make([]*pb.StoredMessage, len(group)), recs: make([][]byte, len(group)), results: make([]Result, len(group)), errs: make([]error, len(group)), bytes: bytes}
 		for j, i := range group {
-			o.msgs[j] = msgs[i]
+			o.msgs[j], o.recs[j] = msgs[i], recs[i]
 		}
 		err := s.submit(ctx, o)
 		for j, i := range group {
@@ -86,10 +85,10 @@ func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]R
 		group, bytes = group[:0], 0
 	}
 	for i, sm := range msgs {
-		if errs[i] = s.precheck(sm); errs[i] != nil {
+		if recs[i], errs[i] = s.prepare(sm); errs[i] != nil {
 			continue
 		}
-		size := proto.Size(sm)
+		size := len(recs[i]) - recHeader
 		if len(group) > 0 && (bytes+size > s.cfg.MaxBatchBytes || len(group) >= s.cfg.MaxBatch) {
 			flush()
 		}
@@ -98,6 +97,21 @@ func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]R
 	}
 	flush()
 	return results, errs
+}
+
+// prepare validates sm and encodes it as a queue record, on the caller's
+// goroutine: the committer, which every write waits for, then only stores
+// it.
+func (s *Store) prepare(sm *pb.StoredMessage) ([]byte, error) {
+	if err := s.precheck(sm); err != nil {
+		return nil, err
+	}
+	rec, err := encodeMessage(sm)
+	if err != nil {
+		r := sm.GetEnvelope().GetRecipient()
+		return nil, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
+	}
+	return rec, nil
 }
 
 // precheck validates sm before it reaches the committer.
@@ -146,10 +160,11 @@ func (s *Store) precheck(sm *pb.StoredMessage) error {
 // calls run in call order. done runs on the committer goroutine: it must
 // not block and must not wait for the store.
 func (s *Store) EnqueueAsync(ctx context.Context, sm *pb.StoredMessage, done func(Result, error)) error {
-	if err := s.precheck(sm); err != nil {
+	rec, err := s.prepare(sm)
+	if err != nil {
 		return err
 	}
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, results: make([]Result, 1), errs: make([]error, 1), bytes: proto.Size(sm)}
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeader}
 	o.async = func(err error) {
 		if err == nil {
 			err = o.errs[0]

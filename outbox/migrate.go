@@ -102,7 +102,7 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 		}
 		for _, rc := range recs {
 			rc.sm.Envelope.Recipient, rc.sm.Envelope.Sequence = r, rc.seq
-			if _, err := s.applyEnqueue(tx, b, rc.sm); err != nil {
+			if _, err := s.applyEnqueue(tx, b, rc.sm, nil); err != nil {
 				return fmt.Errorf("queue %s: %w", r, err)
 			}
 		}
