@@ -293,16 +293,20 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 			env.Rpc.CorrelationId = mailbox.NewID()
 		}
 	}
-	if err := n.transport.CheckSize(env); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
-	}
 	if n.fwd.on && to.Node != n.name {
 		// It may have to go through a forwarder, with its origin: one
 		// that fits only directly would hold its stream for as long as
-		// the direct path fails.
+		// the direct path fails. One that fits with its origin fits
+		// without; the direct check only words the error of one that
+		// fits neither way.
 		if err := n.transport.CheckSizeForwarded(env, n.name); err != nil {
+			if derr := n.transport.CheckSize(env); derr != nil {
+				err = derr
+			}
 			return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
 		}
+	} else if err := n.transport.CheckSize(env); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
 	return &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}, nil
 }
@@ -318,6 +322,9 @@ func (n *Node) warnUnknown(peer string) {
 		return
 	}
 	n.stats.unknownPeer.Add(1)
+	if _, warned := n.warnedPeers.Load(peer); warned {
+		return
+	}
 	if _, warned := n.warnedPeers.LoadOrStore(peer, true); !warned {
 		n.log.Warn("reliable message queued for a node no member has seen; it waits until that node joins or its age runs out, or is dropped with the outbox's drop command",
 			"peer", peer)
