@@ -46,6 +46,39 @@ func deadLetters(tb testing.TB, n *node.Node) []outbox.DeadLetter {
 	return dl
 }
 
+// With forwarding on, a reliable message must also fit with the origin a
+// forwarder carries; one that fits only directly is refused saying so, and
+// one that fits neither way is refused with the direct limit.
+func TestTooLargeWithForwarding(t *testing.T) {
+	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {
+		c.Transport.MaxFrameSize = 4096
+		c.Relay.Forward = partition.ForwardConfig{After: 2, Probe: time.Hour}
+	})
+	to := node.Addr("sink", "n2")
+	var above error // the refusal of the smallest refused size
+	size := 4096
+	for ; size > 0; size -= 8 {
+		_, err := n.TellReliable(ctxT(t), to, wrapperspb.String(strings.Repeat("X", size)))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, node.ErrTooLarge) {
+			t.Fatalf("TellReliable(%d B) = %v, want ErrTooLarge", size, err)
+		}
+		above = err
+	}
+	if size <= 0 || above == nil {
+		t.Fatalf("no size between 0 and 4096 B was accepted (last error %v)", above)
+	}
+	if !strings.Contains(above.Error(), "with its origin") {
+		t.Fatalf("a message that fits only directly: %v, want the forwarded limit named", above)
+	}
+	_, err := n.TellReliable(ctxT(t), to, wrapperspb.String(strings.Repeat("X", 8192)))
+	if !errors.Is(err, node.ErrTooLarge) || strings.Contains(err.Error(), "with its origin") {
+		t.Fatalf("a message that fits neither way: %v, want ErrTooLarge with the direct limit", err)
+	}
+}
+
 // A message larger than the wire allows is refused at the call, before
 // anything is stored, by TellReliable and Dispatch alike.
 func TestTooLargeRefusedBeforeStoring(t *testing.T) {
