@@ -8,7 +8,7 @@
 // ok=false, and the caller takes the generic proto path, so the results are
 // always those of proto.Marshal and proto.Unmarshal.
 //
-// Its tests (equivalence with proto, fallbacks, fuzzing) are the
+// Most of its tests (equivalence with proto, fallbacks, fuzzing) are the
 // transport's envcodec tests, which reach it through the frame codec; the
 // outbox's record tests cover it inside a StoredMessage.
 package envcodec
@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -486,4 +487,17 @@ func decodeRPC(r *pb.RpcMeta, v []byte, str func([]byte) (string, bool)) bool {
 		}
 	}
 	return true
+}
+
+// Marshal returns env's encoding, as proto.Marshal does, through this
+// codec whenever env allows it, in a buffer with room for spare more bytes.
+func Marshal(env *pb.Envelope, spare int) ([]byte, error) {
+	if sz, ok := Size(env); ok {
+		b := make([]byte, 0, sz.Total+spare)
+		if b = Append(b, env, sz); len(b) == sz.Total {
+			return b, nil
+		}
+		// Changed while it was encoded: let proto say what it is now.
+	}
+	return proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, proto.Size(env)+spare), env)
 }

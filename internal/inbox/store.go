@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/internal/storecheck"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	bolt "go.etcd.io/bbolt"
@@ -334,6 +335,18 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 	b.count += n // reserve the slots so concurrent appends cannot overshoot the bound
 	s.mu.Unlock()
 
+	// The envelopes as they came, encoded before the write transaction so
+	// that it only stores them. A buffer per message: bbolt keeps each
+	// value until the commit.
+	data := make([][]byte, n)
+	for i, env := range envs[:n] {
+		if data[i], err = envcodec.Marshal(env, cursorFieldLen); err != nil {
+			s.mu.Lock()
+			b.count -= n
+			s.mu.Unlock()
+			return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, err)
+		}
+	}
 	// One Update, not Batch: the caller already gathered the batch, so
 	// waiting BatchDelay for company would only add latency.
 	err = s.db.Update(func(tx *bolt.Tx) error {
@@ -341,7 +354,7 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 		if q == nil {
 			return ErrNoSuchInbox
 		}
-		for i, env := range envs[:n] {
+		for i := range envs[:n] {
 			seq, err := q.NextSequence()
 			if err != nil {
 				return err
@@ -349,17 +362,12 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 			if i == 0 {
 				first = seq
 			}
-			// The envelope as it came, then event_seq = cursor: the last
-			// occurrence of a scalar field wins when it is read, so the
-			// caller's envelope is neither cloned nor written to. A buffer
-			// per message: bbolt keeps the value until the commit.
-			data, err := (proto.MarshalOptions{}).MarshalAppend(make([]byte, 0, proto.Size(env)+cursorFieldLen), env)
-			if err != nil {
-				return err
-			}
-			data = protowire.AppendTag(data, eventSeqField, protowire.VarintType)
-			data = protowire.AppendVarint(data, seq)
-			if err := q.Put(be(seq), data); err != nil {
+			// Then event_seq = cursor: the last occurrence of a scalar
+			// field wins when it is read, so the caller's envelope is
+			// neither cloned nor written to.
+			v := protowire.AppendTag(data[i], eventSeqField, protowire.VarintType)
+			v = protowire.AppendVarint(v, seq)
+			if err := q.Put(be(seq), v); err != nil {
 				return err
 			}
 		}
