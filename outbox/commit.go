@@ -98,12 +98,14 @@ type batch struct {
 }
 
 // queueAt is a recipient's queue bucket as the batch's enqueues see it:
-// looked up once per transaction instead of once per message, with the
-// highest sequence it holds, so that a message above it needs no lookup
-// to prove its sequence is free.
+// looked up once per transaction instead of once per message.
+//
+// It does not keep the queue's last key to spare the duplicate check's
+// lookup: in bbolt 1.5 Cursor.Last spins forever on a multi-page bucket
+// that earlier writes of the same transaction emptied (an ack of a whole
+// queue committed with the next enqueue to it).
 type queueAt struct {
-	qb  *bolt.Bucket // nil until the queue exists
-	top uint64
+	qb *bolt.Bucket // nil until the queue exists
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -515,7 +517,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
 	qa := b.queueAt(tx, r)
-	if qa.qb != nil && seq <= qa.top && qa.qb.Get(seqKey(seq)) != nil {
+	if qa.qb != nil && qa.qb.Get(seqKey(seq)) != nil {
 		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
 	}
 	val := rec
@@ -569,7 +571,6 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 	if err := qb.Put(seqKey(seq), val); err != nil {
 		return 0, err
 	}
-	qa.top = max(qa.top, seq)
 	d.count++
 	d.enqueued = true
 	d.highWater = max(d.highWater, seq)
@@ -651,12 +652,7 @@ func expiryKey(deadline int64, seq uint64, r string) []byte {
 func (b *batch) queueAt(tx *bolt.Tx, r string) *queueAt {
 	qa := b.queues[r]
 	if qa == nil {
-		qa = &queueAt{}
-		if qa.qb = tx.Bucket(bucketQueues).Bucket([]byte(r)); qa.qb != nil {
-			if k, _ := qa.qb.Cursor().Last(); k != nil {
-				qa.top = seqOf(k)
-			}
-		}
+		qa = &queueAt{qb: tx.Bucket(bucketQueues).Bucket([]byte(r))}
 		if b.queues == nil {
 			b.queues = make(map[string]*queueAt)
 		}
