@@ -124,13 +124,14 @@ func (e *env) jetStreamAsync(payload []byte, syncAlways bool) (float64, error) {
 	return float64(sent) / elapsed.Seconds(), nil
 }
 
-// commitLatency measures one bbolt write transaction (one small Put,
-// fsynced) on the run's disk, back to back for cfg.Duration (at least 20
-// commits): the physical bound of a caller that waits for its own durable
-// write. It returns the mean (what a sequential caller's rate is bound by)
-// and the median.
-func (e *env) commitLatency(payload []byte) (mean, median time.Duration, err error) {
-	path := filepath.Join(e.dir, "commit-latency", "bench.db")
+// commitLatency measures one bbolt write transaction of records Puts of
+// payload, fsynced, on the run's disk, back to back for cfg.Duration (at
+// least 20 commits). With one record it is the physical bound of a caller
+// that waits for its own durable write; with N, the bound of N such
+// callers that share every commit perfectly. It returns the mean (what a
+// sequential caller's rate is bound by) and the median.
+func (e *env) commitLatency(payload []byte, records int) (mean, median time.Duration, err error) {
+	path := filepath.Join(e.dir, fmt.Sprintf("commit-latency-%d", records), "bench.db")
 	if err := mkdirFor(path); err != nil {
 		return 0, 0, err
 	}
@@ -149,11 +150,16 @@ func (e *env) commitLatency(payload []byte) (mean, median time.Duration, err err
 			if err != nil {
 				return err
 			}
-			seq, err := b.NextSequence()
-			if err != nil {
-				return err
+			for range records {
+				seq, err := b.NextSequence()
+				if err != nil {
+					return err
+				}
+				if err := b.Put(u64key(seq), payload); err != nil {
+					return err
+				}
 			}
-			return b.Put(u64key(seq), payload)
+			return nil
 		})
 		if err != nil {
 			return 0, 0, fmt.Errorf("bench: bbolt commit: %w", err)
