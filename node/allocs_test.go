@@ -26,8 +26,8 @@ import (
 const (
 	maxAllocsTell     = 10  // remote Tell: 7
 	maxAllocsAsk      = 45  // remote Ask round trip: 37
-	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 171
-	maxAllocsAsync    = 40  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 33
+	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
+	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
 )
 
 // allocsPer returns the allocations of the whole process per message while
