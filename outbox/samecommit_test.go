@@ -67,13 +67,10 @@ func (e *env) bigMsg(tb testing.TB, recipient, typ string, n int) *pb.StoredMess
 	return sm
 }
 
-// An Ack that empties a multi-page queue and an Enqueue to the same queue
-// committed in one transaction: the relay acks a drained queue while the
-// application sends the next message. The enqueue must be stored.
-func TestEnqueueAfterAckEmptiedQueueSameCommit(t *testing.T) {
-	if !inChild(t, 8*time.Second) {
-		return
-	}
+// emptyThenEnqueue fills a@n1 with 100 messages of 200 B (several leaf
+// pages), then commits empty (given the queued sequences) and an enqueue
+// to the same queue in one transaction. The enqueue must be stored.
+func emptyThenEnqueue(t *testing.T, empty func(e *env, seqs []uint64) error) {
 	e := open(t, nil)
 	var msgs []*pb.StoredMessage
 	for i := range 100 {
@@ -89,8 +86,8 @@ func TestEnqueueAfterAckEmptiedQueueSameCommit(t *testing.T) {
 	}
 	next := e.msg(t, "a@n1", "next") // reserved before the committer stalls
 	release := stall(t, e.Store)
-	acked := make(chan error, 1)
-	go func() { acked <- e.Ack("a@n1", seqs) }()
+	emptied := make(chan error, 1)
+	go func() { emptied <- empty(e, seqs) }()
 	waitOps(t, e.Store, 1)
 	stored := make(chan error, 1)
 	if err := e.EnqueueAsync(context.Background(), next, func(_ outbox.Result, err error) { stored <- err }); err != nil {
@@ -98,7 +95,7 @@ func TestEnqueueAfterAckEmptiedQueueSameCommit(t *testing.T) {
 	}
 	waitOps(t, e.Store, 2)
 	release()
-	if err := <-acked; err != nil {
+	if err := <-emptied; err != nil {
 		t.Fatal(err)
 	}
 	if err := <-stored; err != nil {
@@ -107,6 +104,16 @@ func TestEnqueueAfterAckEmptiedQueueSameCommit(t *testing.T) {
 	if got := e.types(t, "a@n1"); len(got) != 1 || got[0] != "next" {
 		t.Fatalf("queue holds %v, want [next]", got)
 	}
+}
+
+// An Ack that empties a multi-page queue and an Enqueue to the same queue
+// committed in one transaction: the relay acks a drained queue while the
+// application sends the next message.
+func TestEnqueueAfterAckEmptiedQueueSameCommit(t *testing.T) {
+	if !inChild(t, 8*time.Second) {
+		return
+	}
+	emptyThenEnqueue(t, func(e *env, seqs []uint64) error { return e.Ack("a@n1", seqs) })
 }
 
 // waitOps waits until n operations wait for the (stalled) committer.
@@ -267,34 +274,10 @@ func TestEnqueueAfterDropQueueSameCommit(t *testing.T) {
 	if !inChild(t, 8*time.Second) {
 		return
 	}
-	e := open(t, nil)
-	var msgs []*pb.StoredMessage
-	for i := range 100 {
-		msgs = append(msgs, e.bigMsg(t, "a@n1", names("m", 100)[i], 200))
-	}
-	if _, errs := e.EnqueueBatch(context.Background(), msgs); errs[0] != nil {
-		t.Fatal(errs[0])
-	}
-	next := e.msg(t, "a@n1", "next")
-	release := stall(t, e.Store)
-	dropped := make(chan error, 1)
-	go func() { _, err := e.DropQueue("a@n1", "operator"); dropped <- err }()
-	waitOps(t, e.Store, 1)
-	stored := make(chan error, 1)
-	if err := e.EnqueueAsync(context.Background(), next, func(_ outbox.Result, err error) { stored <- err }); err != nil {
-		t.Fatal(err)
-	}
-	waitOps(t, e.Store, 2)
-	release()
-	if err := <-dropped; err != nil {
-		t.Fatal(err)
-	}
-	if err := <-stored; err != nil {
-		t.Fatal(err)
-	}
-	if got := e.types(t, "a@n1"); len(got) != 1 || got[0] != "next" {
-		t.Fatalf("queue holds %v, want [next]", got)
-	}
+	emptyThenEnqueue(t, func(e *env, _ []uint64) error {
+		_, err := e.DropQueue("a@n1", "operator")
+		return err
+	})
 }
 
 // A message refused for invalid UTF-8 (the fallback encoder) leaves nothing
