@@ -27,6 +27,7 @@ type lane struct {
 	mu       sync.Mutex
 	chunks   []*[]byte     // encoded frames not yet taken by the writer, in chunkSize pieces
 	n        int           // frames in chunks
+	large    int           // of them, frames too large for the peer's stream buffer (isLarge)
 	finished chan struct{} // set by finish; closed by run after the last write
 }
 
@@ -73,12 +74,17 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		}
 		out = slices.Grow(out, need)
 	}
+	large := 0
 	for _, env := range envs {
 		var err error
+		at := len(out)
 		if out, err = appendEnvelopeFrame(out, env, c.t.cfg.MaxFrameSize); err != nil {
 			eb.b = out
 			c.queued.Add(-k)
 			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
+		}
+		if isLarge(len(out) - at) {
+			large++
 		}
 	}
 	eb.b = out
@@ -99,10 +105,30 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}
 	l.appendLocked(out)
 	l.n += len(envs)
+	l.large += large
 	l.mu.Unlock()
 	l.signal()
 	return nil
 }
+
+// isLarge reports whether a frame of n bytes (length prefix included) may
+// be too large for the receiver's stream buffer, so that reading it takes
+// the connection's read budget (readlimit.go).
+//
+// Such frames go one lane at a time on a connection. Were several lanes to
+// write them at once, QUIC would interleave their bytes: every frame would
+// be partly received, the budget held by the first few, and the rest of
+// the connection's flow-control window spent on bytes waiting for budget
+// behind them. The frames holding the budget would then never get their
+// remaining bytes, and each would end in the frame read timeout. One large
+// frame in flight always fits the budget (MaxReadBytes is at least
+// MaxFrameSize), and frames that fit the stream buffer are read without
+// budget, so they keep flowing around it. The price: a large frame waits
+// while another lane's is on the wire, and a lane whose stream the peer
+// stops reading holds the other lanes' large frames back with it (the
+// receiver's readers never wait for a handler, so only a peer that stalls
+// its whole connection does that).
+func isLarge(n int) bool { return n > readBufSize }
 
 // enqueueReceipt queues a receipt on the control lane; it never blocks.
 func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
@@ -195,8 +221,8 @@ func (l *lane) run() {
 			return
 		}
 		l.mu.Lock()
-		out, n, fin := l.chunks, l.n, l.finished
-		l.chunks, l.n = spare[:0], 0
+		out, n, large, fin := l.chunks, l.n, l.large, l.finished
+		l.chunks, l.n, l.large = spare[:0], 0, 0
 		l.mu.Unlock()
 		if n > 0 {
 			if l.stream == nil {
@@ -208,14 +234,28 @@ func (l *lane) run() {
 				}
 				l.stream = s
 			}
+			if large > 0 {
+				select {
+				case c.large <- struct{}{}:
+				case <-c.done:
+					l.closeFinished()
+					return
+				}
+			}
 			bytes := 0
 			for _, ch := range out {
 				if _, err := l.stream.Write(*ch); err != nil {
+					if large > 0 {
+						<-c.large
+					}
 					l.closeFinished()
 					c.lost(err)
 					return
 				}
 				bytes += len(*ch)
+			}
+			if large > 0 {
+				<-c.large
 			}
 			if !l.control {
 				c.queued.Add(-int64(n))
