@@ -26,14 +26,14 @@ type conn struct {
 	t      *Transport
 	qc     *quic.Conn
 	peer   PeerInfo
-	stats  *peer                  // set by register
-	dialed bool                   // this node dialed it
-	remote netip.AddrPort         // the peer's UDP address
-	done   chan struct{}          // closed by shutdown
-	reads  *readBudget            // bytes of large frames being read, all streams together
+	stats  *peer          // set by register
+	dialed bool           // this node dialed it
+	remote netip.AddrPort // the peer's UDP address
+	done   chan struct{}  // closed by shutdown
+	reads  *readBudget    // bytes of large frames being read, all streams together
 	// large is held by the one lane writing frames too large for the
 	// peer's stream buffer (see lane.run).
-	large chan struct{}
+	large  chan struct{}
 	queued atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	lanes  []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
