@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/inbox"
@@ -21,15 +22,16 @@ const drainSizeNote = "; the target is for a 1M backlog: run -backlog 1000000"
 // fillChunk is how many messages one Dispatch call stores (one commit).
 const fillChunk = 1024
 
-// fillBacklog stores count reliable messages for to in n's outbox. It uses
-// Dispatch with to repeated, which builds the same envelopes as
+// fillBacklog stores count reliable messages in n's outbox, round-robin
+// over tos (fillChunk must be a multiple of len(tos) for an even spread).
+// It uses Dispatch with the targets repeated, which builds the same envelopes as
 // TellReliable (own msg id, sequence and key each) but commits a chunk at
 // once, so filling a 1M backlog takes seconds, not minutes.
-func fillBacklog(n *node.Node, to node.Address, count, payload int) error {
+func fillBacklog(n *node.Node, tos []node.Address, count, payload int) error {
 	msg := wrapperspb.Bytes(make([]byte, payload))
 	targets := make([]node.Address, fillChunk)
 	for i := range targets {
-		targets[i] = to
+		targets[i] = tos[i%len(tos)]
 	}
 	ctx := context.Background()
 	for left := count; left > 0; left -= fillChunk {
@@ -58,22 +60,12 @@ func mkdirFor(path string) error {
 // into a daemon inbox (the daemon's inbox actor on its own inbox.db), the
 // two places a returning peer's backlog lands.
 func (e *env) drainPhase() ([]Row, error) {
-	actor, err := e.drainInto("drain", "drain backlog to returning peer (in-process actor)",
-		func(rcv *node.Node, s *sink, first *int64) (func(), error) {
-			_, err := rcv.Spawn("w", func(ctx context.Context, m *node.Message) (proto.Message, error) {
-				if s.n.Load() == 0 {
-					*first = time.Now().UnixNano() // only the actor's goroutine writes it, read after the wait
-				}
-				s.hit()
-				return nil, nil
-			}, node.WithMailbox(mailbox.DefaultCapacity, mailbox.Reject))
-			return nil, err
-		})
+	actor, err := e.drainInto("drain", "drain backlog to returning peer (in-process actor)", 1, spawnCounter)
 	if err != nil {
 		return nil, err
 	}
-	box, err := e.drainInto("drain-inbox", "drain backlog to returning peer (daemon inbox)",
-		func(rcv *node.Node, s *sink, first *int64) (func(), error) {
+	box, err := e.drainInto("drain-inbox", "drain backlog to returning peer (daemon inbox)", 1,
+		func(rcv *node.Node, _ string, s *sink, first *int64) (func(), error) {
 			path := filepath.Join(e.dir, "drain-inbox", "inbox.db")
 			if err := mkdirFor(path); err != nil {
 				return nil, err
@@ -93,8 +85,8 @@ func (e *env) drainPhase() ([]Row, error) {
 			batch := inbox.BatchHandler(st, "w")
 			_, err = rcv.Spawn("w", inbox.Handler(st, "w"), node.WithBatch(func(ctx context.Context, msgs []*node.Message) (int, error) {
 				done, err := batch(ctx, msgs)
-				if done > 0 && s.n.Load() == 0 {
-					*first = time.Now().UnixNano()
+				if done > 0 && atomic.LoadInt64(first) == 0 {
+					atomic.CompareAndSwapInt64(first, 0, time.Now().UnixNano())
 				}
 				s.add(int64(done))
 				return done, err
@@ -107,18 +99,42 @@ func (e *env) drainPhase() ([]Row, error) {
 	return append(actor, box...), nil
 }
 
-// drainInto queues cfg.Backlog messages for w@sink, a node that is not
-// running, then starts it, lets spawn put the actor w there and times
-// until the actor has processed all.
-func (e *env) drainInto(sub, phase string, spawn func(rcv *node.Node, s *sink, first *int64) (cleanup func(), err error)) ([]Row, error) {
+// spawnCounter puts an actor named name on rcv that counts into s: the
+// in-process recipient of a drain.
+func spawnCounter(rcv *node.Node, name string, s *sink, first *int64) (func(), error) {
+	_, err := rcv.Spawn(name, func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		if atomic.LoadInt64(first) == 0 {
+			atomic.CompareAndSwapInt64(first, 0, time.Now().UnixNano())
+		}
+		s.hit()
+		return nil, nil
+	}, node.WithMailbox(mailbox.DefaultCapacity, mailbox.Reject))
+	return nil, err
+}
+
+// drainInto queues cfg.Backlog messages, round-robin over streams actors
+// w (one stream) or w0, w1, ... of sink, a node that is not running, then
+// starts it, lets spawn put each actor there and times until the actors
+// have processed all.
+func (e *env) drainInto(sub, phase string, streams int, spawn func(rcv *node.Node, name string, s *sink, first *int64) (cleanup func(), err error)) ([]Row, error) {
 	sender, err := e.startNode("n1", sub)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = sender.Close() }()
-	to := node.Addr("w", "sink")
+	names := []string{"w"}
+	if streams > 1 {
+		names = make([]string, streams)
+		for i := range names {
+			names[i] = fmt.Sprintf("w%d", i)
+		}
+	}
+	tos := make([]node.Address, len(names))
+	for i, name := range names {
+		tos[i] = node.Addr(name, "sink")
+	}
 	t0 := time.Now()
-	if err := fillBacklog(sender, to, e.cfg.Backlog, e.cfg.Payload); err != nil {
+	if err := fillBacklog(sender, tos, e.cfg.Backlog, e.cfg.Payload); err != nil {
 		return nil, err
 	}
 	if d := sender.Outbox().Stats().Depth; d != e.cfg.Backlog {
@@ -142,18 +158,25 @@ func (e *env) drainInto(sub, phase string, spawn func(rcv *node.Node, s *sink, f
 	if err != nil {
 		return nil, fmt.Errorf("bench: drain: open sink: %w", err)
 	}
-	var cleanup func() // what spawn opened, closed after the node
+	var cleanups []func() // what spawn opened, closed after the node
 	defer func() {
 		_ = rcv.Close()
-		if cleanup != nil {
-			cleanup()
+		for _, c := range cleanups {
+			if c != nil {
+				c()
+			}
 		}
 	}()
-	// As the daemon does: the actor (and the inbox's store) is in place
-	// before the node joins, so the first emission finds it (a miss would
-	// show as NoSuchActor in the note, and cost the sender a backoff).
-	if cleanup, err = spawn(rcv, &s, &firstNanos); err != nil {
-		return nil, fmt.Errorf("bench: drain: spawn: %w", err)
+	// As the daemon does: the actors (and the inbox's store) are in place
+	// before the node joins, so the first emission finds them (a miss
+	// would show as NoSuchActor in the note, and cost the sender a
+	// backoff).
+	for _, name := range names {
+		c, err := spawn(rcv, name, &s, &firstNanos)
+		cleanups = append(cleanups, c)
+		if err != nil {
+			return nil, fmt.Errorf("bench: drain: spawn: %w", err)
+		}
 	}
 	if err := rcv.Start(context.Background()); err != nil {
 		return nil, fmt.Errorf("bench: drain: start sink: %w", err)
@@ -166,6 +189,7 @@ func (e *env) drainInto(sub, phase string, spawn func(rcv *node.Node, s *sink, f
 			s.n.Load(), e.cfg.Backlog, st.Depth, st.DLQDepth, err)
 	}
 	stop()
+	firstNanos = atomic.LoadInt64(&firstNanos)
 	total := time.Duration(s.last.Load() - start.UnixNano())
 	pure := time.Duration(s.last.Load() - firstNanos)
 	rate := float64(e.cfg.Backlog) / total.Seconds()

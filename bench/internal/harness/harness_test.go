@@ -3,6 +3,7 @@ package harness
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -10,10 +11,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/node"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 )
 
 func TestMain(m *testing.M) {
@@ -295,4 +300,44 @@ func BenchmarkRawFrame(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// A drain spread over several streams delivers the whole backlog, every
+// actor its share.
+func TestDrainOverStreams(t *testing.T) {
+	cfg := tinyConfig(t)
+	cfg.Backlog = 1024
+	e, err := newEnv(cfg, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	per := map[string]int{}
+	rows, err := e.drainInto("streams", "drain over streams", 4, func(rcv *node.Node, name string, s *sink, first *int64) (func(), error) {
+		_, err := rcv.Spawn(name, func(ctx context.Context, m *node.Message) (proto.Message, error) {
+			mu.Lock()
+			per[name]++
+			mu.Unlock()
+			atomic.CompareAndSwapInt64(first, 0, time.Now().UnixNano())
+			s.hit()
+			return nil, nil
+		})
+		return nil, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || !(rows[0].Meshnode.Value > 0) {
+		t.Fatalf("rows %+v", rows)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(per) != 4 {
+		t.Fatalf("messages per actor %v, want 4 actors", per)
+	}
+	for name, n := range per {
+		if n != 256 {
+			t.Fatalf("messages per actor %v, want 256 each (%s)", per, name)
+		}
+	}
 }

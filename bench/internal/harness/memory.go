@@ -81,7 +81,7 @@ func runChild(jobJSON string) childResult {
 	if res.BaselineKB, _, _, err = readRSS(); err != nil {
 		return childResult{Err: err.Error()}
 	}
-	if err := fillBacklog(n, node.Addr("w", "offline"), job.Backlog, job.Payload); err != nil {
+	if err := fillBacklog(n, []node.Address{node.Addr("w", "offline")}, job.Backlog, job.Payload); err != nil {
 		return childResult{Err: err.Error()}
 	}
 	runtime.GC()

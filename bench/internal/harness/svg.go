@@ -30,7 +30,7 @@ func (r *Report) WriteCurves(dir string) error {
 	for name, pts := range map[string][]Point{"tell.svg": tell, "drain.svg": drain} {
 		title := "Tell: meshnode (solid) and NATS core pub→sub (dashed), msgs/s by payload"
 		if name == "drain.svg" {
-			title = "Drain of a backlog into an in-process actor, msgs/s by payload"
+			title = "Drain of a backlog into in-process actors, a line per number of streams, msgs/s by payload"
 		}
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(chart(title, pts)), 0o644); err != nil {
 			return fmt.Errorf("bench: curves: %w", err)
