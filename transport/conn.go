@@ -26,14 +26,12 @@ type conn struct {
 	t      *Transport
 	qc     *quic.Conn
 	peer   PeerInfo
-	stats  *peer          // set by register
-	dialed bool           // this node dialed it
-	remote netip.AddrPort // the peer's UDP address
-	done   chan struct{}  // closed by shutdown
-	reads  *readBudget    // bytes of large frames being read, all streams together
-	// large is held by the one lane writing frames too large for the
-	// peer's stream buffer (see lane.run).
-	large  chan struct{}
+	stats  *peer                  // set by register
+	dialed bool                   // this node dialed it
+	remote netip.AddrPort         // the peer's UDP address
+	done   chan struct{}          // closed by shutdown
+	reads  *readBudget            // bytes of large frames being read, all streams together
+	large  *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
 	queued atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	lanes  []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
@@ -110,7 +108,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		remote:  remoteAddrPort(qc),
 		done:    make(chan struct{}),
 		reads:   newReadBudget(t.cfg.MaxReadBytes),
-		large:   make(chan struct{}, 1),
+		large:   newLargeGate(t.cfg),
 		waiters: make(map[string]*waiter),
 	}
 	c.lanes = make([]*lane, t.cfg.Lanes+1)

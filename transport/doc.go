@@ -118,5 +118,12 @@
 //     stalls that lane only (QUIC flow control then pushes back on the
 //     sender, whose queue fills and returns ErrQueueFull). Close waits for
 //     handlers to return.
+//   - Frames larger than a stream's read buffer (16 KiB) are written by as
+//     many lanes of a connection at once as the peer's read budget holds
+//     frames of MaxFrameSize (MaxReadBytes / MaxFrameSize, two by
+//     default), so they never wait on each other for budget at the
+//     receiver; smaller frames flow around them. A lane blocked for a
+//     second in the middle of a large frame (its recipient's handler is
+//     slow) gives its place to a waiting lane.
 //   - A reply after its connection is gone is dropped with a log.
 package transport

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
@@ -22,6 +24,10 @@ type lane struct {
 
 	// stream is owned by run; set before run starts for the control lane.
 	stream *quic.SendStream
+
+	// writing is when run's last Write began (unix ns): how long a lane
+	// holding a large-frame slot has been blocked (largeGate).
+	writing atomic.Int64
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -115,20 +121,93 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 // be too large for the receiver's stream buffer, so that reading it takes
 // the connection's read budget (readlimit.go).
 //
-// Such frames go one lane at a time on a connection. Were several lanes to
-// write them at once, QUIC would interleave their bytes: every frame would
-// be partly received, the budget held by the first few, and the rest of
-// the connection's flow-control window spent on bytes waiting for budget
-// behind them. The frames holding the budget would then never get their
-// remaining bytes, and each would end in the frame read timeout. One large
-// frame in flight always fits the budget (MaxReadBytes is at least
-// MaxFrameSize), and frames that fit the stream buffer are read without
-// budget, so they keep flowing around it. The price: a large frame waits
-// while another lane's is on the wire, and a lane whose stream the peer
-// stops reading holds the other lanes' large frames back with it (the
-// receiver's readers never wait for a handler, so only a peer that stalls
-// its whole connection does that).
+// Such frames are written by a few lanes of a connection at a time: as
+// many as the peer's read budget holds frames of the largest size
+// (largeGate, sized from this node's own configuration, which a cluster
+// shares). Were every lane to write them at once, QUIC would interleave
+// their bytes: every frame would be partly received, the budget held by
+// the first few, and the rest of the connection's flow-control window
+// spent on bytes waiting for budget behind them. The frames holding the
+// budget would then never get their remaining bytes, and each would end in
+// the frame read timeout. Frames that fit the stream buffer are read
+// without budget, so they keep flowing around the large ones.
 func isLarge(n int) bool { return n > readBufSize }
+
+// largeStall: a lane holding a large-frame slot whose last write has not
+// returned for this long is stalled (its recipient's handler is slow, so
+// its stream is not read), and a waiting lane takes its slot.
+const largeStall = time.Second
+
+// largeGate hands out a connection's large-frame slots. A lane blocked in
+// the middle of a frame because its recipient's handler is slow would
+// otherwise keep a slot, and the other lanes' large frames, until that
+// handler returns: a slot held by a stalled lane passes to a waiting one.
+// The stalled frame's reader holds no budget while it waits for its
+// handler, so the frames being read stay within the budget.
+type largeGate struct {
+	mu      sync.Mutex
+	free    int
+	holders map[*lane]struct{}
+	freed   chan struct{} // closed and replaced when a slot is freed
+}
+
+func newLargeGate(cfg Config) *largeGate {
+	return &largeGate{free: max(1, cfg.MaxReadBytes/cfg.MaxFrameSize), holders: make(map[*lane]struct{}), freed: make(chan struct{})}
+}
+
+// take waits for a slot for l; false means done closed first.
+func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		g.mu.Lock()
+		if g.free > 0 {
+			g.free--
+			g.holders[l] = struct{}{}
+			g.mu.Unlock()
+			return true
+		}
+		now := time.Now().UnixNano()
+		for h := range g.holders {
+			if now-h.writing.Load() >= int64(largeStall) {
+				delete(g.holders, h) // h's release is now a no-op
+				g.holders[l] = struct{}{}
+				g.mu.Unlock()
+				return true
+			}
+		}
+		freed := g.freed
+		g.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(largeStall)
+		} else {
+			t.Reset(largeStall)
+		}
+		select {
+		case <-freed:
+		case <-t.C:
+		case <-done:
+			return false
+		}
+	}
+}
+
+// release gives back l's slot, unless a waiting lane took it over.
+func (g *largeGate) release(l *lane) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.holders[l]; !ok {
+		return
+	}
+	delete(g.holders, l)
+	g.free++
+	close(g.freed)
+	g.freed = make(chan struct{})
+}
 
 // enqueueReceipt queues a receipt on the control lane; it never blocks.
 func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
@@ -234,19 +313,16 @@ func (l *lane) run() {
 				}
 				l.stream = s
 			}
-			if large > 0 {
-				select {
-				case c.large <- struct{}{}:
-				case <-c.done:
-					l.closeFinished()
-					return
-				}
+			if large > 0 && !c.large.take(l, c.done) {
+				l.closeFinished()
+				return
 			}
 			bytes := 0
 			for _, ch := range out {
+				l.writing.Store(time.Now().UnixNano())
 				if _, err := l.stream.Write(*ch); err != nil {
 					if large > 0 {
-						<-c.large
+						c.large.release(l)
 					}
 					l.closeFinished()
 					c.lost(err)
@@ -255,7 +331,7 @@ func (l *lane) run() {
 				bytes += len(*ch)
 			}
 			if large > 0 {
-				<-c.large
+				c.large.release(l)
 			}
 			if !l.control {
 				c.queued.Add(-int64(n))
