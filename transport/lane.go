@@ -165,18 +165,16 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 	}()
 	for {
 		g.mu.Lock()
+		now := time.Now().UnixNano()
 		if g.free > 0 {
 			g.free--
-			g.holders[l] = struct{}{}
-			g.mu.Unlock()
+			g.hold(l, now)
 			return true
 		}
-		now := time.Now().UnixNano()
 		for h := range g.holders {
 			if now-h.writing.Load() >= int64(largeStall) {
 				delete(g.holders, h) // h's release is now a no-op
-				g.holders[l] = struct{}{}
-				g.mu.Unlock()
+				g.hold(l, now)
 				return true
 			}
 		}
@@ -194,6 +192,14 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 			return false
 		}
 	}
+}
+
+// hold gives l a slot and unlocks g. l counts as writing from now, or a
+// timestamp of its last batch would make it look stalled at once.
+func (g *largeGate) hold(l *lane, now int64) {
+	l.writing.Store(now)
+	g.holders[l] = struct{}{}
+	g.mu.Unlock()
 }
 
 // release gives back l's slot, unless a waiting lane took it over.
