@@ -92,20 +92,9 @@ type batch struct {
 	nowMs       int64
 	wallMs      int64
 	q           map[string]*qdelta
-	queues      map[string]*queueAt // enqueue's view of each queue it wrote to
+	queues      map[string]*bolt.Bucket // enqueue's queue buckets, nil for none yet (queueBucket)
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
-}
-
-// queueAt is a recipient's queue bucket as the batch's enqueues see it:
-// looked up once per transaction instead of once per message.
-//
-// It does not keep the queue's last key to spare the duplicate check's
-// lookup: in bbolt 1.5 Cursor.Last spins forever on a multi-page bucket
-// that earlier writes of the same transaction emptied (an ack of a whole
-// queue committed with the next enqueue to it).
-type queueAt struct {
-	qb *bolt.Bucket // nil until the queue exists
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -516,8 +505,8 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []byte) (Result, error) {
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
-	qa := b.queueAt(tx, r)
-	if qa.qb != nil && qa.qb.Get(seqKey(seq)) != nil {
+	qb := b.queueBucket(tx, r)
+	if qb != nil && qb.Get(seqKey(seq)) != nil {
 		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
 	}
 	val := rec
@@ -527,14 +516,13 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 			return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
 		}
 	}
-	if qa.qb == nil {
-		qb, err := tx.Bucket(bucketQueues).CreateBucket([]byte(r))
-		if err != nil {
+	if qb == nil {
+		var err error
+		if qb, err = tx.Bucket(bucketQueues).CreateBucket([]byte(r)); err != nil {
 			return 0, err
 		}
-		qa.qb = qb
+		b.queues[r] = qb
 	}
-	qb := qa.qb
 	d := b.delta(r)
 	res := Queued
 	coalesce := recFlags(val)&flagCoalesce != 0
@@ -648,17 +636,23 @@ func expiryKey(deadline int64, seq uint64, r string) []byte {
 	return k
 }
 
-// queueAt returns r's queue as this batch's enqueues see it.
-func (b *batch) queueAt(tx *bolt.Tx, r string) *queueAt {
-	qa := b.queues[r]
-	if qa == nil {
-		qa = &queueAt{qb: tx.Bucket(bucketQueues).Bucket([]byte(r))}
+// queueBucket returns r's queue bucket in tx, nil while it does not exist,
+// looked up once per transaction instead of once per message.
+//
+// It does not keep the queue's last key to spare the duplicate check's
+// lookup: in bbolt 1.5 Cursor.Last spins forever on a multi-page bucket
+// that earlier writes of the same transaction emptied (an ack of a whole
+// queue committed with the next enqueue to it).
+func (b *batch) queueBucket(tx *bolt.Tx, r string) *bolt.Bucket {
+	qb, ok := b.queues[r]
+	if !ok {
+		qb = tx.Bucket(bucketQueues).Bucket([]byte(r))
 		if b.queues == nil {
-			b.queues = make(map[string]*queueAt)
+			b.queues = make(map[string]*bolt.Bucket)
 		}
-		b.queues[r] = qa
+		b.queues[r] = qb
 	}
-	return qa
+	return qb
 }
 
 // encodeMessage encodes sm as a new queue record: its TTL deadline and

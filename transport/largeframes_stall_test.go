@@ -118,6 +118,19 @@ func setupStalled(t *testing.T, oneSlot bool) *stalled {
 	return &stalled{srv: srv, good: good, rec: rec, payload: payload, release: rel}
 }
 
+// sendLarge sends the 1 MiB payload to a recipient on srv named from
+// prefix, on another lane than the slow one, and returns the envelope.
+func (s *stalled) sendLarge(t *testing.T, prefix string) *pb.Envelope {
+	t.Helper()
+	to := otherLaneRecipient(t, prefix, slowRecipient, s.good.cfg.Lanes)
+	env := envTo(t, to, pb.Envelope_RECEIPT_NONE)
+	env.Body = s.payload
+	if err := s.good.Send(ctxT(t, 5*time.Second), "srv", env); err != nil {
+		t.Fatalf("send to %s: %v", to, err)
+	}
+	return env
+}
+
 // A handler slow for one recipient stops its lane's stream from being
 // read, and the sender's writer for that lane blocks in the middle of a
 // large frame, holding a slot. A large message for a recipient on another
@@ -128,12 +141,7 @@ func TestSlowRecipientDoesNotHoldBackLargeFramesOfOtherLanes(t *testing.T) {
 
 func slowRecipientDoesNotHoldBackLargeFramesOfOtherLanes(t *testing.T, oneSlot bool) {
 	s := setupStalled(t, oneSlot)
-	fast := otherLaneRecipient(t, "fast", slowRecipient, s.good.cfg.Lanes)
-	env := envTo(t, fast, pb.Envelope_RECEIPT_NONE)
-	env.Body = s.payload
-	if err := s.good.Send(ctxT(t, 5*time.Second), "srv", env); err != nil {
-		t.Fatalf("send to %s: %v", fast, err)
-	}
+	fast := s.sendLarge(t, "fast").GetRecipient()
 	testutil.WaitFor(t, 8*time.Second, fmt.Sprintf("a 1 MiB message to %s (lane %d, handler idle) delivered while %s (lane %d) is slow",
 		fast, transport.LaneOf(fast, s.good.cfg.Lanes), slowRecipient, transport.LaneOf(slowRecipient, s.good.cfg.Lanes)),
 		func() bool { return s.rec.count.Load() == 1 })
@@ -159,12 +167,7 @@ func slowRecipientDoesNotFailRequestsOfOtherLanes(t *testing.T, oneSlot bool) {
 	}()
 	// A small Request to a recipient on another lane, queued after a large
 	// Send to it (Send returns once the frame is queued).
-	b := otherLaneRecipient(t, "reqb", slowRecipient, lanes)
-	tell := envTo(t, b, pb.Envelope_RECEIPT_NONE)
-	tell.Body = s.payload
-	if err := s.good.Send(ctxT(t, 5*time.Second), "srv", tell); err != nil {
-		t.Fatal(err)
-	}
+	b := s.sendLarge(t, "reqb").GetRecipient()
 	if _, err := s.good.Request(ctxT(t, 6*time.Second), "srv", envTo(t, b, pb.Envelope_RECEIPT_ACCEPTED)); err != nil {
 		t.Errorf("small request to %s (lane %d) while %s (lane %d) is slow: %v", b, transport.LaneOf(b, lanes), slowRecipient, transport.LaneOf(slowRecipient, lanes), err)
 	}
@@ -182,17 +185,21 @@ func TestLargeFrameBesideStalledLaneDeliveredBeforeReconnect(t *testing.T) {
 
 func largeFrameBesideStalledLaneDeliveredBeforeReconnect(t *testing.T, oneSlot bool) {
 	s := setupStalled(t, oneSlot)
-	fast := otherLaneRecipient(t, "lost", slowRecipient, s.good.cfg.Lanes)
-	env := envTo(t, fast, pb.Envelope_RECEIPT_NONE)
-	env.Body = s.payload
-	if err := s.good.Send(ctxT(t, 5*time.Second), "srv", env); err != nil {
-		t.Fatalf("send to %s: %v", fast, err)
-	}
+	env := s.sendLarge(t, "lost")
+	fast := env.GetRecipient()
 	// Give it 3 s to be written (milliseconds with a free slot, about
-	// largeStall when it must take over the stalled lane's).
-	deadline := time.Now().Add(3 * time.Second)
-	for s.rec.count.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // polling interval; the count decides
+	// largeStall when it must take over the stalled lane's); the check
+	// after the reconnect decides.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(3 * time.Second)
+wait:
+	for s.rec.count.Load() == 0 {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			break wait
+		}
 	}
 	s.good.ClosePeer("srv", "membership says it restarted")
 	s.release()
@@ -221,12 +228,7 @@ func TestCloseWhileLargeSlotsHeldAndAwaited(t *testing.T) {
 func closeWhileLargeSlotsHeldAndAwaited(t *testing.T, oneSlot bool) {
 	s := setupStalled(t, oneSlot)
 	for i := 0; i < 3; i++ {
-		to := otherLaneRecipient(t, fmt.Sprintf("w%d-", i), slowRecipient, s.good.cfg.Lanes)
-		env := envTo(t, to, pb.Envelope_RECEIPT_NONE)
-		env.Body = s.payload
-		if err := s.good.Send(ctxT(t, 5*time.Second), "srv", env); err != nil {
-			t.Fatal(err)
-		}
+		s.sendLarge(t, fmt.Sprintf("w%d-", i))
 	}
 	done := make(chan struct{})
 	start := time.Now()
