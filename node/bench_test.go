@@ -121,6 +121,59 @@ func BenchmarkRemoteTell(b *testing.B) {
 	tellAll(b, nodes[0], to, got)
 }
 
+// BenchmarkRemoteTellLarge: Tells of large messages from several
+// goroutines to one remote actor, each waiting out a full send queue as
+// its *CapacityError asks. Reports msgs/s and the refusals per message.
+func BenchmarkRemoteTellLarge(b *testing.B) {
+	for _, size := range []int{64 << 10, 1 << 20} {
+		for _, senders := range []int{1, 8, 64} {
+			b.Run(fmt.Sprintf("size=%d,senders=%d", size, senders), func(b *testing.B) {
+				nodes := cluster(b, 2)
+				got, to := counter(b, nodes[1], "c", 256, int64(b.N))
+				msg := wrapperspb.Bytes(make([]byte, size))
+				var next, retries atomic.Int64
+				errs := make(chan error, senders)
+				b.ResetTimer()
+				start := time.Now()
+				var wg sync.WaitGroup
+				for range senders {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for next.Add(1) <= int64(b.N) {
+							for {
+								err := nodes[0].Tell(context.Background(), to, msg)
+								if err == nil {
+									break
+								}
+								var ce *node.CapacityError
+								if !asCapacity(err, &ce) {
+									errs <- err
+									return
+								}
+								retries.Add(1)
+								time.Sleep(ce.RetryAfter)
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+				select {
+				case <-got:
+				case <-time.After(time.Minute):
+					b.Fatalf("not every message arrived (receiver %+v)", nodes[1].Stats())
+				}
+				b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+				b.ReportMetric(float64(retries.Load())/float64(b.N), "refusals/msg")
+			})
+		}
+	}
+}
+
 // BenchmarkRemoteAsk: round trip over QUIC; reports p50 and p99.
 func BenchmarkRemoteAsk(b *testing.B) {
 	nodes := cluster(b, 2)

@@ -69,6 +69,13 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 // tellRemote is Tell to another node. Its envelope comes from a pool: the
 // transport has encoded it by the time Send returns.
 func (n *Node) tellRemote(ctx context.Context, c *Call) error {
+	// A full send queue refuses before the body is marshalled: callers
+	// retrying large messages against it would otherwise spend a copy of
+	// each on every attempt, and starve the connection that drains it.
+	if err := n.transport.Admit(c.To.Node, c.Request); err != nil {
+		n.stats.tellFailed.Add(1)
+		return fmt.Errorf("node: tell %s: %w", c.To, n.mapSendErr(err))
+	}
 	o := getOutEnv()
 	defer o.release()
 	if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request); err != nil {
@@ -134,6 +141,9 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	}
 	// The envelope is pooled: the transport has encoded it when Send
 	// returns, and only its msg id (an immutable string) is kept after.
+	if err := n.transport.Admit(to.Node, c.Request); err != nil {
+		return fmt.Errorf("node: ask %s: %w", to, n.mapSendErr(err))
+	}
 	o := getOutEnv()
 	defer func() { o.release() }() // o is released early, on the success path
 	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, c.Request); err != nil {
@@ -281,7 +291,12 @@ func (n *Node) mapSendErr(err error) error {
 	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, mesh.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	case errors.Is(err, transport.ErrQueueFull):
-		return &CapacityError{RetryAfter: 5 * time.Millisecond}
+		// The transport's estimate of when the queue has room.
+		ra := 5 * time.Millisecond
+		if qf := (*transport.QueueFullError)(nil); errors.As(err, &qf) {
+			ra = qf.RetryAfter
+		}
+		return &CapacityError{RetryAfter: ra}
 	case errors.Is(err, transport.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}

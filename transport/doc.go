@@ -93,8 +93,14 @@
 //     code: byte equality over random envelopes (rapid) and a fuzz test
 //     that compares the decoders with proto.Equal.
 //   - SendQueueSize counts envelopes and SendQueueBytes their encoded bytes
-//     queued on all lanes of a peer's connection; either bound refuses with
-//     ErrQueueFull (one frame always fits an empty queue). Receipts have
+//     queued on all lanes of a peer's connection (a 64 KiB piece leaves
+//     the queue as soon as QUIC has taken it); either bound refuses with a
+//     *QueueFullError, which wraps ErrQueueFull and says when to retry: the
+//     time to write the excess at the rate the connection has been writing
+//     (1 ms to 1 s). One frame always fits an empty queue. Near the byte
+//     bound a send is refused before its frame is encoded, and Admit lets
+//     a caller ask before it marshals a body, so senders retrying large
+//     messages cost the connection they wait for nothing. Receipts have
 //     their own bound of SendQueueSize on the control lane; a receipt that
 //     does not fit is dropped with a log (the requester's DeliverTimeout or
 //     context then retries it), because reply must not block.

@@ -3,6 +3,7 @@ package transport
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/quic-go/quic-go"
 )
@@ -57,6 +58,25 @@ func (e *EncodeError) first() error {
 	}
 	return e.Errs[best]
 }
+
+// QueueFullError is the ErrQueueFull of a send that did not fit the
+// peer's send queue (errors.Is(err, ErrQueueFull) holds). RetryAfter is
+// when it would fit at the rate the connection has been writing: the time
+// to write the excess, at least a millisecond and at most a second (5 ms
+// before the connection has measured a rate).
+type QueueFullError struct {
+	Peer       string
+	Queued     int64  // what the queue held
+	Unit       string // of Queued: "envelopes" or "bytes"
+	RetryAfter time.Duration
+}
+
+func (e *QueueFullError) Error() string {
+	return fmt.Sprintf("%v: %d %s queued for %s", ErrQueueFull, e.Queued, e.Unit, e.Peer)
+}
+
+// Unwrap makes errors.Is(err, ErrQueueFull) hold.
+func (e *QueueFullError) Unwrap() error { return ErrQueueFull }
 
 // errDuplicate: our dial lost the simultaneous-dial tie-break; the peer's
 // connection is the one to use. A *CloseError with CodeDuplicate matches it.

@@ -56,10 +56,27 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	for {
 		cur := c.queued.Load()
 		if cur+k > limit {
-			return fmt.Errorf("%w: %d envelopes queued for %s", ErrQueueFull, cur, c.peer.Name)
+			return c.full(cur, "envelopes", c.perEnvelope()*(cur+k-limit))
 		}
 		if c.queued.CompareAndSwap(cur, cur+k) {
 			break
+		}
+	}
+	// Near the byte bound, refuse before encoding what the bound would
+	// refuse after (the envelopes' sizes are a lower bound of their
+	// frames'): a sender retrying against a full queue of large messages
+	// must not spend a copy of each on every attempt. Further from it,
+	// any frame fits and the check would only cost time.
+	if c.crowded.Load() {
+		least := int64(0)
+		for _, env := range envs {
+			if sz, ok := envcodec.Size(env); ok {
+				least += int64(sz.Total)
+			}
+		}
+		if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); cur > 0 && cur+least > max {
+			c.queued.Add(-k)
+			return c.full(cur, "bytes", cur+least-max)
 		}
 	}
 	eb := encBufs.Get().(*encBuf)
@@ -95,18 +112,20 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}
 	eb.b = out
 	size := int64(len(out))
-	if cur := c.qbytes.Add(size); cur > int64(c.t.cfg.SendQueueBytes) && cur != size {
+	if cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes); cur > max && cur != size {
 		// Over the byte bound, unless the queue was empty: one frame up to
 		// MaxFrameSize always fits (Validate keeps SendQueueBytes above it).
 		c.qbytes.Add(-size)
 		c.queued.Add(-k)
-		return fmt.Errorf("%w: %d bytes queued for %s", ErrQueueFull, cur-size, c.peer.Name)
+		return c.full(cur-size, "bytes", cur-max)
 	}
+	c.noteQueue()
 	l.mu.Lock()
 	if l.finished != nil || c.isClosedFast() {
 		l.mu.Unlock()
 		c.queued.Add(-k)
 		c.qbytes.Add(-size)
+		c.noteQueue()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
 	l.appendLocked(out)
@@ -323,10 +342,11 @@ func (l *lane) run() {
 				l.closeFinished()
 				return
 			}
-			bytes := 0
-			for _, ch := range out {
+			bytes, began, writers := 0, time.Now(), c.writers.Add(1)
+			for i, ch := range out {
 				l.writing.Store(time.Now().UnixNano())
 				if _, err := l.stream.Write(*ch); err != nil {
+					c.writers.Add(-1)
 					if large > 0 {
 						c.large.release(l)
 					}
@@ -335,20 +355,32 @@ func (l *lane) run() {
 					return
 				}
 				bytes += len(*ch)
+				// A written chunk leaves the queue at once, not with the
+				// rest of the batch: QUIC holds no reference to it, and
+				// senders waiting for room get it as it is made.
+				if !l.control {
+					c.qbytes.Add(-int64(len(*ch)))
+					c.noteQueue()
+				}
+				chunks.Put(ch)
+				out[i] = nil
 			}
+			c.writers.Add(-1)
 			if large > 0 {
 				c.large.release(l)
 			}
 			if !l.control {
 				c.queued.Add(-int64(n))
-				c.qbytes.Add(-int64(bytes))
+				c.noteRate(bytes, time.Since(began), writers)
 			}
 			c.stats.framesOut.Add(uint64(n))
 			c.stats.bytesOut.Add(uint64(bytes))
 		}
 		for i, ch := range out {
-			chunks.Put(ch)
-			out[i] = nil
+			if ch != nil {
+				chunks.Put(ch)
+				out[i] = nil
+			}
 		}
 		spare = out
 		if fin != nil {

@@ -97,6 +97,7 @@ type Transport struct {
 	bgDials   sync.Map           // node name -> struct{}: dials started by Forward (forward.go)
 
 	idleClosed atomic.Uint64 // connections closed for idleness (idle.go)
+	crowded    atomic.Int32  // connections whose queue is near its byte bound (queuefull.go)
 
 	ctx    context.Context // ends on Close; bounds dials and handshakes
 	cancel context.CancelFunc

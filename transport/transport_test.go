@@ -206,6 +206,13 @@ func TestQueueFull(t *testing.T) {
 			if !errors.Is(err, transport.ErrQueueFull) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want ErrQueueFull (%s)", err, tc.want)
 			}
+			var qf *transport.QueueFullError
+			if !errors.As(err, &qf) || qf.Peer != "b" || !strings.HasPrefix(tc.want, qf.Unit) {
+				t.Fatalf("err = %#v, want a *QueueFullError for b in %s", err, tc.want)
+			}
+			if qf.RetryAfter < time.Millisecond || qf.RetryAfter > time.Second {
+				t.Fatalf("RetryAfter = %v, want within [1ms, 1s]", qf.RetryAfter)
+			}
 			once.Do(func() { close(release) })
 		})
 	}
