@@ -23,23 +23,24 @@ const readBufSize = 16 << 10
 
 // conn is one established, Hello-verified connection to a peer.
 type conn struct {
-	t       *Transport
-	qc      *quic.Conn
-	peer    PeerInfo
-	stats   *peer                  // set by register
-	dialed  bool                   // this node dialed it
-	remote  netip.AddrPort         // the peer's UDP address
-	done    chan struct{}          // closed by shutdown
-	reads   *readBudget            // bytes of large frames being read, all streams together
-	large   *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
-	queued  atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
-	qbytes  atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
-	crowded atomic.Bool            // qbytes is within MaxFrameSize of its bound (noteQueue)
-	wrate   atomic.Int64           // bytes/s the lanes have been writing (noteRate); 0 until measured
-	writers atomic.Int32           // lanes in their Writes now
-	lanes   []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
-	fresh   atomic.Pointer[string] // last address staleFor found equal to remote
-	idle    atomic.Bool            // being closed for idleness (idle.go)
+	t        *Transport
+	qc       *quic.Conn
+	peer     PeerInfo
+	stats    *peer                  // set by register
+	dialed   bool                   // this node dialed it
+	remote   netip.AddrPort         // the peer's UDP address
+	done     chan struct{}          // closed by shutdown
+	reads    *readBudget            // bytes of large frames being read, all streams together
+	large    *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
+	queued   atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
+	qbytes   atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
+	crowded  atomic.Bool            // qbytes is within MaxFrameSize of its bound (noteQueue)
+	wrate    atomic.Int64           // bytes/s the lanes have been writing (noteRate); 0 until measured
+	writers  atomic.Int32           // lanes in their Writes now
+	progress atomic.Int64           // unix ns a lane last began or finished a Write; 0 before any
+	lanes    []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
+	fresh    atomic.Pointer[string] // last address staleFor found equal to remote
+	idle     atomic.Bool            // being closed for idleness (idle.go)
 
 	closeOnce sync.Once
 

@@ -96,8 +96,9 @@
 //     queued on all lanes of a peer's connection (a 64 KiB piece leaves
 //     the queue as soon as QUIC has taken it); either bound refuses with a
 //     *QueueFullError, which wraps ErrQueueFull and says when to retry: the
-//     time to write the excess at the rate the connection has been writing
-//     (1 ms to 1 s). One frame always fits an empty queue. Near the byte
+//     time to write the excess at the rate the connection has been writing,
+//     and at least as long as no write has completed (1 ms to 1 s). One
+//     frame always fits an empty queue. Near the byte
 //     bound a send is refused before its frame is encoded, and Admit lets
 //     a caller ask before it marshals a body, so senders retrying large
 //     messages cost the connection they wait for nothing. Receipts have

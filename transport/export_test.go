@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"time"
+
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
 )
@@ -72,4 +74,35 @@ func DecodeEnvelopeFrameOwned(b []byte, owned bool) (*pb.Envelope, any, error) {
 // CheckEnvelopeLimits exposes the header pre-check.
 func CheckEnvelopeLimits(frame []byte, maxHeaders, maxHeaderBytes int) error {
 	return checkEnvelopeLimits(frame, maxHeaders, maxHeaderBytes)
+}
+
+// QueueState reports the send-queue counters of t's connection to node.
+func QueueState(t *Transport, node string) (ok bool, queued, qbytes int64, crowded bool, wrate int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	if p == nil || p.conn == nil {
+		return false, 0, 0, false, 0
+	}
+	c := p.conn
+	return true, c.queued.Load(), c.qbytes.Load(), c.crowded.Load(), c.wrate.Load()
+}
+
+// CrowdedConns is t's count of crowded connections.
+func CrowdedConns(t *Transport) int32 { return t.crowded.Load() }
+
+// RetryFor is the RetryAfter full gives for excess bytes on a connection of t
+// that has measured rate bytes/s.
+func RetryFor(t *Transport, rate, excess int64) time.Duration {
+	c := &conn{t: t}
+	c.wrate.Store(rate)
+	return c.full(0, "bytes", excess).RetryAfter
+}
+
+// RateAfter is the write rate of a fresh connection of t after one
+// noteRate(n, d, writers).
+func RateAfter(t *Transport, n int, d time.Duration, writers int32) int64 {
+	c := &conn{t: t}
+	c.noteRate(n, d, writers)
+	return c.wrate.Load()
 }

@@ -67,14 +67,17 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	// frames'): a sender retrying against a full queue of large messages
 	// must not spend a copy of each on every attempt. Further from it,
 	// any frame fits and the check would only cost time.
+	// An envelope too large for any frame is left to the encoding, which
+	// reports that instead (retrying would not help it).
 	if c.crowded.Load() {
-		least := int64(0)
+		least, fits := int64(0), true
 		for _, env := range envs {
 			if sz, ok := envcodec.Size(env); ok {
 				least += int64(sz.Total)
+				fits = fits && sz.Total < c.t.cfg.MaxFrameSize
 			}
 		}
-		if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); cur > 0 && cur+least > max {
+		if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); fits && cur > 0 && cur+least > max {
 			c.queued.Add(-k)
 			return c.full(cur, "bytes", cur+least-max)
 		}
@@ -112,12 +115,17 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}
 	eb.b = out
 	size := int64(len(out))
-	if cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes); cur > max && cur != size {
+	cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes)
+	if cur > max && cur != size {
 		// Over the byte bound, unless the queue was empty: one frame up to
 		// MaxFrameSize always fits (Validate keeps SendQueueBytes above it).
 		c.qbytes.Add(-size)
 		c.queued.Add(-k)
 		return c.full(cur-size, "bytes", cur-max)
+	}
+	if cur == size {
+		// The queue was empty: its wait starts now, not at the last write.
+		c.progress.Store(time.Now().UnixNano())
 	}
 	c.noteQueue()
 	l.mu.Lock()
@@ -344,7 +352,9 @@ func (l *lane) run() {
 			}
 			bytes, began, writers := 0, time.Now(), c.writers.Add(1)
 			for i, ch := range out {
-				l.writing.Store(time.Now().UnixNano())
+				now := time.Now().UnixNano()
+				l.writing.Store(now)
+				c.progress.Store(now)
 				if _, err := l.stream.Write(*ch); err != nil {
 					c.writers.Add(-1)
 					if large > 0 {
@@ -355,6 +365,7 @@ func (l *lane) run() {
 					return
 				}
 				bytes += len(*ch)
+				c.progress.Store(time.Now().UnixNano())
 				// A written chunk leaves the queue at once, not with the
 				// rest of the batch: QUIC holds no reference to it, and
 				// senders waiting for room get it as it is made.

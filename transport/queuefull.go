@@ -23,13 +23,31 @@ const (
 )
 
 // full returns the QueueFullError of a refusal: the queue held queued
-// (unit), and excess bytes must be written before the send would fit.
+// (unit), and excess bytes must be written before the send would fit. The
+// wait is the excess at the measured rate, and at least as long as no
+// lane has finished a write: a peer that stopped reading stalls every
+// write, and its senders are told to come back later the longer it lasts.
 func (c *conn) full(queued int64, unit string, excess int64) *QueueFullError {
 	ra := unknownRetry
 	if rate := c.wrate.Load(); rate > 0 {
-		ra = min(max(time.Duration(excess*int64(time.Second)/rate), minRetry), maxRetry)
+		// In float: excess * time.Second overflows int64 above ~9 GB.
+		ra = retryWithin(float64(max(excess, 0)) / float64(rate) * float64(time.Second))
+	}
+	if p := c.progress.Load(); p > 0 {
+		ra = max(ra, min(time.Duration(time.Now().UnixNano()-p), maxRetry))
 	}
 	return &QueueFullError{Peer: c.peer.Name, Queued: queued, Unit: unit, RetryAfter: ra}
+}
+
+// retryWithin clamps ns nanoseconds to [minRetry, maxRetry].
+func retryWithin(ns float64) time.Duration {
+	switch {
+	case ns >= float64(maxRetry):
+		return maxRetry
+	case ns <= float64(minRetry):
+		return minRetry
+	}
+	return time.Duration(ns)
 }
 
 // perEnvelope is the mean encoded size of the queued envelopes (at least
@@ -48,7 +66,7 @@ func (c *conn) perEnvelope() int64 {
 // checked in enqueueEnvelopes).
 func (c *conn) noteQueue() {
 	want := c.qbytes.Load() > int64(c.t.cfg.SendQueueBytes-c.t.cfg.MaxFrameSize)
-	if !c.crowded.CompareAndSwap(!want, want) {
+	if c.crowded.Load() == want || !c.crowded.CompareAndSwap(!want, want) {
 		return
 	}
 	if !want {
@@ -79,7 +97,9 @@ func (c *conn) noteRate(n int, d time.Duration, writers int32) {
 	if n < chunkSize || d <= 0 {
 		return
 	}
-	sample := int64(n) * int64(max(writers, 1)) * int64(time.Second) / int64(d)
+	// In float: n * writers * time.Second overflows int64 for a batch of
+	// a few GiB (MaxFrameSize may be 1 GiB).
+	sample := int64(min(float64(n)*float64(max(writers, 1))/d.Seconds(), 1<<62))
 	for {
 		old := c.wrate.Load()
 		next := sample
@@ -98,7 +118,9 @@ func (c *conn) noteRate(n int, d time.Duration, writers int32) {
 // It never dials and costs one atomic load unless some connection's queue
 // is within MaxFrameSize of its byte bound. nil means Send may still
 // refuse (the envelope is larger than its body); an error wraps
-// ErrQueueFull and is a *QueueFullError.
+// ErrQueueFull and is a *QueueFullError. A body too large for any frame,
+// and a connection Send would replace (the peer moved), are left to Send,
+// which says so.
 func (t *Transport) Admit(node string, body proto.Message) error {
 	if t.crowded.Load() == 0 {
 		return nil
@@ -112,9 +134,13 @@ func (t *Transport) Admit(node string, body proto.Message) error {
 	if c == nil || !c.crowded.Load() {
 		return nil
 	}
+	size := int64(proto.Size(body))
 	cur, limit := c.qbytes.Load(), int64(t.cfg.SendQueueBytes)
-	if size := int64(proto.Size(body)); cur > 0 && cur+size > limit {
-		return fmt.Errorf("transport: send to %s: %w", node, c.full(cur, "bytes", cur+size-limit))
+	if cur == 0 || cur+size <= limit || size > int64(t.cfg.MaxFrameSize) {
+		return nil
 	}
-	return nil
+	if addr, err := t.r.Resolve(node); err != nil || c.staleFor(addr) {
+		return nil
+	}
+	return fmt.Errorf("transport: send to %s: %w", node, c.full(cur, "bytes", cur+size-limit))
 }
