@@ -24,8 +24,8 @@ import (
 // makes a path allocate more fails here: lower the bound with the gain,
 // raise it only with a reason.
 const (
-	maxAllocsTell     = 10  // remote Tell: 7
-	maxAllocsAsk      = 45  // remote Ask round trip: 37
+	maxAllocsTell     = 9   // remote Tell: 7.1
+	maxAllocsAsk      = 36  // remote Ask round trip: 33.2
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
 )

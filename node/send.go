@@ -316,11 +316,11 @@ func (n *Node) trackAsk(peer, corr string) {
 
 func (n *Node) untrackAsk(peer, corr string) {
 	n.askMu.Lock()
+	// The peer's map stays when it empties (failAsks drops it when the
+	// peer goes): asks one after another would otherwise make it anew
+	// each time, two allocations per ask.
 	if m := n.asks[peer]; m != nil {
 		delete(m, corr)
-		if len(m) == 0 {
-			delete(n.asks, peer)
-		}
 	}
 	n.askMu.Unlock()
 }

@@ -276,7 +276,8 @@ func (c *conn) staleFor(addr string) bool {
 	if ap != c.remote {
 		return true
 	}
-	c.fresh.Store(&addr)
+	fresh := addr // a copy, so that only this path allocates (not every call)
+	c.fresh.Store(&fresh)
 	return false
 }
 
