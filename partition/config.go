@@ -47,7 +47,7 @@ func DefaultConfig() Config {
 		DeliverTimeout: 30 * time.Second,       // far above a batch's round trip plus the receiver's fsync
 		DirectTimeout:  2 * time.Second,        // a caller waits at most this before Queued
 		Backoff:        DefaultBackoffConfig(), // 100 ms base, 30 s cap, full jitter
-		Limiter:        DefaultLimiterConfig(), // 10 initial, 1 min, 1024 max
+		Limiter:        DefaultLimiterConfig(), // 10 initial, 1 min, 4096 max
 		Forward:        DefaultForwardConfig(), // after 2 failed emissions; probe every 5 s
 		Logger:         slog.Default(),         // structured logs
 	}
