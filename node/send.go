@@ -291,12 +291,14 @@ func (n *Node) mapSendErr(err error) error {
 	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, mesh.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	case errors.Is(err, transport.ErrQueueFull):
-		// The transport's estimate of when the queue has room.
+		// The transport's estimate of when the queue has room; the
+		// transport's error stays in the chain (and the text), since
+		// CapacityError alone reads as a full mailbox.
 		ra := 5 * time.Millisecond
 		if qf := (*transport.QueueFullError)(nil); errors.As(err, &qf) {
 			ra = qf.RetryAfter
 		}
-		return &CapacityError{RetryAfter: ra}
+		return fmt.Errorf("%w (%w)", &CapacityError{RetryAfter: ra}, err)
 	case errors.Is(err, transport.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
