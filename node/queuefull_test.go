@@ -57,7 +57,7 @@ func TestTellIntoFullSendQueueSaysWhenToRetry(t *testing.T) {
 					}
 					hints = append(hints, ce.RetryAfter)
 					if !strings.Contains(err.Error(), "send queue full") {
-						other = fmt.Errorf("refusal %q does not say the send queue is full", err)
+						other = fmt.Errorf("refusal %q does not say the send queue is full", err.Error())
 						mu.Unlock()
 						return
 					}
