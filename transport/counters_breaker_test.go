@@ -89,7 +89,7 @@ func TestBreakerQueueCountersSettle(t *testing.T) {
 
 	// Stall and crowd, then ClosePeer.
 	stall.Store(true)
-	fillQueue(t, a, bigEnvN(t, 40<<10))
+	fillQueue(t, a, bigEnv(t, 40<<10))
 	if n := transport.CrowdedConns(a.Transport); n != 1 {
 		t.Fatalf("crowded conns %d, want 1", n)
 	}
@@ -97,7 +97,7 @@ func TestBreakerQueueCountersSettle(t *testing.T) {
 	waitCond(t, 5*time.Second, "crowded count after ClosePeer", func() bool { return transport.CrowdedConns(a.Transport) == 0 })
 
 	// Reconnect, crowd again, and let b go away.
-	fillQueue(t, a, bigEnvN(t, 40<<10))
+	fillQueue(t, a, bigEnv(t, 40<<10))
 	if n := transport.CrowdedConns(a.Transport); n != 1 {
 		t.Fatalf("crowded conns %d, want 1", n)
 	}
@@ -105,14 +105,4 @@ func TestBreakerQueueCountersSettle(t *testing.T) {
 	stall.Store(false)
 	_ = b.Close()
 	waitCond(t, 10*time.Second, "crowded count after b closed", func() bool { return transport.CrowdedConns(a.Transport) == 0 })
-}
-
-func bigEnvN(t *testing.T, pad int) *pb.Envelope {
-	t.Helper()
-	e := envTo(t, "slow@b", pb.Envelope_RECEIPT_NONE)
-	var err error
-	if e.Body, err = anypb.New(wrapperspb.Bytes(make([]byte, pad))); err != nil {
-		t.Fatal(err)
-	}
-	return e
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,23 +51,14 @@ func bigEnv(t *testing.T, pad int) *pb.Envelope {
 }
 
 // The peer "b" moves to a new address (restarted elsewhere) while the old
-// connection, still alive, has a full queue. Send notices the stale
-// connection (connFor/staleFor) and dials the new address, but Admit looks
-// only at the old connection's crowded queue: a Tell (Admit, then Send) is
-// refused with a QueueFullError for as long as the old connection lives,
-// though a send would go through at once.
+// connection, still alive, has a full queue. Send would replace the stale
+// connection (connFor/staleFor) and dial the new address, so Admit must
+// not refuse on the old connection's queue: a Tell (Admit, then Send)
+// would otherwise be refused for as long as the old connection lives.
 func TestBreakerAdmitRefusesOnStaleConnection(t *testing.T) {
 	const pad = 200 << 10
-	ca := newCA(t)
-	r := newResolver()
-	release := make(chan struct{})
-	var once sync.Once
-	h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) { <-release })
-	cfgA := testConfig(t, ca, "a")
-	cfgA.MaxFrameSize, cfgA.SendQueueBytes = 256<<10, 512<<10
-	a := startNode(t, cfgA, r, &recorder{})
-	startNode(t, testConfig(t, ca, "b"), r, h) // old b: alive, not reading
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	p := stalledPair(t, nil) // old b: alive, not reading
+	a, ca, r := p.a, p.ca, p.r
 
 	fillQueue(t, a, bigEnv(t, pad))
 
@@ -117,30 +107,17 @@ func sendRetrying(t *testing.T, a *node, env *pb.Envelope, deadline time.Time) {
 	}
 }
 
-// The write rate is measured only when a batch's writes all return, so a
-// writer blocked in Write (the peer stopped reading) never lowers it:
-// after seconds in which not one byte left the queue, RetryAfter is still
-// the few milliseconds of the rate measured while the peer read, and a
-// caller that follows it retries hundreds of times a second. While the
-// queue is crowded, an envelope that can never fit a frame is refused as
-// a retryable QueueFullError instead of ErrFrameTooLarge.
+// The write rate is measured only when a batch's writes return, so a
+// writer blocked in Write (the peer stopped reading) never lowers it; the
+// hint must still grow once nothing has been written for a while, or a
+// caller that follows it retries hundreds of times a second. And while
+// the queue is crowded, an envelope that can never fit a frame gets
+// ErrFrameTooLarge, not a retryable QueueFullError.
 func TestBreakerRetryAfterIgnoresStalledWriter(t *testing.T) {
 	const pad = 200 << 10
-	ca := newCA(t)
-	r := newResolver()
-	release := make(chan struct{})
-	var once sync.Once
 	var stall atomic.Bool
-	h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) {
-		if stall.Load() {
-			<-release
-		}
-	})
-	cfgA := testConfig(t, ca, "a")
-	cfgA.MaxFrameSize, cfgA.SendQueueBytes = 256<<10, 512<<10
-	a := startNode(t, cfgA, r, &recorder{})
-	startNode(t, testConfig(t, ca, "b"), r, h)
-	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	p := stalledPair(t, stall.Load)
+	a := p.a
 
 	tooBig := bigEnv(t, 300<<10) // > MaxFrameSize: can never be sent
 	if err := a.Send(ctxT(t, 5*time.Second), "b", tooBig); !errors.Is(err, transport.ErrFrameTooLarge) {

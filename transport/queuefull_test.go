@@ -9,7 +9,6 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -19,42 +18,11 @@ import (
 // copy of each on every attempt, which starved the connection draining it.
 func TestQueueFullRefusesBeforeEncoding(t *testing.T) {
 	const pad = 200 << 10
-	ca := newCA(t)
-	r := newResolver()
-	release := make(chan struct{})
-	var once sync.Once
-	h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) { <-release })
-	cfgA := testConfig(t, ca, "a")
-	cfgA.MaxFrameSize, cfgA.SendQueueBytes = 256<<10, 512<<10
-	a := startNode(t, cfgA, r, &recorder{})
-	startNode(t, testConfig(t, ca, "b"), r, h)
-	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the Close cleanups
-
-	big := envTo(t, "slow@b", pb.Envelope_RECEIPT_NONE)
-	var err error
-	if big.Body, err = anypb.New(wrapperspb.Bytes(make([]byte, pad))); err != nil {
-		t.Fatal(err)
-	}
+	p := stalledPair(t, nil)
+	a := p.a
+	big := bigEnv(t, pad)
 	ctx := ctxT(t, 20*time.Second)
-	// Fill the queue, until it has stayed full for 10 ticks: QUIC's
-	// flow-control windows take some frames before the writer blocks.
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for full := 0; full < 10; {
-		switch err := a.Send(ctx, "b", big); {
-		case errors.Is(err, transport.ErrQueueFull):
-			full++
-			select {
-			case <-tick.C:
-			case <-ctx.Done():
-				t.Fatal("the queue did not stay full")
-			}
-		case err != nil:
-			t.Fatalf("filling the queue: %v", err)
-		default:
-			full = 0
-		}
-	}
+	fillQueue(t, a, big)
 
 	// The receiver reads nothing, so the queue stays full: every attempt
 	// is refused, and none encodes its 200 KiB frame.
@@ -90,16 +58,38 @@ func TestQueueFullRefusesBeforeEncoding(t *testing.T) {
 
 	// Once the peer reads again the queue drains and Admit lets the same
 	// body through.
-	once.Do(func() { close(release) })
-	deadline := time.After(15 * time.Second)
-	for a.Admit("b", body) != nil {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatal("Admit still refuses 15 s after the peer started reading")
-		}
-	}
+	p.release()
+	waitCond(t, 15*time.Second, "Admit letting the body through once the peer reads", func() bool { return a.Admit("b", body) == nil })
 	if err := a.Send(ctx, "b", big); err != nil {
 		t.Fatalf("Send after the queue drained: %v", err)
 	}
+}
+
+// blockedPair is a pair of transports: a, whose send queue holds 512 KiB and
+// frames up to 256 KiB, and b, whose handler blocks (while stall says so)
+// until release.
+type blockedPair struct {
+	a       *node
+	ca      *transport.CA
+	r       *fakeResolver
+	release func() // idempotent; also runs at cleanup, before the nodes close
+}
+
+func stalledPair(t *testing.T, stall func() bool) blockedPair {
+	t.Helper()
+	p := blockedPair{ca: newCA(t), r: newResolver()}
+	ch := make(chan struct{})
+	var once sync.Once
+	p.release = func() { once.Do(func() { close(ch) }) }
+	h := handlerFunc(func(transport.PeerInfo, *pb.Envelope, func(*pb.Receipt)) {
+		if stall == nil || stall() {
+			<-ch
+		}
+	})
+	cfgA := testConfig(t, p.ca, "a")
+	cfgA.MaxFrameSize, cfgA.SendQueueBytes = 256<<10, 512<<10
+	p.a = startNode(t, cfgA, p.r, &recorder{})
+	startNode(t, testConfig(t, p.ca, "b"), p.r, h)
+	t.Cleanup(p.release)
+	return p
 }
