@@ -68,8 +68,9 @@
 //	msgs, err := c.Pull(1, "box", 0, 100)
 //
 // Decisions: every config joins every other node (a restarted first node
-// finds the cluster alone); ports are probed free on 127.0.0.1 (a race with
-// another process shows as the daemon's "address in use" in the error);
+// finds the cluster alone); ports are probed free on 127.0.0.1, and a start
+// that loses the race for one to another process (a daemon exits with
+// "address in use") is tried again on other ports, up to three times;
 // admin requests use no keep-alive, so a killed daemon leaves no idle
 // client connection. With WithNetns each daemon runs under `ip netns exec`
 // in namespace mnt-<rand>-<i> with 10.213.<rand>.<i+1>/24 on a veth to a

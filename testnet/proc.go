@@ -154,6 +154,24 @@ func StartProcs(ctx context.Context, bin string, n int, opts ...ProcOption) (*Pr
 	if fi, err := os.Stat(bin); err != nil || fi.IsDir() || fi.Mode().Perm()&0o111 == 0 {
 		return nil, fmt.Errorf("testnet: start procs: %w: %q (build it with `go build -o BIN ./cmd/meshnode`)", ErrBadBinary, bin)
 	}
+	// A port probed free can be taken by another process before the
+	// daemon binds it; the start is then tried again on other ports.
+	for attempt := 1; ; attempt++ {
+		c, err := startProcs(ctx, bin, n, o)
+		if err == nil || !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			return c, err
+		}
+	}
+}
+
+// portAttempts bounds StartProcs' tries when a daemon finds its port taken.
+const portAttempts = 3
+
+// errPortTaken: a daemon exited at start because its address was in use.
+var errPortTaken = errors.New("a daemon's port was taken before it could bind it")
+
+// startProcs is one try of StartProcs with validated options.
+func startProcs(ctx context.Context, bin string, n int, o procOptions) (*ProcCluster, error) {
 	dir, err := os.MkdirTemp("", "meshnode-procs-")
 	if err != nil {
 		return nil, fmt.Errorf("testnet: start procs: temp dir: %w", err)
@@ -162,6 +180,9 @@ func StartProcs(ctx context.Context, bin string, n int, opts ...ProcOption) (*Pr
 	fail := func(err error) (*ProcCluster, error) {
 		logs := c.AllLogs()
 		_ = c.Close()
+		if !o.netns && strings.Contains(logs, "address in use") {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
 		return nil, fmt.Errorf("testnet: start procs: %w\n%s", err, logs)
 	}
 	if o.netns {
@@ -238,7 +259,7 @@ func (c *ProcCluster) writeConfigs(n int) error {
 			p.client = &http.Client{Timeout: c.opts.adminTimeout, Transport: &http.Transport{
 				DialContext: c.ns.dialer(i), DisableKeepAlives: true}}
 		} else {
-			ports, err := freePorts(3)
+			ports, err := pickPorts(3)
 			if err != nil {
 				return err
 			}
@@ -309,10 +330,14 @@ func tomlList(xs []string) string {
 	return "[" + strings.Join(q, ", ") + "]"
 }
 
+// pickPorts is freePorts; a test replaces it to hand out a taken port.
+var pickPorts = freePorts
+
 // freePorts returns k distinct ports free for both TCP and UDP on
 // 127.0.0.1 (memberlist uses both on its port; QUIC uses UDP). A port can
 // still be taken between this check and the daemon's bind; the daemon then
-// exits with "address in use" and StartProcs reports it.
+// exits with "address in use", and StartProcs tries again on other ports
+// (a Restart reports it).
 func freePorts(k int) ([]int, error) {
 	var out []int
 	seen := make(map[int]bool)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -290,5 +291,38 @@ func TestProcClusterErrors(t *testing.T) {
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+// A port probed free and taken by another process before the daemon binds
+// it makes the daemon exit with "address in use"; StartProcs then starts
+// the cluster again on other ports instead of failing.
+func TestStartProcsRetriesATakenPort(t *testing.T) {
+	bin := buildMeshnode(t)
+	taken, err := net.ListenPacket("udp", "127.0.0.1:0") // QUIC's socket: the daemon's bind fails
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.LocalAddr().(*net.UDPAddr).Port
+	var calls atomic.Int32
+	pickPorts = func(k int) ([]int, error) {
+		ports, err := freePorts(k)
+		if err == nil && calls.Add(1) == 1 {
+			ports[1] = port // the QUIC port of the first try
+		}
+		return ports, err
+	}
+	t.Cleanup(func() { pickPorts = freePorts })
+	c, err := StartProcs(t.Context(), bin, 1)
+	if err != nil {
+		t.Fatalf("StartProcs with the first QUIC port taken: %v", err)
+	}
+	defer c.Close()
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("ports picked %d times, want 2 (the taken one, then others)", n)
+	}
+	if !c.Running(0) {
+		t.Fatal("the daemon is not running after StartProcs returned")
 	}
 }
