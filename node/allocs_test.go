@@ -25,7 +25,7 @@ import (
 // raise it only with a reason.
 const (
 	maxAllocsTell     = 9   // remote Tell: 7.1
-	maxAllocsAsk      = 36  // remote Ask round trip: 33.2
+	maxAllocsAsk      = 31  // remote Ask round trip: 28.4
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
 )

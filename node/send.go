@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -131,10 +132,25 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	if err := n.check("ask", to); err != nil {
 		return err
 	}
-	if _, ok := ctx.Deadline(); !ok {
+	dl, hasDL := ctx.Deadline()
+	var expired <-chan time.Time // AskTimeout's, when ctx has no deadline
+	switch {
+	case hasDL:
+	case to.Node == n.name || n.cfg.AskTimeout < n.cfg.Transport.HandshakeTimeout:
+		// The deadline must reach the handler's context here, or bound
+		// a dial that could outlast AskTimeout.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.AskTimeout)
 		defer cancel()
+		dl, hasDL = ctx.Deadline()
+	default:
+		// A pooled timer instead of a context per ask (four allocations):
+		// Send waits at most HandshakeTimeout <= AskTimeout for a dial,
+		// and the timer runs from here, so the ask still ends at
+		// AskTimeout.
+		t := getAskTimer(n.cfg.AskTimeout)
+		defer putAskTimer(t)
+		expired, dl, hasDL = t.C, time.Now().Add(n.cfg.AskTimeout), true
 	}
 	if to.Node == n.name {
 		return n.askLocal(ctx, c)
@@ -151,7 +167,7 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	}
 	o.setCall(c)
 	env := &o.env
-	if dl, ok := ctx.Deadline(); ok {
+	if hasDL {
 		// The time left, not the deadline: the two clocks need not agree.
 		env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
 	}
@@ -193,10 +209,30 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	case <-ctx.Done():
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, ctx.Err())
+	case <-expired:
+		n.responses.Cancel(corr)
+		return fmt.Errorf("node: ask %s: %w", to, context.DeadlineExceeded)
 	case <-n.ctx.Done():
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
 	}
+}
+
+// askTimers are the stopped timers of asks without a deadline. A stopped
+// timer's channel holds nothing (Go 1.23 timers), so one can be reused.
+var askTimers sync.Pool
+
+func getAskTimer(d time.Duration) *time.Timer {
+	if t, ok := askTimers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return t
+	}
+	return time.NewTimer(d)
+}
+
+func putAskTimer(t *time.Timer) {
+	t.Stop()
+	askTimers.Put(t)
 }
 
 func (n *Node) askLocal(ctx context.Context, c *Call) error {
