@@ -16,15 +16,15 @@ import (
 // A remote Ask whose context has no deadline ends at AskTimeout with
 // context.DeadlineExceeded, its handler sees that deadline, a cancelled
 // context still ends it, and asks one after another (which reuse the
-// timer when AskTimeout is at least the transport's HandshakeTimeout)
-// each get their own reply.
+// timer when AskTimeout is at least twice the transport's
+// HandshakeTimeout) each get their own reply.
 func TestRemoteAskWithoutDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		handshake time.Duration
 	}{
-		{"timer (AskTimeout >= HandshakeTimeout)", 200 * time.Millisecond},
-		{"context (AskTimeout < HandshakeTimeout)", 2 * time.Second},
+		{"timer (AskTimeout >= 2 × HandshakeTimeout)", 200 * time.Millisecond},
+		{"context (AskTimeout < 2 × HandshakeTimeout)", 2 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const askTimeout = 400 * time.Millisecond

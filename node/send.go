@@ -136,7 +136,7 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	var expired <-chan time.Time // AskTimeout's, when ctx has no deadline
 	switch {
 	case hasDL:
-	case to.Node == n.name || n.cfg.AskTimeout < n.cfg.Transport.HandshakeTimeout:
+	case to.Node == n.name || n.cfg.AskTimeout < 2*n.cfg.Transport.HandshakeTimeout:
 		// The deadline must reach the handler's context here, or bound
 		// a dial that could outlast AskTimeout.
 		var cancel context.CancelFunc
@@ -145,9 +145,10 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 		dl, hasDL = ctx.Deadline()
 	default:
 		// A pooled timer instead of a context per ask (four allocations):
-		// Send waits at most HandshakeTimeout <= AskTimeout for a dial,
-		// and the timer runs from here, so the ask still ends at
-		// AskTimeout.
+		// Send waits for a dial at most twice HandshakeTimeout (the dial,
+		// then the peer's own connection if that won the tie-break),
+		// which is within AskTimeout here, and the timer runs from here,
+		// so the ask still ends at AskTimeout.
 		t := getAskTimer(n.cfg.AskTimeout)
 		defer putAskTimer(t)
 		expired, dl, hasDL = t.C, time.Now().Add(n.cfg.AskTimeout), true

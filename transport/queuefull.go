@@ -12,8 +12,9 @@ import (
 // starving the connection that drains it: a refusal costs no encoding
 // (enqueueEnvelopes compares sizes before it encodes, and Admit lets a
 // caller check before it even marshals the body), and its RetryAfter is
-// the time the connection needs to write the excess, so a caller that
-// follows it does not come back a thousand times a second.
+// the time the connection needs to write the excess (longer while nothing
+// gets written), so a caller that follows it does not come back a
+// thousand times a second.
 
 // Rate limits of RetryAfter.
 const (
