@@ -17,8 +17,10 @@ import (
 // Tell sends msg to an actor, at most once. It returns once the message is
 // in a local mailbox or handed to the peer's connection. A full local
 // mailbox gives *CapacityError (errors.Is ErrMailboxFull); a remote one drops
-// the message and counts it at the receiver. A peer known to be down gives
-// ErrUnreachable at once, without a dial.
+// the message and counts it at the receiver. A full send queue to the
+// peer gives *CapacityError too, whose RetryAfter is the connection's
+// estimate of when the message fits (errors.Is transport.ErrQueueFull). A
+// peer known to be down gives ErrUnreachable at once, without a dial.
 //
 // The handler's context carries the deadline of ctx (across the wire as
 // the time left) and, on this node, its values; it is not canceled with
