@@ -80,9 +80,10 @@
 //     Deterministic uses; proto.Marshal's own order is random); an
 //     envelope with unknown fields or invalid UTF-8 takes proto.Marshal.
 //     The decoder copies the envelope bytes once and points every string
-//     into that copy (unsafe.String over bytes never written again); the
-//     body value gets a copy of its own, since a handler may write into
-//     it, so an envelope costs three allocations. A frame larger than the
+//     and the body value into that copy (unsafe.String over bytes never
+//     written again; a handler may write into its body, whose bytes no
+//     string shares, and an append to it copies), so an envelope costs two
+//     allocations. A frame larger than the
 //     stream's read buffer was read into a buffer of its own: then the
 //     body is that buffer's bytes and the strings are small copies, so a
 //     4 MiB envelope holds 4 MiB, not 8, and a kept message id does not pin

@@ -38,9 +38,8 @@ func appendEnvelopeFrame(dst []byte, env *pb.Envelope, max int) ([]byte, error) 
 }
 
 // decodeEnvelope decodes b as proto.Unmarshal into a new pb.Envelope would.
-// The fast path copies b once; every string points into that copy and the
-// body value is a copy of its own. Input it was not written for is handed
-// to proto.Unmarshal.
+// The fast path copies b once; every string and the body value point into
+// that copy. Input it was not written for is handed to proto.Unmarshal.
 func decodeEnvelope(b []byte) (*pb.Envelope, error) {
 	return decodeEnvelopeOwned(b, false)
 }

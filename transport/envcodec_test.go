@@ -182,13 +182,14 @@ func checkDecodeMatches(tb testing.TB, b []byte) {
 	}
 }
 
-// Strings and a small body share one copy of the input; the input can be
-// reused at once, an append to the body cannot reach a string, and a big
-// body has its own copy.
+// Strings and the body share one copy of the input: the input can be
+// reused at once, and neither writing into every byte of the body nor an
+// append to it reaches a string.
 func TestDecodeEnvelopeOwnsItsBytes(t *testing.T) {
 	for _, size := range []int{8, 64 << 10} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			in := &pb.Envelope{MsgId: "id-1", Body: &anypb.Any{TypeUrl: "u", Value: bytes.Repeat([]byte{1}, size)}, Type: "after"}
+			in := &pb.Envelope{MsgId: "id-1", Body: &anypb.Any{TypeUrl: "u", Value: bytes.Repeat([]byte{1}, size)}, Type: "after",
+				Headers: map[string]string{"k": "v"}, Rpc: &pb.RpcMeta{Method: "m", CorrelationId: "c"}}
 			b, err := proto.Marshal(in)
 			if err != nil {
 				t.Fatal(err)
@@ -198,10 +199,17 @@ func TestDecodeEnvelopeOwnsItsBytes(t *testing.T) {
 				t.Fatal(err)
 			}
 			clear(b)
+			if !bytes.Equal(env.Body.Value, in.Body.Value) {
+				t.Fatal("the body changed when the input was cleared")
+			}
 			v := env.Body.Value
+			for i := range v {
+				v[i] = 0xff
+			}
 			_ = append(v, 9, 9, 9, 9, 9, 9, 9, 9)
-			if env.MsgId != "id-1" || env.Type != "after" || env.Body.TypeUrl != "u" || !bytes.Equal(env.Body.Value, in.Body.Value) {
-				t.Fatalf("decoded envelope changed: %v", env)
+			if env.MsgId != "id-1" || env.Type != "after" || env.Body.TypeUrl != "u" || env.Headers["k"] != "v" ||
+				env.Rpc.GetMethod() != "m" || env.Rpc.GetCorrelationId() != "c" {
+				t.Fatalf("a string changed when the body was written: %v", env)
 			}
 		})
 	}

@@ -252,8 +252,9 @@ type inEnv struct {
 
 // Decode is the fast path of decodeEnvelopeOwned.
 func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
-	// str returns buf[off:off+n] as a string without copying; buf is never
-	// written after the copy below, which is what unsafe.String requires.
+	// str returns buf[off:off+n] as a string without copying; those bytes
+	// are never written after the copy below, which is what unsafe.String
+	// requires (the body's bytes, which a handler may write, are others).
 	str := func(v []byte) (string, bool) {
 		if len(v) == 0 {
 			return "", true
@@ -263,7 +264,10 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 		}
 		return unsafe.String(&v[0], len(v)), true
 	}
-	val := value
+	// The body is a slice of the same bytes as the strings, capped so an
+	// append copies: a handler may write into its body, which touches
+	// only the body's own bytes, never those a string points to.
+	val := func(s []byte) []byte { return s[:len(s):len(s)] }
 	buf := b
 	switch {
 	case owned:
@@ -275,7 +279,6 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 			}
 			return string(v), true
 		}
-		val = func(s []byte) []byte { return s[:len(s):len(s)] }
 	case len(b) > 0:
 		buf = make([]byte, len(b))
 		copy(buf, b)
@@ -404,14 +407,6 @@ func decodeHeader(env *pb.Envelope, v []byte, str func([]byte) (string, bool)) b
 	}
 	env.Headers[k] = val
 	return true
-}
-
-// value returns the body bytes s (a slice of the decoder's copy) as the
-// Any's value, in a copy of its own: the strings of the envelope point into
-// the decoder's copy, and a handler may write into the body bytes it was
-// given (or keep a small string that would otherwise pin a big body).
-func value(s []byte) []byte {
-	return append([]byte(nil), s...)
 }
 
 // decodeAny decodes a body in the form Append writes it.
