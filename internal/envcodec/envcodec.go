@@ -243,6 +243,10 @@ func appendHeader(b []byte, k, v string) []byte {
 	return protowire.AppendString(b, v)
 }
 
+// maxPinnedRest is how many bytes besides its own a decoded body may keep
+// alive when it shares the decoder's copy (or as many as its own size).
+const maxPinnedRest = 1 << 10
+
 // inEnv is a decoded envelope with its RpcMeta and body in one allocation.
 type inEnv struct {
 	env  pb.Envelope
@@ -266,8 +270,19 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 	}
 	// The body is a slice of the same bytes as the strings, capped so an
 	// append copies: a handler may write into its body, which touches
-	// only the body's own bytes, never those a string points to.
-	val := func(s []byte) []byte { return s[:len(s):len(s)] }
+	// only the body's own bytes, never those a string points to. Unless
+	// the rest of the envelope is much larger (big headers): then the
+	// body gets a copy of its own, so that a body kept after its envelope
+	// does not hold them.
+	val := func(s []byte) []byte {
+		switch {
+		case len(s) == 0:
+			return nil // as proto.Unmarshal decodes an empty value
+		case len(b)-len(s) > max(len(s), maxPinnedRest):
+			return append([]byte(nil), s...)
+		}
+		return s[:len(s):len(s)]
+	}
 	buf := b
 	switch {
 	case owned:
