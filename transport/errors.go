@@ -62,8 +62,9 @@ func (e *EncodeError) first() error {
 // QueueFullError is the ErrQueueFull of a send that did not fit the
 // peer's send queue (errors.Is(err, ErrQueueFull) holds). RetryAfter is
 // when it would fit at the rate the connection has been writing: the time
-// to write the excess, at least a millisecond and at most a second (5 ms
-// before the connection has measured a rate).
+// to write the excess (5 ms before the connection has measured a rate),
+// and at least as long as no write has completed, between a millisecond
+// and a second.
 type QueueFullError struct {
 	Peer       string
 	Queued     int64  // what the queue held

@@ -62,25 +62,27 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 			break
 		}
 	}
-	// Near the byte bound, refuse before encoding what the bound would
-	// refuse after (the envelopes' sizes are a lower bound of their
-	// frames'): a sender retrying against a full queue of large messages
-	// must not spend a copy of each on every attempt. Further from it,
-	// any frame fits and the check would only cost time.
-	// An envelope too large for any frame is left to the encoding, which
-	// reports that instead (retrying would not help it).
-	if c.crowded.Load() {
-		least, fits := int64(0), true
+	// The envelopes' sizes, a lower bound of their frames': near the byte
+	// bound they refuse before encoding what the bound would refuse after
+	// (a sender retrying against a full queue of large messages must not
+	// spend a copy of each on every attempt; an envelope too large for any
+	// frame is left to the encoding, which says so), and for a batch they
+	// size its buffer once instead of a doubling per size step (a relay
+	// emission of a thousand envelopes is ~300 KB). Far from the bound a
+	// single envelope needs neither.
+	crowded := c.crowded.Load()
+	least, fits := int64(0), true
+	if crowded || len(envs) > 1 {
 		for _, env := range envs {
 			if sz, ok := envcodec.Size(env); ok {
 				least += int64(sz.Total)
 				fits = fits && sz.Total < c.t.cfg.MaxFrameSize
 			}
 		}
-		if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); fits && cur > 0 && cur+least > max {
-			c.queued.Add(-k)
-			return c.full(cur, "bytes", cur+least-max)
-		}
+	}
+	if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); crowded && fits && cur > 0 && cur+least > max {
+		c.queued.Add(-k)
+		return c.full(cur, "bytes", cur+least-max)
 	}
 	eb := encBufs.Get().(*encBuf)
 	defer func() {
@@ -90,15 +92,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}()
 	out := eb.b[:0]
 	if len(envs) > 1 {
-		// One allocation for the whole batch instead of a doubling per
-		// size step (a relay emission of a thousand envelopes is ~300 KB).
-		need := 0
-		for _, env := range envs {
-			if sz, ok := envcodec.Size(env); ok {
-				need += sz.Total + 16 // with its frame length, tag and envelope length
-			}
-		}
-		out = slices.Grow(out, need)
+		out = slices.Grow(out, int(least)+16*len(envs)) // each with its frame length, tag and envelope length
 	}
 	large := 0
 	for _, env := range envs {
