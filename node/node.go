@@ -317,7 +317,7 @@ func (n *Node) shutdown(graceful bool) error {
 		}
 		n.wg.Wait()
 		n.events.wait()
-		n.in.wg.Wait()
+		n.in.settle()
 		if graceful {
 			errs = append(errs, n.store.Close())
 		} else {

@@ -34,7 +34,12 @@ func (s StreamID) key() []byte { return outbox.StreamKey(s.Node, s.Outbox, s.Epo
 // watermarks of the streams in use, backed by the outbox file.
 type inbound struct {
 	store *outbox.Store
-	wg    sync.WaitGroup // commits started off the committer's goroutine
+	// wg counts the commits under way, from the hand-off to the store to
+	// the end of their callback (which may start the next): settle waits
+	// for them. The first Add of a chain comes from an actor's goroutine,
+	// later ones from a callback that is itself counted, so no Add from
+	// zero can race with settle's Wait once the actors have stopped.
+	wg sync.WaitGroup
 
 	// mu guards the field below.
 	mu      sync.Mutex
@@ -227,7 +232,9 @@ func (in *inbound) commit(st *inStream) {
 	st.pend.next, st.pend.nextKeys = nil, nil
 	w := st.w.Load() // under cmu: the keys of every sequence up to w are in keys or committed
 	st.cmu.Unlock()
+	in.wg.Add(1)
 	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
+		defer in.wg.Done()
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)
 		}
@@ -256,3 +263,7 @@ func (in *inbound) commit(st *inStream) {
 		}
 	})
 }
+
+// settle waits until every commit under way has ended and answered its
+// waiters. Called once no actor runs, before the store closes.
+func (in *inbound) settle() { in.wg.Wait() }

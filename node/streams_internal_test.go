@@ -1,8 +1,13 @@
 package node
 
 import (
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"unsafe"
+
+	"github.com/meshnode/meshnode/outbox"
 )
 
 // Every cached stream is one inStream: at 64 bytes it is allocated from
@@ -23,5 +28,49 @@ func TestElapsedSeconds(t *testing.T) {
 		if got := elapsedSeconds(tc.ms); got != tc.want {
 			t.Errorf("elapsedSeconds(%d) = %d, want %d", tc.ms, got, tc.want)
 		}
+	}
+}
+
+// A node stops its actors, then settles the inbound commits, then closes
+// the store. Every commit handed to the store must be counted from the
+// hand-off until its callback has answered its waiters (and started the
+// next commit of its stream): otherwise settle returns while a commit is
+// still under way and the next one of its chain is started on the
+// committer's goroutine after settle's Wait, a race the race detector
+// reports, with waiters answered only by the closed store's error.
+func TestSettleWaitsForEveryCommit(t *testing.T) {
+	s, err := outbox.Open(outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	in := newInbound(s)
+	const streams, perStream = 8, 200
+	var answered, failed atomic.Int64
+	var owners sync.WaitGroup
+	for i := range streams {
+		st, err := in.acquire(StreamID{Node: "p", Outbox: [16]byte{'p', byte(i)}, Actor: "a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		owners.Go(func() { // the stream's owner: one goroutine moves w
+			defer in.release(st)
+			for seq := uint64(1); seq <= perStream; seq++ {
+				in.advance(st, seq, nil, func(err error, _ uint64) {
+					if err != nil {
+						failed.Add(1)
+					}
+					answered.Add(1)
+				})
+			}
+		})
+	}
+	owners.Wait() // the actors have stopped
+	in.settle()
+	if got := answered.Load(); got != streams*perStream {
+		t.Fatalf("settle returned with %d of %d waiters answered: commits were still under way", got, streams*perStream)
+	}
+	if f := failed.Load(); f != 0 {
+		t.Fatalf("%d waiters answered with an error by an open store", f)
 	}
 }
