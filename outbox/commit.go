@@ -521,6 +521,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 		if qb, err = tx.Bucket(bucketQueues).CreateBucket([]byte(r)); err != nil {
 			return 0, err
 		}
+		qb.FillPercent = queueFill
 		b.queues[r] = qb
 	}
 	d := b.delta(r)
@@ -643,10 +644,21 @@ func expiryKey(deadline int64, seq uint64, r string) []byte {
 // lookup: in bbolt 1.5 Cursor.Last spins forever on a multi-page bucket
 // that earlier writes of the same transaction emptied (an ack of a whole
 // queue committed with the next enqueue to it).
+// queueFill is how full bbolt packs a queue's pages when a commit splits
+// them. A queue's records are keyed by sequence and appended at its end
+// (a sequence committed late lands near the end too), so a page left
+// behind takes no more records: at bbolt's default of a half every page
+// a commit writes would stay half empty, and a commit would write twice
+// the pages.
+const queueFill = 1.0
+
 func (b *batch) queueBucket(tx *bolt.Tx, r string) *bolt.Bucket {
 	qb, ok := b.queues[r]
 	if !ok {
 		qb = tx.Bucket(bucketQueues).Bucket([]byte(r))
+		if qb != nil {
+			qb.FillPercent = queueFill
+		}
 		if b.queues == nil {
 			b.queues = make(map[string]*bolt.Bucket)
 		}

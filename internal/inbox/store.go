@@ -310,6 +310,12 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 // It is the daemon's inbox actor's path: the actor takes every message
 // waiting in its mailbox and hands them over at once, instead of paying a
 // commit (and the group-commit delay) per message.
+// appendFill is how full bbolt packs the queue's pages when it splits
+// them. Keys only grow (NextSequence), so a page once left behind never
+// takes another record: at bbolt's default of a half, every page written
+// and kept would be half empty.
+const appendFill = 1.0
+
 func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelope) (first uint64, n int, err error) {
 	if len(envs) == 0 {
 		return 0, 0, nil
@@ -354,6 +360,7 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 		if q == nil {
 			return ErrNoSuchInbox
 		}
+		q.FillPercent = appendFill
 		for i := range envs[:n] {
 			seq, err := q.NextSequence()
 			if err != nil {
