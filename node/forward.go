@@ -194,7 +194,7 @@ func (d deliverer) DeliverVia(ctx context.Context, via, peer string, msgs []*pb.
 		// It waits for the direct path.
 		err = fmt.Errorf("node: forward to %s via %s: %d envelopes too large to forward: %w", peer, via, len(ee.Errs), ee.Errs[minKey(ee.Errs)])
 	case errors.Is(err, transport.ErrQueueFull):
-		err = fmt.Errorf("%w: via %s: %w", partition.ErrCongested, via, err)
+		err = congested(fmt.Errorf("via %s: %w", via, err))
 	default:
 		err = fmt.Errorf("node: forward to %s via %s: %w", peer, via, err)
 	}

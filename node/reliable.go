@@ -358,7 +358,7 @@ func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope
 	case errors.As(err, &ee):
 		err = errors.Join(&partition.UnsendableError{Errs: ee.Errs}, err)
 	case errors.Is(err, transport.ErrQueueFull):
-		err = fmt.Errorf("%w: %w", partition.ErrCongested, err)
+		err = congested(err)
 	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
 		// The path failed: the relay moves a peer that stays alive to a
 		// forwarder when this repeats (partition's routes).

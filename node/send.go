@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
+	"github.com/meshnode/meshnode/partition"
 	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
 )
@@ -322,6 +323,16 @@ func (n *Node) callEnvelope(c *Call, kind pb.RpcMeta_Kind) *pb.Envelope {
 		Headers:         c.Headers,
 		Rpc:             &pb.RpcMeta{Kind: kind, Service: c.Service, Method: c.Method},
 	}
+}
+
+// congested wraps a full send queue's refusal for the relay, with the
+// transport's estimate of when the queue has room.
+func congested(err error) error {
+	ce := &partition.CongestedError{Err: err}
+	if qf := (*transport.QueueFullError)(nil); errors.As(err, &qf) {
+		ce.RetryAfter = qf.RetryAfter
+	}
+	return ce
 }
 
 // mapSendErr turns lower-layer send errors into the node's sentinels.

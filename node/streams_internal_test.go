@@ -1,13 +1,18 @@
 package node
 
 import (
+	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
+	"github.com/meshnode/meshnode/transport"
 )
 
 // Every cached stream is one inStream: at 64 bytes it is allocated from
@@ -72,5 +77,19 @@ func TestSettleWaitsForEveryCommit(t *testing.T) {
 	}
 	if f := failed.Load(); f != 0 {
 		t.Fatalf("%d waiters answered with an error by an open store", f)
+	}
+}
+
+// A full send queue's refusal reaches the relay as congestion carrying the
+// transport's estimate, with the transport's error still in the chain.
+func TestCongestedCarriesTheQueuesEstimate(t *testing.T) {
+	qf := &transport.QueueFullError{Peer: "n2", RetryAfter: 3 * time.Millisecond}
+	err := congested(fmt.Errorf("via n3: %w", qf))
+	var ce *partition.CongestedError
+	if !errors.As(err, &ce) || ce.RetryAfter != 3*time.Millisecond {
+		t.Fatalf("%v: want a CongestedError with RetryAfter 3ms", err)
+	}
+	if !errors.Is(err, partition.ErrCongested) || !errors.Is(err, transport.ErrQueueFull) {
+		t.Fatalf("%v: want both ErrCongested and ErrQueueFull in the chain", err)
 	}
 }

@@ -32,7 +32,8 @@
 //   - Only the receiver's verdict on the message itself counts toward
 //     MaxAttempts: TRANSIENT (the handler failed) and NO_SUCH_ACTOR without
 //     retry_after. Capacity, a lost receipt or connection, a full local
-//     send queue (ErrCongested), a down peer, OUT_OF_ORDER (sent again at
+//     send queue (ErrCongested; a *CongestedError's RetryAfter is
+//     waited out before the stream's next emission), a down peer, OUT_OF_ORDER (sent again at
 //     once from the frontier), NO_SUCH_ACTOR within the spawn grace, and
 //     codes this build does not know are deferred and never counted: a
 //     healthy message does not reach the dead-letter queue.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Sentinel errors.
@@ -27,6 +28,22 @@ var (
 	// ErrClosed is returned by Send after Close.
 	ErrClosed = errors.New("partition: relay closed")
 )
+
+// CongestedError is ErrCongested with the sender's own estimate of when
+// its send queue to the peer has room again: the relay waits that long
+// before the stream's next emission (its first deferral without progress;
+// later ones back off further). errors.Is(err, ErrCongested) holds.
+type CongestedError struct {
+	RetryAfter time.Duration // 0: no estimate, the relay backs off
+	Err        error         // the transport's refusal
+}
+
+func (e *CongestedError) Error() string {
+	return fmt.Sprintf("%v (retry after %v): %v", ErrCongested, e.RetryAfter, e.Err)
+}
+
+// Unwrap returns ErrCongested and the transport's error.
+func (e *CongestedError) Unwrap() []error { return []error{ErrCongested, e.Err} }
 
 // UnsendableError reports envelopes of an emission that could not be put
 // on the wire at all (larger than a frame may be, or not encodable); the

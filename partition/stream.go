@@ -654,7 +654,12 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		case r.ctx.Err() != nil:
 			return verdict{kind: vClosing}
 		case errors.Is(derr, ErrCongested):
-			return verdict{kind: vDefer, reason: "local send queue full", capacity: true}
+			var ce *CongestedError
+			var ra time.Duration
+			if errors.As(derr, &ce) {
+				ra = ce.RetryAfter
+			}
+			return verdict{kind: vDefer, reason: "local send queue full", capacity: true, retryAfter: ra}
 		case !r.d.Alive(st.node):
 			return verdict{kind: vDown}
 		}

@@ -510,3 +510,33 @@ func TestCapacityHalvesLimitOncePerEmission(t *testing.T) {
 		})
 	}
 }
+
+// A full local send queue's refusal carries the transport's estimate of
+// when it has room: the stream's next emission waits that long, not a
+// random backoff (here up to an hour).
+func TestCongestedWaitsForTheQueuesEstimate(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	rg := newRig(t, func(c *outbox.Config) { c.Clock = clk }, func(c *partition.Config) {
+		c.Backoff = partition.BackoffConfig{Base: time.Hour, Cap: time.Hour}
+	})
+	const hint = 7 * time.Second
+	rg.fake.set(func(f *fake) {
+		f.intercept = refuse(1, func(context.Context, []*pb.Envelope) ([]*pb.Receipt, error) {
+			return nil, &partition.CongestedError{RetryAfter: hint, Err: errors.New("transport: send queue full")}
+		})
+	})
+	rg.queue(t, "a@n1", "m1")
+	rg.relay.Start()
+	now := rg.store.ElapsedMs()
+	var next int64
+	testutil.WaitFor(t, wait, "the stream deferred", func() bool {
+		_, next = rg.store.DueRecipients(now, nil, 10)
+		return next != 0
+	})
+	if got := time.Duration(next-now) * time.Millisecond; got != hint {
+		t.Fatalf("next emission in %v, want the queue's estimate %v", got, hint)
+	}
+	clk.Advance(hint)
+	rg.relay.Notify("a@n1")
+	testutil.WaitFor(t, wait, "delivered after the estimate", func() bool { return rg.store.Stats().Depth == 0 })
+}
