@@ -141,3 +141,22 @@ func BenchmarkReceiverStreamState(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkReceiverEmission measures a receiver taking emissions of 1,024
+// chained stream messages into a batch actor whose handler does nothing:
+// the post, the decisions, the watermark's commit and the receipts, the
+// receiver's whole share of a drain but the transport and the handler.
+//
+//	go test -run '^$' -bench BenchmarkReceiverEmission -benchtime 200000x -benchmem ./node
+func BenchmarkReceiverEmission(b *testing.B) {
+	n := startNode(b, "n1", b.TempDir())
+	nop := func(_ context.Context, msgs []*node.Message) (int, error) { return len(msgs), nil }
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil },
+		node.WithBatch(nop, 1024)); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	feedStream(b, n, 0, uint64(b.N), 1024)
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+}
