@@ -325,6 +325,20 @@ func (n *Node) callEnvelope(c *Call, kind pb.RpcMeta_Kind) *pb.Envelope {
 	}
 }
 
+// sendQueueFull is a refusal by this node's own send queue to the peer: a
+// *CapacityError (errors.As finds it, with the transport's RetryAfter) that
+// does not read as the recipient's mailbox being full.
+type sendQueueFull struct {
+	ce  *CapacityError
+	err error // the transport's refusal
+}
+
+func (e *sendQueueFull) Error() string {
+	return fmt.Sprintf("node: send queue full, retry after %v: %v", e.ce.RetryAfter, e.err)
+}
+
+func (e *sendQueueFull) Unwrap() []error { return []error{e.ce, e.err} }
+
 // congested wraps a full send queue's refusal for the relay, with the
 // transport's estimate of when the queue has room.
 func congested(err error) error {
@@ -341,14 +355,13 @@ func (n *Node) mapSendErr(err error) error {
 	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, mesh.ErrUnreachable), errors.Is(err, transport.ErrConnLost):
 		return fmt.Errorf("%w: %w", ErrUnreachable, err)
 	case errors.Is(err, transport.ErrQueueFull):
-		// The transport's estimate of when the queue has room; the
-		// transport's error stays in the chain (and the text), since
-		// CapacityError alone reads as a full mailbox.
+		// The transport's estimate of when the queue has room, in a
+		// CapacityError as for a full mailbox, with a text of its own.
 		ra := 5 * time.Millisecond
 		if qf := (*transport.QueueFullError)(nil); errors.As(err, &qf) {
 			ra = qf.RetryAfter
 		}
-		return fmt.Errorf("%w (%w)", &CapacityError{RetryAfter: ra}, err)
+		return &sendQueueFull{ce: &CapacityError{RetryAfter: ra}, err: err}
 	case errors.Is(err, transport.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
