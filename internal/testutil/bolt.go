@@ -15,7 +15,7 @@ func LeafFill(tb testing.TB, path string, bucketPath ...string) float64 {
 	if err != nil {
 		tb.Fatalf("open %s: %v", path, err)
 	}
-	defer db.Close()
+	defer func() { _ = db.Close() }()
 	var st bolt.BucketStats
 	err = db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(bucketPath[0]))
