@@ -43,7 +43,12 @@ func (e *CongestedError) Error() string {
 }
 
 // Unwrap returns ErrCongested and the transport's error.
-func (e *CongestedError) Unwrap() []error { return []error{ErrCongested, e.Err} }
+func (e *CongestedError) Unwrap() []error {
+	if e == nil {
+		return nil
+	}
+	return []error{ErrCongested, e.Err}
+}
 
 // UnsendableError reports envelopes of an emission that could not be put
 // on the wire at all (larger than a frame may be, or not encodable); the

@@ -540,3 +540,45 @@ func TestCongestedWaitsForTheQueuesEstimate(t *testing.T) {
 	rg.relay.Notify("a@n1")
 	testutil.WaitFor(t, wait, "delivered after the estimate", func() bool { return rg.store.Stats().Depth == 0 })
 }
+
+// A send queue that stays full and keeps estimating 1 ms: only the first
+// refusal without progress trusts the estimate, later ones back off, so
+// over a minute the stream is tried a few times, not every millisecond,
+// and nothing is dead-lettered (a full queue is never the message's fault).
+func TestCongestedHintRepeatedBacksOff(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	rg := newRig(t, func(c *outbox.Config) { c.Clock = clk; c.MaxAttempts = 1 }, func(c *partition.Config) {
+		c.Backoff = partition.DefaultBackoffConfig()
+	})
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(context.Context, int, []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			return nil, &partition.CongestedError{RetryAfter: time.Millisecond, Err: errors.New("transport: send queue full")}, true
+		}
+	})
+	rg.queue(t, "a@n1", "m1", "m2")
+	rg.relay.Start()
+	start := rg.store.ElapsedMs()
+	const most = 30
+	calls := 1
+	for ; calls <= most; calls++ {
+		var next int64
+		testutil.WaitFor(t, wait, "the stream deferred", func() bool {
+			if rg.fake.callCount() < calls {
+				return false
+			}
+			_, next = rg.store.DueRecipients(rg.store.ElapsedMs(), nil, 10)
+			return next != 0
+		})
+		if next-start > 60_000 {
+			break
+		}
+		clk.Advance(time.Duration(next-rg.store.ElapsedMs()) * time.Millisecond)
+		rg.relay.Notify("a@n1")
+	}
+	if calls > most {
+		t.Fatalf("more than %d emissions within a minute of a full queue: the hint is trusted again and again", most)
+	}
+	if dl, _ := rg.store.DeadLetters(outbox.DLQFilter{}); len(dl) != 0 {
+		t.Fatalf("dead letters: %v", dl)
+	}
+}
