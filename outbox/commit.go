@@ -95,6 +95,9 @@ type batch struct {
 	queues      map[string]*bolt.Bucket // enqueue's queue buckets, nil for none yet (queueBucket)
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
+	// edited: an op changed a queue other than by appending a message or
+	// removing an acknowledged one (Edits).
+	edited bool
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -361,6 +364,9 @@ func (s *Store) finish(ops []*op) {
 
 // applyEffects mirrors a committed batch into the in-memory indexes.
 func (s *Store) applyEffects(b *batch) {
+	if b.edited {
+		s.edits.Add(1)
+	}
 	c := &b.counters
 	s.retries.Add(c.retries)
 	s.deadLettered.Add(c.dead)
@@ -403,6 +409,13 @@ func (s *Store) applyEffects(b *batch) {
 // the whole transaction (storage failure); per-record problems are
 // reported in the op instead.
 func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
+	switch o.kind {
+	case opEnqueue, opAck, opReserve, opStream, opPurge, opDeadLetter, opDefer, opEpoch, opVersion, opCheckpoint:
+		// Appends, acks and what leaves the queues' records alone (an
+		// enqueue that replaces a waiting version says so itself).
+	default:
+		b.edited = true // retries, expiries, replays, drops: and any kind added later
+	}
 	switch o.kind {
 	case opEnqueue:
 		for i, sm := range o.msgs {
@@ -543,6 +556,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 				}
 				res = Replaced
 				b.counters.coalesced++
+				b.edited = true
 			}
 		}
 		if err := co.Put(ck, coalesceVal(seq, b.nowMs)); err != nil {

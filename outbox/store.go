@@ -116,6 +116,7 @@ type Store struct {
 
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
 	coalesced, superseded, fsyncs                       atomic.Uint64
+	edits                                               atomic.Uint64 // Edits
 }
 
 // Open opens (creating if needed) the outbox file, migrates a file of the
@@ -312,6 +313,16 @@ func (s *Store) OutboxID() [16]byte { return s.outboxID }
 // store was open at the monotonic rate, plus closed time as the wall clock
 // tells it within MaxDowntime. Ages, TTLs and deferrals are measured on it.
 func (s *Store) ElapsedMs() int64 { return s.clock.nowMs() }
+
+// Edits counts the commits that changed a queue other than by appending
+// a message or removing an acknowledged one: a coalescing replacement, a
+// failed attempt recorded, an expiry or dead-lettering, a replay, a
+// dropped recipient. It is bumped once such a commit is visible to Head.
+// A caller that read a queue ahead with Head, and finds Edits unchanged
+// since before that read, knows that a Head now would return the same
+// messages, except for those acknowledged since and those appended since
+// (which sort after them).
+func (s *Store) Edits() uint64 { return s.edits.Load() }
 
 // Config returns the configuration the store was opened with.
 func (s *Store) Config() Config { return s.cfg }

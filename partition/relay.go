@@ -45,6 +45,7 @@ func PartitionOf(recipient string, partitions int) int {
 type Stats struct {
 	Iterations  uint64         // loop iterations, all partitions (an idle relay does none)
 	Batches     uint64         // emissions sent by the relay (direct attempts not included)
+	ReadAhead   uint64         // of those, emissions read while the one before awaited its receipts
 	Direct      uint64         // direct attempts made by Send
 	Delivered   uint64         // messages acked after a positive receipt
 	Failed      uint64         // emissions that ended with a non-positive or missing receipt
@@ -97,6 +98,8 @@ type Relay struct {
 	xmu sync.Mutex
 
 	routes *routes // the path to each peer: direct or through a forwarder (route.go)
+
+	ahead aheads // streams' next emissions read ahead (ahead.go)
 
 	// afterLookup, set only by tests before Start, runs in lockStream
 	// between finding a stream and locking it.
@@ -225,6 +228,7 @@ func (r *Relay) Stats() Stats {
 	s := Stats{
 		Iterations:  r.iterations.Load(),
 		Batches:     r.batches.Load(),
+		ReadAhead:   r.ahead.used.Load(),
 		Direct:      r.direct.Load(),
 		Delivered:   r.delivered.Load(),
 		Failed:      r.failed.Load(),

@@ -127,6 +127,7 @@ func (r *Relay) forget(st *stream) {
 	if p.streams[st.rcpt] == st {
 		shrinkDelete(&p.streams, &p.peak, st.rcpt)
 		st.gone = true
+		r.dropAhead(st)
 	}
 }
 
@@ -452,7 +453,10 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 		req.Below = st.storing[0]
 	}
 	r.wg.Add(1)
-	go r.deliver(st, lim, g, req)
+	// Under st.mu, as the Skip above: a failed Ack is counted in the same
+	// step that takes its sequences out of st.acking (deliver).
+	fails := r.ahead.ackFails.Load()
+	go r.deliver(st, lim, g, req, fails)
 	return true
 }
 
@@ -464,7 +468,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 // deliverable again if it fails (the receiver answers DUPLICATE). After any
 // other outcome the stream stays busy until the verdict and the acks are
 // recorded, so the next emission starts at the frontier.
-func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest) {
+func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest, fails uint64) {
 	defer r.wg.Done()
 	released, sending := false, true
 	release := func() {
@@ -486,7 +490,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		// recipients of it waiting.
 		r.wakeAll()
 	}()
-	msgs, waitUntil, err := r.store.Head(req)
+	msgs, waitUntil, err := r.head(st, req)
 	if err != nil {
 		if r.ctx.Err() == nil {
 			r.cfg.Logger.Warn("relay: head failed", "recipient", st.rcpt, "err", err)
@@ -520,8 +524,10 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		prev = envs[i].GetSequence()
 	}
 	st.emittedHW = max(st.emittedHW, prev)
+	hw := st.emittedHW
 	st.mu.Unlock()
 	r.batches.Add(1)
+	r.readAhead(st, req, msgs, hw, fails)
 	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
 	receipts, derr := r.routes.deliver(dctx, st.node, envs)
 	cancel()
@@ -536,6 +542,9 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
 	}
 	acks, clean := r.process(st, msgs, envs, receipts, derr, seen)
+	if !clean {
+		r.dropAhead(st) // the next emission starts at the frontier
+	}
 	if len(acks) == 0 {
 		return
 	}
@@ -552,14 +561,23 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		r.Notify(st.rcpt)
 	}
 	err = r.store.Ack(st.rcpt, acks)
-	if clean {
+	if clean || err != nil {
 		st.mu.Lock()
-		st.ackBatches--
-		st.acking = removeSorted(st.acking, acks)
-		st.updateBlocked(r.cfg.MaxAckPending)
+		if err != nil {
+			// Counted in the same step that takes the sequences out of
+			// st.acking: an emission whose Skip still held them was made
+			// under the old count, and what it reads ahead is not used.
+			r.ahead.ackFails.Add(1)
+		}
+		if clean {
+			st.ackBatches--
+			st.acking = removeSorted(st.acking, acks)
+			st.updateBlocked(r.cfg.MaxAckPending)
+		}
 		st.mu.Unlock()
 	}
 	if err != nil {
+		r.dropAhead(st) // what it skipped as acked is back in the queue
 		r.cfg.Logger.Warn("relay: ack failed; messages will be sent again (the receiver answers DUPLICATE)", "recipient", st.rcpt, "err", err)
 		return
 	}

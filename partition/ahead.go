@@ -1,0 +1,147 @@
+package partition
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// Reading ahead: while an emission awaits its receipts (most of a drain's
+// time), the stream's next emission is read from the store, so that when
+// every receipt is positive the next one goes out without waiting for a
+// Head. What was read ahead is used only if a Head at that moment would
+// return the same messages first:
+//   - the emission was clean and every ack since has committed or is
+//     still committing (any other outcome drops it; a failed Ack, of any
+//     stream, makes every read ahead before it unusable);
+//   - the store's Edits did not move since before the read (nothing was
+//     replaced, retried, expired, replayed or dropped in any queue; what
+//     was appended since has higher sequences, so it comes after);
+//   - what the stream skips now (acks committing) was skipped by the read;
+//   - nothing read is at or above the stream's Below now, or has run out
+//     of TTL or age since (Head would give it up instead).
+// Otherwise the stream reads with Head as usual.
+
+// maxAhead bounds the streams reading ahead at a time: each holds up to
+// BatchSize messages in memory beside the emission in flight.
+const maxAhead = 4
+
+// ahead is one stream's next emission, read ahead.
+type ahead struct {
+	done  chan struct{} // closed when the read ended
+	edits uint64        // the store's Edits before the read
+	fails uint64        // the relay's failed Acks when the emission's Skip was taken
+	skip  []uint64      // ascending: what the read skipped
+	msgs  []*pb.StoredMessage
+	ok    bool // read without error, and nothing held back by a TTL
+}
+
+// aheads are the streams' reads ahead.
+type aheads struct {
+	// mu guards the field below. Nothing is locked under it.
+	mu sync.Mutex
+	m  map[*stream]*ahead
+
+	// ackFails counts failed Acks: what a stream skipped as acked is back
+	// in its queue, and a read ahead that skipped it may be out of date
+	// even if it was registered after the failure was handled.
+	ackFails atomic.Uint64
+	used     atomic.Uint64 // emissions sent as read ahead (Stats.ReadAhead)
+}
+
+// readAhead starts reading st's next emission after msgs, the emission
+// about to be sent under req (hw: the stream's emitted high-water with
+// it; fails: the relay's failed Acks when req was made), if it filled its
+// grant and more waits.
+func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, fails uint64) {
+	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
+		return
+	}
+	sent := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		sent[i] = m.GetEnvelope().GetSequence() // ascending, as Head returns them
+	}
+	skip := mergeSorted(req.Skip, sent)
+	a := &ahead{done: make(chan struct{}), edits: r.store.Edits(), fails: fails, skip: skip}
+	r.ahead.mu.Lock()
+	if r.ahead.m == nil {
+		r.ahead.m = make(map[*stream]*ahead)
+	}
+	if len(r.ahead.m) >= maxAhead || r.ahead.m[st] != nil {
+		r.ahead.mu.Unlock()
+		return
+	}
+	r.ahead.m[st] = a
+	r.ahead.mu.Unlock()
+	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+		Skip: skip, Below: req.Below, EmittedHW: hw}
+	r.wg.Go(func() {
+		defer close(a.done)
+		msgs, waitUntil, err := r.store.Head(next)
+		a.msgs, a.ok = msgs, err == nil && waitUntil == 0 && len(msgs) > 0
+	})
+}
+
+// dropAhead forgets what st read ahead (its read may still be running).
+func (r *Relay) dropAhead(st *stream) {
+	r.ahead.mu.Lock()
+	delete(r.ahead.m, st)
+	r.ahead.mu.Unlock()
+}
+
+// head returns st's next emission under req: what it read ahead, if a
+// Head now would return it, or else what Head returns.
+func (r *Relay) head(st *stream, req outbox.HeadRequest) ([]*pb.StoredMessage, int64, error) {
+	r.ahead.mu.Lock()
+	a := r.ahead.m[st]
+	delete(r.ahead.m, st)
+	r.ahead.mu.Unlock()
+	if a != nil {
+		<-a.done
+		if msgs := r.usable(a, req); msgs != nil {
+			r.ahead.used.Add(1)
+			return msgs, 0, nil
+		}
+	}
+	return r.store.Head(req)
+}
+
+// usable returns the part of a that a Head under req would return now,
+// or nil when it might differ.
+func (r *Relay) usable(a *ahead, req outbox.HeadRequest) []*pb.StoredMessage {
+	if !a.ok || a.edits != r.store.Edits() || a.fails != r.ahead.ackFails.Load() || !subset(req.Skip, a.skip) {
+		return nil
+	}
+	msgs := a.msgs[:min(len(a.msgs), req.Max)]
+	if req.Below != 0 && msgs[len(msgs)-1].GetEnvelope().GetSequence() >= req.Below {
+		return nil
+	}
+	now := r.store.ElapsedMs()
+	maxAge := r.store.Config().MaxAge().Milliseconds()
+	for _, m := range msgs {
+		created := m.GetCreatedElapsedMs()
+		if created+maxAge <= now {
+			return nil
+		}
+		if ttl := m.GetEnvelope().GetTtlMs(); ttl > 0 && created+ttl <= now {
+			return nil
+		}
+	}
+	return msgs
+}
+
+// subset reports whether every element of a (ascending) is in b
+// (ascending).
+func subset(a, b []uint64) bool {
+	for _, x := range a {
+		for len(b) > 0 && b[0] < x {
+			b = b[1:]
+		}
+		if len(b) == 0 || b[0] != x {
+			return false
+		}
+	}
+	return true
+}
