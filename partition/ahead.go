@@ -28,9 +28,14 @@ import (
 // BatchSize messages in memory beside the emission in flight.
 const maxAhead = 4
 
+// staleAheadMs: a read ahead older than this gives its place to another
+// stream's (an emission takes milliseconds).
+const staleAheadMs = 1000
+
 // ahead is one stream's next emission, read ahead.
 type ahead struct {
 	done  chan struct{} // closed when the read ended
+	at    int64         // the store's elapsed ms when it started
 	edits uint64        // the store's Edits before the read
 	fails uint64        // the relay's failed Acks when the emission's Skip was taken
 	skip  []uint64      // ascending: what the read skipped
@@ -64,10 +69,20 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 		sent[i] = m.GetEnvelope().GetSequence() // ascending, as Head returns them
 	}
 	skip := mergeSorted(req.Skip, sent)
-	a := &ahead{done: make(chan struct{}), edits: r.store.Edits(), fails: fails, skip: skip}
+	now := r.store.ElapsedMs()
+	a := &ahead{done: make(chan struct{}), at: now, edits: r.store.Edits(), fails: fails, skip: skip}
 	r.ahead.mu.Lock()
 	if r.ahead.m == nil {
 		r.ahead.m = make(map[*stream]*ahead)
+	}
+	if len(r.ahead.m) >= maxAhead {
+		// A stream that has not come back for what it read (its peer went
+		// down, say) gives its place up.
+		for s, old := range r.ahead.m {
+			if now-old.at > staleAheadMs {
+				delete(r.ahead.m, s)
+			}
+		}
 	}
 	if len(r.ahead.m) >= maxAhead || r.ahead.m[st] != nil {
 		r.ahead.mu.Unlock()

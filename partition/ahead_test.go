@@ -98,3 +98,50 @@ func TestReadAheadNotSentAfterItsTTL(t *testing.T) {
 		t.Fatalf("dead letters %d, want short's expiry", st.DLQDepth)
 	}
 }
+
+// Streams that read ahead and never came back for it (their peers went
+// down) give their places up after a while: others still read ahead.
+func TestReadAheadPlacesFreedByStaleStreams(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	rg := aheadRig(t, func(c *outbox.Config) { c.Clock = clk })
+	stale := []string{"a@n1", "b@n2", "c@n3", "d@n4"}
+	for _, r := range stale {
+		rg.queue(t, r, names(r+"-", 8)...)
+	}
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			// The first emission of each goes through; then its peer is down.
+			rcpt := envs[0].GetRecipient()
+			testutil.WaitFor(t, wait, "read ahead", func() bool { return rg.relay.AheadRead(rcpt) })
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				rcs[i] = f.receive(e)
+			}
+			f.down["n"+rcpt[len(rcpt)-1:]] = true
+			return rcs, nil, true
+		}
+	})
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "four streams read ahead, peers down", func() bool {
+		n := 0
+		for _, r := range stale {
+			if rg.relay.AheadRead(r) {
+				n++
+			}
+		}
+		return n == len(stale) && rg.relay.Stats().Batches == 4
+	})
+	rg.fake.set(func(f *fake) { f.intercept = nil })
+	clk.Advance(2 * time.Second)
+	msgs := names("e-", 12)
+	rg.queue(t, "e@n5", msgs...)
+	testutil.WaitFor(t, wait, "e drained", func() bool { return rg.store.Pending("e@n5") == 0 })
+	if got := rg.fake.ranTypes("e@n5"); !slices.Equal(got, msgs) {
+		t.Fatalf("ran %v", got)
+	}
+	if st := rg.relay.Stats(); st.ReadAhead == 0 {
+		t.Fatalf("no emission read ahead: four stale streams kept every place")
+	}
+}
