@@ -65,3 +65,28 @@ func TestEditsCountsChangesOtherThanAppendsAndAcks(t *testing.T) {
 		}
 	}
 }
+
+// Every sequence handed out lies below HandedOutBelow, also after a
+// reopen, and the next one is at or above it.
+func TestHandedOutBelow(t *testing.T) {
+	e := open(t, nil)
+	var last uint64
+	for range 3 {
+		seq, err := e.ReserveSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := e.HandedOutBelow(); b <= seq {
+			t.Fatalf("HandedOutBelow %d after handing out %d", b, seq)
+		}
+		last = seq
+	}
+	e.reopen(t, nil)
+	b := e.HandedOutBelow()
+	if b <= last {
+		t.Fatalf("after reopen HandedOutBelow %d, at most the %d handed out before", b, last)
+	}
+	if seq, err := e.ReserveSequence(); err != nil || seq < b {
+		t.Fatalf("next sequence %d (%v) below HandedOutBelow %d", seq, err, b)
+	}
+}

@@ -87,8 +87,9 @@ type Store struct {
 	// seqMu guards the fields below. It is held across the commit of a new
 	// reservation, so callers wait for a durable high-water.
 	seqMu       sync.Mutex
-	nextSeq     uint64 // the next sequence to hand out
-	reservedSeq uint64 // durable: every sequence <= it may be handed out
+	nextSeq     uint64        // the next sequence to hand out
+	handedOut   atomic.Uint64 // nextSeq as ReserveSequence left it; read without seqMu (HandedOutBelow)
+	reservedSeq uint64        // durable: every sequence <= it may be handed out
 
 	// mu guards the fields below. Lock order: mu before kmu; the committer
 	// takes mu only after its transaction committed.
@@ -270,6 +271,7 @@ func (s *Store) load() error {
 		// Sequences handed out before a crash may have been used up to the
 		// reserved high-water: start above it.
 		s.nextSeq, s.reservedSeq = high+1, high
+		s.handedOut.Store(s.nextSeq)
 		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN
 		return meta.Put(keyClock, s.clock.checkpoint())
 	})
@@ -314,14 +316,20 @@ func (s *Store) OutboxID() [16]byte { return s.outboxID }
 // tells it within MaxDowntime. Ages, TTLs and deferrals are measured on it.
 func (s *Store) ElapsedMs() int64 { return s.clock.nowMs() }
 
+// HandedOutBelow returns a bound under which every sequence that
+// ReserveSequence has returned so far lies; any later one is at or above
+// it.
+func (s *Store) HandedOutBelow() uint64 { return s.handedOut.Load() }
+
 // Edits counts the commits that changed a queue other than by appending
 // a message or removing an acknowledged one: a coalescing replacement, a
 // failed attempt recorded, an expiry or dead-lettering, a replay, a
 // dropped recipient. It is bumped once such a commit is visible to Head.
-// A caller that read a queue ahead with Head, and finds Edits unchanged
-// since before that read, knows that a Head now would return the same
-// messages, except for those acknowledged since and those appended since
-// (which sort after them).
+// A caller that read a queue ahead with Head, below every sequence that
+// could still commit (HandedOutBelow, and the first of its own still being
+// stored), and finds Edits unchanged since before that read, knows that a
+// Head now would return the same messages first, less those acknowledged
+// since.
 func (s *Store) Edits() uint64 { return s.edits.Load() }
 
 // Config returns the configuration the store was opened with.
@@ -385,6 +393,7 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	}
 	seq := s.nextSeq
 	s.nextSeq++
+	s.handedOut.Store(s.nextSeq)
 	return seq, nil
 }
 

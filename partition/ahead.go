@@ -20,8 +20,9 @@ import (
 //     replaced, retried, expired, replayed or dropped in any queue; what
 //     was appended since has higher sequences, so it comes after);
 //   - what the stream skips now (acks committing) was skipped by the read;
-//   - nothing read is at or above the stream's Below now, or has run out
-//     of TTL or age since (Head would give it up instead).
+//   - the read stopped below every sequence that could still commit after
+//     it (aheadBelow), and nothing read is at or above the stream's Below
+//     now, or has run out of TTL or age since (Head would give it up).
 // Otherwise the stream reads with Head as usual.
 
 // maxAhead bounds the streams reading ahead at a time: each holds up to
@@ -58,9 +59,9 @@ type aheads struct {
 
 // readAhead starts reading st's next emission after msgs, the emission
 // about to be sent under req (hw: the stream's emitted high-water with
-// it; fails: the relay's failed Acks when req was made), if it filled its
-// grant and more waits.
-func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, fails uint64) {
+// it; below: aheadBelow; fails: the relay's failed Acks when req was
+// made), if it filled its grant and more waits.
+func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below, fails uint64) {
 	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
 		return
 	}
@@ -91,7 +92,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	r.ahead.m[st] = a
 	r.ahead.mu.Unlock()
 	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
-		Skip: skip, Below: req.Below, EmittedHW: hw}
+		Skip: skip, Below: below, EmittedHW: hw}
 	r.wg.Go(func() {
 		defer close(a.done)
 		msgs, waitUntil, err := r.store.Head(next)
@@ -99,11 +100,41 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	})
 }
 
+// aheadBelow is the Below of st's read ahead, taken under st.mu: below
+// the first sequence still being stored, and below every sequence not yet
+// handed out (handed: the store's HandedOutBelow). A stream's sequences are
+// taken and listed as storing in one step under st.mu, so every sequence
+// under the bound is, when the read runs, committed (and read) or was
+// given up: none can appear later below what was read. Without the second
+// bound, a sequence taken after this moment but committed after the read
+// could sort below one taken later and committed before it.
+func aheadBelow(st *stream, req outbox.HeadRequest, handed uint64) uint64 {
+	below := handed
+	if len(st.storing) > 0 {
+		below = min(below, st.storing[0])
+	}
+	if req.Below != 0 {
+		below = min(below, req.Below)
+	}
+	return below
+}
+
 // dropAhead forgets what st read ahead (its read may still be running).
 func (r *Relay) dropAhead(st *stream) {
 	r.ahead.mu.Lock()
 	delete(r.ahead.m, st)
 	r.ahead.mu.Unlock()
+}
+
+// dropAheadOf forgets what the stream of rcpt read ahead, if any.
+func (r *Relay) dropAheadOf(rcpt string) {
+	r.ahead.mu.Lock()
+	defer r.ahead.mu.Unlock()
+	for st := range r.ahead.m {
+		if st.rcpt == rcpt {
+			delete(r.ahead.m, st)
+		}
+	}
 }
 
 // head returns st's next emission under req: what it read ahead, if a

@@ -319,6 +319,7 @@ func (r *Relay) forgetStreams(node string) bool {
 				if p.streams[st.rcpt] == st {
 					shrinkDelete(&p.streams, &p.peak, st.rcpt)
 					st.gone = true
+					r.dropAhead(st)
 				}
 				p.mu.Unlock()
 			} else {
@@ -383,6 +384,7 @@ func (r *Relay) deferFor(rcpt string, d time.Duration) {
 // the Alive check and the Defer, NodeAlive's wake-up may already have run:
 // checking again keeps the drain from waiting for DownRecheck.
 func (r *Relay) deferDown(rcpt, node string) {
+	r.dropAheadOf(rcpt) // its peer may be gone for hours: free the place and the memory
 	r.deferFor(rcpt, r.cfg.DownRecheck)
 	if r.d.Alive(node) {
 		r.store.WakeNode(node)

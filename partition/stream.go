@@ -524,10 +524,10 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		prev = envs[i].GetSequence()
 	}
 	st.emittedHW = max(st.emittedHW, prev)
-	hw := st.emittedHW
+	hw, below := st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow())
 	st.mu.Unlock()
 	r.batches.Add(1)
-	r.readAhead(st, req, msgs, hw, fails)
+	r.readAhead(st, req, msgs, hw, below, fails)
 	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
 	receipts, derr := r.routes.deliver(dctx, st.node, envs)
 	cancel()
