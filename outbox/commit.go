@@ -96,8 +96,9 @@ type batch struct {
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 	// edited: an op changed a queue other than by appending a message or
-	// removing an acknowledged one (Edits).
-	edited bool
+	// removing an acknowledged one (Edits); editing: Edits was made odd
+	// for the commit.
+	edited, editing bool
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -252,8 +253,17 @@ func (s *Store) commit(ops []*op) {
 		if err := s.finishQueues(tx, b); err != nil {
 			return err
 		}
+		if b.edited {
+			// Odd from before bbolt writes the meta page (when readers
+			// start to see the commit) until after it returns: Edits.
+			s.edits.Add(1)
+			b.editing = true
+		}
 		return tx.Bucket(bucketMeta).Put(keyClock, s.clock.checkpoint())
 	})
+	if b.editing {
+		s.edits.Add(1)
+	}
 	if err != nil {
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
@@ -364,9 +374,6 @@ func (s *Store) finish(ops []*op) {
 
 // applyEffects mirrors a committed batch into the in-memory indexes.
 func (s *Store) applyEffects(b *batch) {
-	if b.edited {
-		s.edits.Add(1)
-	}
 	c := &b.counters
 	s.retries.Add(c.retries)
 	s.deadLettered.Add(c.dead)

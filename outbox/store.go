@@ -324,12 +324,12 @@ func (s *Store) HandedOutBelow() uint64 { return s.handedOut.Load() }
 // Edits counts the commits that changed a queue other than by appending
 // a message or removing an acknowledged one: a coalescing replacement, a
 // failed attempt recorded, an expiry or dead-lettering, a replay, a
-// dropped recipient. It is bumped once such a commit is visible to Head.
-// A caller that read a queue ahead with Head, below every sequence that
-// could still commit (HandedOutBelow, and the first of its own still being
-// stored), and finds Edits unchanged since before that read, knows that a
-// Head now would return the same messages first, less those acknowledged
-// since.
+// dropped recipient. It is odd from before such a commit can be seen by
+// Head until after it has ended. A caller that read a queue ahead with
+// Head, below every sequence that could still commit (HandedOutBelow, and
+// the first of its own still being stored), and finds Edits even and
+// unchanged since before that read, knows that a Head now would return
+// the same messages first, less those acknowledged since.
 func (s *Store) Edits() uint64 { return s.edits.Load() }
 
 // Config returns the configuration the store was opened with.

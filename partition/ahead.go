@@ -16,9 +16,9 @@ import (
 //   - the emission was clean and every ack since has committed or is
 //     still committing (any other outcome drops it; a failed Ack, of any
 //     stream, makes every read ahead before it unusable);
-//   - the store's Edits did not move since before the read (nothing was
-//     replaced, retried, expired, replayed or dropped in any queue; what
-//     was appended since has higher sequences, so it comes after);
+//   - the store's Edits was even before the read and has not moved since
+//     (nothing was replaced, retried, expired, replayed or dropped in any
+//     queue, nor is being);
 //   - what the stream skips now (acks committing) was skipped by the read;
 //   - the read stopped below every sequence that could still commit after
 //     it (aheadBelow), and nothing read is at or above the stream's Below
@@ -157,7 +157,7 @@ func (r *Relay) head(st *stream, req outbox.HeadRequest) ([]*pb.StoredMessage, i
 // usable returns the part of a that a Head under req would return now,
 // or nil when it might differ.
 func (r *Relay) usable(a *ahead, req outbox.HeadRequest) []*pb.StoredMessage {
-	if !a.ok || a.edits != r.store.Edits() || a.fails != r.ahead.ackFails.Load() || !subset(req.Skip, a.skip) {
+	if !a.ok || a.edits%2 != 0 || a.edits != r.store.Edits() || a.fails != r.ahead.ackFails.Load() || !subset(req.Skip, a.skip) {
 		return nil
 	}
 	msgs := a.msgs[:min(len(a.msgs), req.Max)]
