@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -452,10 +453,11 @@ func (r *Relay) sweepOnce() time.Duration {
 		if st != nil {
 			st.mu.Lock()
 			inFlight := st.direct || st.sending
+			_, acking := slices.BinarySearch(st.acking, c.Seq) // receipted, its Ack committing
 			emitted = st.emittedHW
 			st.mu.Unlock()
-			if inFlight {
-				busy = true // its emission decides; look again soon
+			if inFlight || acking {
+				busy = true // its emission or its Ack decides; look again soon
 				continue
 			}
 		} else if _, hw, err := r.store.StreamState(c.Recipient); err == nil {
