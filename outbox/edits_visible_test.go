@@ -9,13 +9,11 @@ import (
 	"github.com/meshnode/meshnode/outbox"
 )
 
-// Edits' contract for a reader ahead: "finds Edits unchanged since before
-// that read, knows that a Head now would return the same messages first".
-// So once a Head can see an edit (here: a coalescing replacement), Edits
-// must already have moved. The committer bumps it only in applyEffects,
-// after db.Update returns, i.e. after bbolt wrote the meta page (visible
-// to every new read transaction) and fsynced it: for the length of that
-// fsync a Head sees the edit while Edits still reads as before it.
+// Edits' contract for a reader ahead: "finds Edits even and unchanged
+// since before that read, knows that a Head now would return the same
+// messages first". So once a Head can see an edit (here: a coalescing
+// replacement), Edits must already have moved: bbolt's readers see a
+// commit once its meta page is written, before the fsync returns.
 func TestEditsMovesBeforeAnEditIsVisible(t *testing.T) {
 	e := open(t, nil)
 	ow := func(typ string) *pb.StoredMessage {

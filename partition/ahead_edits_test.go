@@ -13,9 +13,10 @@ import (
 
 // TestReadAheadNotSentAfterReplacement, with the stream's next emission
 // made right after the replacement became visible to Head (its commit's
-// meta page written) but before the committer bumped Edits (after the
-// fsync): what was read ahead still looks current and the replaced
-// version v1 is sent, although a Head at that moment returns m7 m8 v2.
+// meta page written), before its fsync has returned: what was read ahead
+// must not look current then (Edits is odd while such a commit is under
+// way), or the replaced version v1 would be sent although a Head at that
+// moment returns m7 m8 v2.
 func TestReadAheadNotSentAfterAReplacementBeingCommitted(t *testing.T) {
 	const rounds = 50
 	for i := range rounds {
@@ -62,9 +63,9 @@ func TestReadAheadNotSentAfterAReplacementBeingCommitted(t *testing.T) {
 
 // The same window with an operator's DropQueue: once a Head finds the
 // queue empty (every message moved to the dead-letter queue as dropped),
-// the stream's next emission still sends what it read ahead before the
-// drop: messages recorded as dropped run after the drop (and run a second
-// time if the operator replays them).
+// the stream's next emission must not send what it read ahead before the
+// drop, or messages recorded as dropped would run (and run a second time
+// if the operator replays them).
 func TestReadAheadNotSentAfterADropBeingCommitted(t *testing.T) {
 	const rounds = 50
 	for i := range rounds {
