@@ -145,7 +145,7 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, n.cfg.AskTimeout)
 		defer cancel()
-		dl, hasDL = ctx.Deadline()
+		dl, _ = ctx.Deadline()
 	default:
 		// A pooled timer instead of a context per ask (four allocations):
 		// Send waits for a dial at most twice HandshakeTimeout (the dial,
@@ -154,7 +154,7 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 		// so the ask still ends at AskTimeout.
 		t := getAskTimer(n.cfg.AskTimeout)
 		defer putAskTimer(t)
-		expired, dl, hasDL = t.C, time.Now().Add(n.cfg.AskTimeout), true
+		expired, dl = t.C, time.Now().Add(n.cfg.AskTimeout)
 	}
 	if to.Node == n.name {
 		return n.askLocal(ctx, c)
@@ -171,10 +171,8 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	}
 	o.setCall(c)
 	env := &o.env
-	if hasDL {
-		// The time left, not the deadline: the two clocks need not agree.
-		env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
-	}
+	// The time left, not the deadline: the two clocks need not agree.
+	env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
 	corr := env.GetMsgId()
 	o.rpc.CorrelationId = corr
 	o.rpc.ReplyTo = env.GetSender() // "@node": the node, not an actor, receives the RESPONSE

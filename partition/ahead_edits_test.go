@@ -26,7 +26,7 @@ func TestReadAheadNotSentAfterAReplacementBeingCommitted(t *testing.T) {
 			sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "price"
 			return sm
 		}
-		storeAll(t, rg, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
+		rg.storeAll(t, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
 			rg.msg("a@n1", "m5"), ow("v1"), rg.msg("a@n1", "m7"), rg.msg("a@n1", "m8"))
 		stored := make(chan error, 1)
 		holdFirst(t, rg, "a@n1", func() {

@@ -145,7 +145,7 @@ func TestReadAheadDroppedWhenPeersLeave(t *testing.T) {
 			sms[i] = rg.msg(rcpt, "x")
 			sms[i].Envelope.TtlMs = 5_000
 		}
-		storeAll(t, rg, sms...)
+		rg.storeAll(t, sms...)
 	}
 	rg.relay.Start()
 	testutil.WaitFor(t, wait, "first emissions acked", func() bool { return rg.store.Stats().Depth == 16 })

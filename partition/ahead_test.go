@@ -20,16 +20,6 @@ func aheadRig(t *testing.T, smut func(*outbox.Config)) *rig {
 	})
 }
 
-// storeAll stores sms as queued messages, in order.
-func storeAll(t *testing.T, rg *rig, sms ...*pb.StoredMessage) {
-	t.Helper()
-	for i, err := range rg.relay.Store(context.Background(), sms) {
-		if err != nil {
-			t.Fatalf("store %s: %v", sms[i].GetEnvelope().GetType(), err)
-		}
-	}
-}
-
 // holdFirst makes the first emission wait until the stream's next one has
 // been read ahead, then runs during(), then lets the fake receive it.
 func holdFirst(t *testing.T, rg *rig, rcpt string, during func()) {
@@ -69,9 +59,9 @@ func TestReadAheadNotSentAfterReplacement(t *testing.T) {
 		sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "price"
 		return sm
 	}
-	storeAll(t, rg, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
+	rg.storeAll(t, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
 		rg.msg("a@n1", "m5"), ow("v1"), rg.msg("a@n1", "m7"), rg.msg("a@n1", "m8"))
-	holdFirst(t, rg, "a@n1", func() { storeAll(t, rg, ow("v2")) })
+	holdFirst(t, rg, "a@n1", func() { rg.storeAll(t, ow("v2")) })
 	rg.relay.Start()
 	testutil.WaitFor(t, wait, "drained", func() bool { return rg.store.Stats().Depth == 0 })
 	if got, want := rg.fake.ranTypes("a@n1"), []string{"m1", "m2", "m3", "m4", "m5", "m7", "m8", "v2"}; !slices.Equal(got, want) {
@@ -86,7 +76,7 @@ func TestReadAheadNotSentAfterItsTTL(t *testing.T) {
 	rg := aheadRig(t, func(c *outbox.Config) { c.Clock = clk })
 	short := rg.msg("a@n1", "short")
 	short.Envelope.TtlMs = 5_000
-	storeAll(t, rg, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
+	rg.storeAll(t, rg.msg("a@n1", "m1"), rg.msg("a@n1", "m2"), rg.msg("a@n1", "m3"), rg.msg("a@n1", "m4"),
 		rg.msg("a@n1", "m5"), short, rg.msg("a@n1", "m7"), rg.msg("a@n1", "m8"))
 	holdFirst(t, rg, "a@n1", func() { clk.Advance(6 * time.Second) })
 	rg.relay.Start()

@@ -29,10 +29,16 @@ func (nopDeliverer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([
 	return rcs, nil
 }
 
-func newTestRelay(tb testing.TB, d Deliverer) *Relay {
+func newTestRelay(tb testing.TB, d Deliverer) *Relay { return newTestRelayWith(tb, d, nil) }
+
+// newTestRelayWith is newTestRelay with smut applied to the store's config.
+func newTestRelayWith(tb testing.TB, d Deliverer, smut func(*outbox.Config)) *Relay {
 	tb.Helper()
 	scfg := outbox.DefaultConfig(filepath.Join(tb.TempDir(), "outbox.db"))
 	scfg.Logger = slog.New(slog.DiscardHandler)
+	if smut != nil {
+		smut(&scfg)
+	}
 	s, err := outbox.Open(scfg)
 	if err != nil {
 		tb.Fatal(err)

@@ -258,9 +258,15 @@ func (rg *rig) queue(tb testing.TB, recipient string, typs ...string) {
 	for i, t := range typs {
 		sms[i] = rg.msg(recipient, t)
 	}
+	rg.storeAll(tb, sms...)
+}
+
+// storeAll stores sms as queued messages, in order.
+func (rg *rig) storeAll(tb testing.TB, sms ...*pb.StoredMessage) {
+	tb.Helper()
 	for i, err := range rg.relay.Store(context.Background(), sms) {
 		if err != nil {
-			tb.Fatalf("store %s: %v", typs[i], err)
+			tb.Fatalf("store %s: %v", sms[i].GetEnvelope().GetType(), err)
 		}
 	}
 }

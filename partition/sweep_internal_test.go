@@ -2,8 +2,6 @@ package partition
 
 import (
 	"context"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,22 +15,8 @@ import (
 // as "outcome unknown", and a replay would run it a second time.
 func TestSweepLeavesMessagesWhoseAckIsCommitting(t *testing.T) {
 	clk := outbox.NewManualClock(time.Now())
-	scfg := outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db"))
-	scfg.Logger, scfg.Clock = slog.New(slog.DiscardHandler), clk
-	s, err := outbox.Open(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Logger = scfg.Logger
-	r, err := New(cfg, s, nopDeliverer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = s.Close()
-	})
+	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	skew := r.store.Config().MaxClockSkew
 	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "ran", TtlMs: 1000}}
 	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
 		t.Fatal(err)
@@ -47,7 +31,7 @@ func TestSweepLeavesMessagesWhoseAckIsCommitting(t *testing.T) {
 	st.ackBatches++
 	st.acking = []uint64{seq}
 	st.mu.Unlock()
-	clk.Advance(time.Second + scfg.MaxClockSkew + time.Millisecond) // TTL and skew both over
+	clk.Advance(time.Second + skew + time.Millisecond) // TTL and skew both over
 
 	if wait := r.sweepOnce(); wait <= 0 || wait > time.Second {
 		t.Fatalf("sweep asks to look again in %v, want soon (the Ack decides)", wait)
