@@ -51,11 +51,42 @@ type conn struct {
 	waiters  map[string]*waiter
 }
 
-// waiter is a Request waiting for one receipt.
+// waiter is a request waiting for one receipt. The waiters of one
+// RequestBatch share a waitBatch: its caller wakes once, when the last of
+// them is set, not once per receipt of an emission.
 type waiter struct {
-	done chan struct{} // closed once rc or err is set
-	rc   *pb.Receipt
-	err  error
+	batch *waitBatch
+	rc    *pb.Receipt
+	err   error
+	set   atomic.Bool // rc or err is set (and may be read)
+}
+
+// waitBatch counts the waiters of one request that are not set yet.
+type waitBatch struct {
+	left atomic.Int64
+	done chan struct{} // closed when every waiter is set
+}
+
+// newWaiters returns n waiters sharing one batch, and the channel that
+// closes when all of them are set.
+func newWaiters(n int) ([]*waiter, <-chan struct{}) {
+	b := &waitBatch{done: make(chan struct{})}
+	b.left.Store(int64(n))
+	ws, all := make([]*waiter, n), make([]waiter, n)
+	for i := range all {
+		all[i].batch = b
+		ws[i] = &all[i]
+	}
+	return ws, b.done
+}
+
+// finish marks w set, once its rc or err is: whoever removed w from the
+// connection's waiters (complete, shutdown) calls it, exactly once.
+func (w *waiter) finish() {
+	w.set.Store(true)
+	if w.batch.left.Add(-1) == 0 {
+		close(w.batch.done)
+	}
 }
 
 // setup exchanges and checks Hello frames on a new QUIC connection and, on
@@ -312,7 +343,7 @@ func (c *conn) shutdown(code quic.ApplicationErrorCode, reason string, cause err
 		c.uncrowd() // after done: noteQueue looks at done after it sets crowded
 		for _, w := range ws {
 			w.err = cause
-			close(w.done)
+			w.finish()
 		}
 		_ = c.qc.CloseWithError(code, reason)
 	})
@@ -386,7 +417,7 @@ func (c *conn) complete(rc *pb.Receipt) {
 		return
 	}
 	w.rc = rc
-	close(w.done)
+	w.finish()
 }
 
 // streamReader reads frames from one of the peer's streams within the
@@ -399,18 +430,19 @@ func (c *conn) streamReader(br *bufio.Reader, rs deadliner) *streamReader {
 // readControl reads receipts and GoAway from the peer's control stream.
 func (c *conn) readControl(sr *streamReader) {
 	defer c.t.wg.Done()
-	var f pb.Frame
 	for {
-		n, err := sr.readFrame(&f)
+		rc, other, n, err := sr.readControlFrame()
 		if err != nil {
 			c.readFailed("control", err)
 			return
 		}
 		c.stats.framesIn.Add(1)
 		c.stats.bytesIn.Add(uint64(n))
-		switch k := f.Kind.(type) {
-		case *pb.Frame_Receipt:
-			c.complete(k.Receipt)
+		if rc != nil {
+			c.complete(rc)
+			continue
+		}
+		switch k := other.(type) {
 		case *pb.Frame_Goaway:
 			if quic.ApplicationErrorCode(k.Goaway.GetCode()) == CodeIdle {
 				c.t.log.Debug("peer closed an idle connection", "peer", c.peer.Name)
@@ -420,7 +452,7 @@ func (c *conn) readControl(sr *streamReader) {
 			c.shutdown(CodeNormal, "goaway received", fmt.Errorf("%w: peer going away: %s", ErrConnLost, k.Goaway.GetReason()))
 			return
 		default:
-			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on the control stream", f.Kind))
+			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on the control stream", other))
 			return
 		}
 	}
@@ -500,7 +532,7 @@ func (c *conn) replyFunc(msgID string) func(*pb.Receipt) {
 			return
 		}
 		if rc.GetMsgId() != msgID {
-			rc = &pb.Receipt{MsgId: msgID, Code: rc.GetCode(), RetryAfterMs: rc.GetRetryAfterMs(), Message: rc.GetMessage()}
+			rc = &pb.Receipt{MsgId: msgID, Code: rc.GetCode(), RetryAfterMs: rc.GetRetryAfterMs(), Message: rc.GetMessage(), Watermark: rc.GetWatermark()}
 		}
 		if err := c.lanes[len(c.lanes)-1].enqueueReceipt(rc); err != nil {
 			c.t.log.Warn("receipt dropped", "peer", c.peer.Name, "msg_id", msgID, "err", err)

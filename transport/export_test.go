@@ -48,8 +48,20 @@ func DecodeEnvelopeFast(b []byte) (*pb.Envelope, bool) { return decodeEnvelopeFa
 
 // AppendReceiptFrame exposes the hand-written receipt frame encoder.
 func AppendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
+	return appendReceiptFrame(dst, rc, max)
+}
+
+// AppendReceiptFrameGeneric is the proto.Marshal-based encoder the
+// hand-written one must match byte for byte.
+func AppendReceiptFrameGeneric(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
 	return appendMsgFrame(dst, frameFieldReceipt, rc, max)
 }
+
+// DecodeControlFrame exposes the control stream's frame decoder.
+func DecodeControlFrame(b []byte) (*pb.Receipt, any, error) { return decodeControlFrame(b) }
+
+// DecodeReceiptFast exposes the receipt decoder's fast path alone.
+func DecodeReceiptFast(b []byte) (*pb.Receipt, bool) { return decodeReceiptFast(b) }
 
 // DecodeEnvelopeFrame exposes the lane streams' frame decoder.
 func DecodeEnvelopeFrame(b []byte) (*pb.Envelope, any, error) { return decodeEnvelopeFrame(b) }
@@ -105,4 +117,20 @@ func RateAfter(t *Transport, n int, d time.Duration, writers int32) int64 {
 	c := &conn{t: t}
 	c.noteRate(n, d, writers)
 	return c.wrate.Load()
+}
+
+// Waiting returns the number of receipts t's connection to node still
+// waits for (0 without a connection).
+func Waiting(t *Transport, node string) int {
+	t.mu.Lock()
+	p := t.peers[node]
+	var c *conn
+	if p != nil {
+		c = p.conn
+	}
+	t.mu.Unlock()
+	if c == nil {
+		return 0
+	}
+	return c.waiting()
 }

@@ -41,7 +41,8 @@ func (t *Transport) Forward(node string, env *pb.Envelope, timeout time.Duration
 	if err != nil {
 		return err
 	}
-	envs, ws := []*pb.Envelope{env}, []*waiter{{done: make(chan struct{})}}
+	envs := []*pb.Envelope{env}
+	ws, got := newWaiters(1)
 	if err := c.addWaiters(envs, ws); err != nil {
 		return fmt.Errorf("transport: forward to %s: %w", node, err)
 	}
@@ -56,7 +57,7 @@ func (t *Transport) Forward(node string, env *pb.Envelope, timeout time.Duration
 		timer := time.NewTimer(timeout)
 		defer timer.Stop()
 		select {
-		case <-w.done:
+		case <-got:
 			if w.err != nil {
 				done(nil, fmt.Errorf("transport: forward %q to %s: %w", env.GetMsgId(), node, w.err))
 				return

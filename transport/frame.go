@@ -112,6 +112,18 @@ func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *p
 	return env, other, n, err
 }
 
+// readControlFrame reads one frame from the control stream: a receipt
+// (by hand when it can, see decodeControlFrame) or, in other, another kind.
+func (s *streamReader) readControlFrame() (rc *pb.Receipt, other any, n int, err error) {
+	defer s.release()
+	body, n, _, err := s.next()
+	if err != nil {
+		return nil, nil, n, err
+	}
+	rc, other, err = decodeControlFrame(body)
+	return rc, other, n, err
+}
+
 // decodeEnvelopeFrame decodes the bytes of one pb.Frame that should hold an
 // envelope; see readEnvelopeFrame.
 func decodeEnvelopeFrame(b []byte) (env *pb.Envelope, other any, err error) {

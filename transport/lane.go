@@ -245,7 +245,7 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 		}
 	}()
 	var err error
-	if eb.b, err = appendMsgFrame(eb.b[:0], frameFieldReceipt, rc, l.c.t.cfg.MaxFrameSize); err != nil {
+	if eb.b, err = appendReceiptFrame(eb.b[:0], rc, l.c.t.cfg.MaxFrameSize); err != nil {
 		return err
 	}
 	l.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,5 +157,74 @@ func TestReloadCertificate(t *testing.T) {
 	}
 	if got := presented(); got != after {
 		t.Fatal("a refused certificate replaced the current one")
+	}
+}
+
+// An emission whose receipts stop coming part way keeps the receipts that
+// came, in order, and says why the rest did not: the context's end, or the
+// connection's loss (with every receipt before it kept).
+func TestRequestBatchKeepsTheReceiptsThatCame(t *testing.T) {
+	for _, end := range []string{"context", "connection"} {
+		t.Run(end, func(t *testing.T) {
+			ca := newCA(t)
+			r := newResolver()
+			const answered = 5
+			var mu sync.Mutex
+			seen := 0
+			b := startNode(t, testConfig(t, ca, "b"), r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+				mu.Lock()
+				defer mu.Unlock()
+				if seen++; seen <= answered {
+					reply(&pb.Receipt{Code: pb.Receipt_PROCESSED, Watermark: uint64(seen)})
+				}
+			}))
+			a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
+			envs := make([]*pb.Envelope, 20)
+			for i := range envs {
+				envs[i] = envTo(t, "w@b", pb.Envelope_RECEIPT_PROCESSED)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			type result struct {
+				rcs []*pb.Receipt
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				rcs, err := a.RequestBatch(ctx, "b", envs)
+				done <- result{rcs, err}
+			}()
+			testutil.WaitFor(t, 10*time.Second, "every envelope reaches b and a has b's receipts", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return seen == len(envs) && transport.Waiting(a.Transport, "b") == len(envs)-answered
+			})
+			want := context.Canceled
+			if end == "context" {
+				cancel()
+			} else {
+				want = transport.ErrConnLost
+				if err := b.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var res result
+			select {
+			case res = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("RequestBatch did not return")
+			}
+			if !errors.Is(res.err, want) {
+				t.Fatalf("err = %v, want %v", res.err, want)
+			}
+			for i, rc := range res.rcs {
+				switch {
+				case i < answered && (rc.GetMsgId() != envs[i].GetMsgId() || rc.GetWatermark() != uint64(i+1)):
+					t.Fatalf("receipt %d = %v, want the receipt of %s with watermark %d", i, rc, envs[i].GetMsgId(), i+1)
+				case i >= answered && rc != nil:
+					t.Fatalf("receipt %d = %v for a message b never answered", i, rc)
+				}
+			}
+		})
 	}
 }

@@ -296,31 +296,34 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 			envs[j] = all[i]
 		}
 	}
-	ws := make([]*waiter, len(envs))
+	var ws []*waiter
+	var settled <-chan struct{}
 	var c *conn
 	if err := t.enqueue(ctx, node, envs, func(cc *conn) error {
 		// Fresh waiters for every connection tried: a connection that died
-		// after registering them has closed them already.
-		for i := range ws {
-			ws[i] = &waiter{done: make(chan struct{})}
-		}
+		// after registering them has set them already.
+		ws, settled = newWaiters(len(envs))
 		c = cc
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
 		return out, errors.Join(err, unsendableErr(unsendable))
 	}
+	select {
+	case <-settled:
+	case <-ctx.Done():
+		c.removeWaiters(envs, ws)
+	}
+	// In order: the receipts up to the first waiter that failed, or that
+	// ctx ended before its receipt came.
 	for j, w := range ws {
-		select {
-		case <-w.done:
-			if w.err != nil {
-				c.removeWaiters(envs, ws)
-				return out, errors.Join(fmt.Errorf("transport: request %q to %s: %w", envs[j].GetMsgId(), node, w.err), unsendableErr(unsendable))
-			}
-			out[idx[j]] = w.rc
-		case <-ctx.Done():
-			c.removeWaiters(envs, ws)
+		switch {
+		case !w.set.Load():
 			return out, errors.Join(fmt.Errorf("transport: request %q to %s: %w", envs[j].GetMsgId(), node, ctx.Err()), unsendableErr(unsendable))
+		case w.err != nil:
+			c.removeWaiters(envs, ws)
+			return out, errors.Join(fmt.Errorf("transport: request %q to %s: %w", envs[j].GetMsgId(), node, w.err), unsendableErr(unsendable))
 		}
+		out[idx[j]] = w.rc
 	}
 	return out, unsendableErr(unsendable)
 }
