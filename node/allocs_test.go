@@ -28,6 +28,7 @@ const (
 	maxAllocsAsk      = 29  // remote Ask round trip: 26.3
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
+	maxAllocsDirect   = 220 // TellReliable delivered at once to an online actor, the receiver committing each watermark (this test's log): 170
 )
 
 // allocsPer returns the allocations of the whole process per message while
@@ -84,6 +85,13 @@ func TestAllocsPerMessage(t *testing.T) {
 			}
 		}
 	}), maxAllocsReliable)
+	check("tell-reliable-direct", allocsPer(kr, func() {
+		for range kr {
+			if out, err := nodes[0].TellReliable(ctx, to, payload128); err != nil || out != node.Delivered {
+				t.Fatalf("TellReliable to an online actor: %v, %v; want Delivered", out, err)
+			}
+		}
+	}), maxAllocsDirect)
 	const ka = 2000
 	pendings := make([]*node.Pending, ka)
 	check("tell-reliable-async", allocsPer(ka, func() {
