@@ -93,6 +93,13 @@
 //     proto.Unmarshal. Both directions are checked against the generated
 //     code: byte equality over random envelopes (rapid) and a fuzz test
 //     that compares the decoders with proto.Equal.
+//   - Receipts, the other frame of every reliable delivery, are written
+//     and read by hand too (receiptcodec.go), with the generic codec for
+//     a signed receipt, unknown fields or invalid UTF-8; fuzzing checks
+//     the bytes against the generic encoder's and the decoder against
+//     proto.Unmarshal. The waiters of one RequestBatch share one counter
+//     and one channel, so its caller wakes once for all its receipts; a
+//     batch whose context ends returns the receipts that came, in order.
 //   - SendQueueSize counts envelopes and SendQueueBytes their encoded bytes
 //     queued on all lanes of a peer's connection (a 64 KiB piece leaves
 //     the queue as soon as QUIC has taken it); either bound refuses with a
