@@ -372,7 +372,7 @@ func TestRequestBatchMsgIDReusedAfterTimeout(t *testing.T) {
 	go func() {
 		rcs, err := a.RequestBatch(ctx, "b", []*pb.Envelope{first})
 		if rcs[0] != nil {
-			err = fmt.Errorf("unexpected receipt %v (err %v)", rcs[0], err)
+			err = fmt.Errorf("unexpected receipt %v (err %w)", rcs[0], err)
 		}
 		done <- err
 	}()
