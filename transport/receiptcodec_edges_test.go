@@ -16,7 +16,10 @@ import (
 // checkReceiptEncode: the hand-written encoder writes the generic
 // encoder's bytes (or fails as it fails), leaves dst unchanged on error,
 // and the control decoder reads back what proto.Unmarshal reads.
-func checkReceiptEncode(t *testing.T, rc *pb.Receipt, max int) {
+func checkReceiptEncode(t interface {
+	Helper()
+	Fatalf(format string, args ...any)
+}, rc *pb.Receipt, max int) {
 	t.Helper()
 	prefix := []byte("pfx")
 	got, err := transport.AppendReceiptFrame(append([]byte(nil), prefix...), rc, max)

@@ -107,9 +107,8 @@ func TestRequestBatchCancelAndLossInterleavings(t *testing.T) {
 	ca := newCA(t)
 	r := newResolver()
 	rep := newJitterReplier(t)
-	b := startNode(t, testConfig(t, ca, "b"), r, rep)
+	startNode(t, testConfig(t, ca, "b"), r, rep)
 	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
-	_ = b
 	rounds, workers, size := 60, 4, 40
 	if raceEnabled {
 		rounds = 25
