@@ -196,6 +196,41 @@ func BenchmarkRemoteAsk(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
 
+// BenchmarkRemoteAskConcurrent: 64 goroutines asking one remote actor
+// at once; reports round trips per second.
+func BenchmarkRemoteAskConcurrent(b *testing.B) {
+	nodes := cluster(b, 2)
+	to, _ := nodes[1].Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+	ctx := context.Background()
+	const askers = 64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, askers)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for range askers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var resp wrapperspb.BytesValue
+			for next.Add(1) <= int64(b.N) {
+				if err := nodes[0].Ask(ctx, to, payload128, &resp); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "asks/s")
+}
+
 // BenchmarkTellReliableOffline: durable enqueue to a peer that is down, with
 // 1, 8 and 64 concurrent senders.
 func BenchmarkTellReliableOffline(b *testing.B) {

@@ -11,20 +11,22 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// askPhase measures sequential round trips: meshnode Ask, NATS
-// request-reply and a raw quic-go echo, each replying with the payload.
+// askPhase measures sequential round trips (meshnode Ask, NATS
+// request-reply and a raw quic-go echo, each replying with the payload),
+// then the round trips per second of cfg.Askers concurrent askers sharing
+// one connection and one replier (meshnode and NATS).
 func (e *env) askPhase() ([]Row, error) {
 	payload := make([]byte, e.cfg.Payload)
-	m50, m99, err := e.meshAsk(payload)
+	m, err := e.meshAsk(payload)
 	if err != nil {
 		return nil, err
 	}
-	e.cfg.logf("ask: meshnode p50 %v p99 %v", m50, m99)
-	n50, n99, err := e.natsRequest(payload)
+	e.cfg.logf("ask: meshnode p50 %v p99 %v; %d askers %.0f/s", m.p50, m.p99, e.cfg.Askers, m.rate)
+	n, err := e.natsRequest(payload)
 	if err != nil {
 		return nil, err
 	}
-	e.cfg.logf("ask: NATS p50 %v p99 %v", n50, n99)
+	e.cfg.logf("ask: NATS p50 %v p99 %v; %d askers %.0f/s", n.p50, n.p99, e.cfg.Askers, n.rate)
 	q50, q99, err := e.rawEcho(payload)
 	if err != nil {
 		return nil, err
@@ -40,19 +42,47 @@ func (e *env) askPhase() ([]Row, error) {
 	}
 	note := fmt.Sprintf("%d sequential round trips", e.cfg.Asks)
 	rows := []Row{
-		row("ask p50 vs NATS request-reply", m50, n50, "NATS request-reply", "≤ 1.0×"),
-		row("ask p99 vs NATS request-reply", m99, n99, "NATS request-reply", "≤ 1.0×"),
-		row("ask p50 vs raw quic-go echo", m50, q50, "raw quic-go echo", ""),
-		row("ask p99 vs raw quic-go echo", m99, q99, "raw quic-go echo", ""),
+		row("ask p50 vs NATS request-reply", m.p50, n.p50, "NATS request-reply", "≤ 1.0×"),
+		row("ask p99 vs NATS request-reply", m.p99, n.p99, "NATS request-reply", "≤ 1.0×"),
+		row("ask p50 vs raw quic-go echo", m.p50, q50, "raw quic-go echo", ""),
+		row("ask p99 vs raw quic-go echo", m.p99, q99, "raw quic-go echo", ""),
 	}
 	rows[0].Note = note
-	return rows, nil
+	concurrent := Row{
+		Phase:      fmt.Sprintf("ask throughput, %d concurrent askers vs NATS request-reply", e.cfg.Askers),
+		Meshnode:   Figure{Value: m.rate, Unit: "asks/s"},
+		Comparison: &Figure{Name: "NATS request-reply", Value: n.rate, Unit: "asks/s"},
+		Ratio:      ratio(m.rate, n.rate),
+		Target:     "≥ 1.0×",
+		Note: fmt.Sprintf("one connection, one replier; p50 / p99 under load: meshnode %.1f / %.1f µs, NATS %.1f / %.1f µs",
+			micros(m.cp50), micros(m.cp99), micros(n.cp50), micros(n.cp99)),
+	}
+	concurrent.Met = yesNo(concurrent.Ratio >= 1.0)
+	return append(rows, concurrent), nil
 }
 
-func (e *env) meshAsk(payload []byte) (p50, p99 time.Duration, err error) {
+// askFigures are one system's ask measurements: sequential latencies, and
+// the rate and latencies of cfg.Askers concurrent askers.
+type askFigures struct {
+	p50, p99   time.Duration
+	rate       float64
+	cp50, cp99 time.Duration
+}
+
+// measureAsks takes both measurements of askFigures; newRT returns a
+// round trip that one goroutine may call repeatedly.
+func (e *env) measureAsks(what string, newRT func() func() error) (f askFigures, err error) {
+	if f.p50, f.p99, err = latencies(e.cfg, what, newRT()); err != nil {
+		return f, err
+	}
+	f.rate, f.cp50, f.cp99, err = concurrentRoundTrips(e.cfg, what, e.cfg.Askers, newRT)
+	return f, err
+}
+
+func (e *env) meshAsk(payload []byte) (askFigures, error) {
 	a, b, err := e.pair("ask")
 	if err != nil {
-		return 0, 0, err
+		return askFigures{}, err
 	}
 	defer func() { _ = a.Close(); _ = b.Close() }()
 	reply := wrapperspb.Bytes(payload)
@@ -60,53 +90,57 @@ func (e *env) meshAsk(payload []byte) (p50, p99 time.Duration, err error) {
 		return reply, nil
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("bench: ask: spawn: %w", err)
+		return askFigures{}, fmt.Errorf("bench: ask: spawn: %w", err)
 	}
 	req := wrapperspb.Bytes(payload)
-	var resp wrapperspb.BytesValue
 	ctx := context.Background()
-	return latencies(e.cfg, "meshnode ask", func() error {
-		if err := a.Ask(ctx, to, req, &resp); err != nil {
-			return err
+	return e.measureAsks("meshnode ask", func() func() error {
+		var resp wrapperspb.BytesValue
+		return func() error {
+			if err := a.Ask(ctx, to, req, &resp); err != nil {
+				return err
+			}
+			if len(resp.GetValue()) != len(payload) {
+				return fmt.Errorf("bench: ask: reply has %d bytes, want %d", len(resp.GetValue()), len(payload))
+			}
+			return nil
 		}
-		if len(resp.GetValue()) != len(payload) {
-			return fmt.Errorf("bench: ask: reply has %d bytes, want %d", len(resp.GetValue()), len(payload))
-		}
-		return nil
 	})
 }
 
-func (e *env) natsRequest(payload []byte) (p50, p99 time.Duration, err error) {
+func (e *env) natsRequest(payload []byte) (askFigures, error) {
 	ns, err := e.startNATS(false, false, "nats-req")
 	if err != nil {
-		return 0, 0, err
+		return askFigures{}, err
 	}
 	defer ns.close()
 	req, err := ns.connect()
 	if err != nil {
-		return 0, 0, err
+		return askFigures{}, err
 	}
 	defer req.Close()
 	rep, err := ns.connect()
 	if err != nil {
-		return 0, 0, err
+		return askFigures{}, err
 	}
 	defer rep.Close()
 	if _, err := rep.Subscribe("bench.ask", func(m *nats.Msg) { _ = m.Respond(payload) }); err != nil {
-		return 0, 0, fmt.Errorf("bench: nats subscribe: %w", err)
+		return askFigures{}, fmt.Errorf("bench: nats subscribe: %w", err)
 	}
 	if err := rep.Flush(); err != nil {
-		return 0, 0, fmt.Errorf("bench: nats flush: %w", err)
+		return askFigures{}, fmt.Errorf("bench: nats flush: %w", err)
 	}
-	return latencies(e.cfg, "NATS request-reply", func() error {
-		m, err := req.Request("bench.ask", payload, 10*time.Second)
-		if err != nil {
-			return err
+	return e.measureAsks("NATS request-reply", func() func() error {
+		return func() error {
+			m, err := req.Request("bench.ask", payload, 10*time.Second)
+			if err != nil {
+				return err
+			}
+			if len(m.Data) != len(payload) {
+				return fmt.Errorf("bench: nats reply has %d bytes, want %d", len(m.Data), len(payload))
+			}
+			return nil
 		}
-		if len(m.Data) != len(payload) {
-			return fmt.Errorf("bench: nats reply has %d bytes, want %d", len(m.Data), len(payload))
-		}
-		return nil
 	})
 }
 

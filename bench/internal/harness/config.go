@@ -28,6 +28,7 @@ type Config struct {
 	N          int           // messages per throughput measurement (upper bound; Duration may end it first)
 	Duration   time.Duration // time per throughput measurement (upper bound; N may end it first)
 	Asks       int           // sequential round trips per latency measurement
+	Askers     int           // concurrent askers of the ask throughput measurement
 	Senders    []int         // concurrent senders of the durable-enqueue phase and of the curves' tells
 	Backlog    int           // messages queued for the drain and RSS phases
 	Actors     int           // idle actors spawned by the actors phase
@@ -48,6 +49,7 @@ func DefaultConfig() Config {
 		N:        1_000_000,       // high enough that Duration ends the fast phases
 		Duration: 2 * time.Second, // per measurement; long enough for a steady rate
 		Asks:     5000,            // round trips for p50/p99
+		Askers:   64,              // many callers sharing one connection and one replier
 		Senders:  []int{1, 8, 64}, // one, a few, and many concurrent senders
 		Backlog:  100_000,         // make bench size; 1_000_000 for the full figure
 		Actors:   100_000,         // the idle-actor memory figure is per actor of 100k
@@ -72,6 +74,8 @@ func (c Config) Validate() error {
 		return bad("duration %v must be positive", c.Duration)
 	case c.Asks < 1:
 		return bad("asks %d must be positive", c.Asks)
+	case c.Askers < 1 || c.Askers > 4096:
+		return bad("askers %d must be in [1, 4096]", c.Askers)
 	case len(c.Senders) == 0:
 		return bad("senders: need at least one level")
 	case c.Backlog < 1:

@@ -33,6 +33,7 @@ func tinyConfig(tb testing.TB) Config {
 	cfg.N = 3000
 	cfg.Duration = 300 * time.Millisecond
 	cfg.Asks = 50
+	cfg.Askers = 8
 	cfg.Senders = []int{1, 4}
 	cfg.Backlog = 3000
 	cfg.Actors = 2000
@@ -58,6 +59,7 @@ func TestConfigValidate(t *testing.T) {
 		{"zero asks", func(c *Config) { c.Asks = 0 }, false},
 		{"no senders", func(c *Config) { c.Senders = nil }, false},
 		{"negative senders", func(c *Config) { c.Senders = []int{1, -1} }, false},
+		{"zero askers", func(c *Config) { c.Askers = 0 }, false},
 		{"zero backlog", func(c *Config) { c.Backlog = 0 }, false},
 		{"zero actors", func(c *Config) { c.Actors = 0 }, false},
 		{"no workdir", func(c *Config) { c.WorkDir = "" }, false},
@@ -94,6 +96,7 @@ func TestRunEveryPhase(t *testing.T) {
 	want := map[string]int{ // phase prefix -> rows expected
 		"tell vs":                 2,
 		"ask p":                   4,
+		"ask throughput":          1,
 		"bbolt commit latency":    1,
 		"tell-reliable offline s": 2*4 + 1 + 1, // four per level, the N-record bound for s>1, one recipient per sender
 		"tell-reliable pipelined": 2,           // vs JetStream async, default sync and sync-always

@@ -1,8 +1,10 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -96,3 +98,51 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// concurrentRoundTrips runs workers goroutines, each with its own round
+// trip from newRT, back to back until cfg.Duration has passed or cfg.N
+// round trips are done in all. It returns the round trips per second and
+// the p50 and p99 of their latencies.
+func concurrentRoundTrips(cfg Config, what string, workers int, newRT func() func() error) (rate float64, p50, p99 time.Duration, err error) {
+	rts := make([]func() error, workers)
+	for i := range rts {
+		rts[i] = newRT()
+	}
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+		errs  = make([]error, workers)
+		lats  = make([][]time.Duration, workers)
+	)
+	start := time.Now()
+	end := start.Add(cfg.Duration)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for total.Load() < int64(cfg.N) {
+				t0 := time.Now()
+				if !t0.Before(end) {
+					return
+				}
+				if err := rts[w](); err != nil {
+					errs[w] = fmt.Errorf("bench: %s: asker %d, round trip %d: %w", what, w, len(lats[w]), err)
+					return
+				}
+				lats[w] = append(lats[w], time.Since(t0))
+				total.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return 0, 0, 0, err
+	}
+	all := slices.Concat(lats...)
+	if len(all) == 0 {
+		return 0, 0, 0, fmt.Errorf("bench: %s: no round trip finished in %v", what, cfg.Duration)
+	}
+	slices.Sort(all)
+	return float64(len(all)) / elapsed.Seconds(), percentile(all, 50), percentile(all, 99), nil
+}
