@@ -46,13 +46,14 @@ type actor struct {
 
 // delivery is one message in an actor's mailbox.
 type delivery struct {
-	env        *pb.Envelope
-	body       proto.Message     // local path: the sender's value
-	senderNode string            // node that sent it, as verified by TLS
+	// Message is what the handler gets (envelope, the local sender's
+	// value, the stream, the node that sent it as verified by TLS). It
+	// lives in the delivery so that handing it over allocates nothing; a
+	// handler that keeps it keeps the delivery.
+	Message
 	receipt    func(*pb.Receipt) // reliable: receipt to the sender; nil otherwise
 	replyCh    chan<- localReply // local ask: where the reply goes
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
-	stream     StreamID          // reliable: the stream it belongs to
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
 	values     context.Context   // local tell or ask: the caller's context, for its values
@@ -167,7 +168,7 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{err: err}
 	case d.remoteAsk:
-		a.n.respond(d.senderNode, d.env, nil, err)
+		a.n.respond(d.from, d.env, nil, err)
 	}
 }
 
@@ -209,7 +210,7 @@ func (a *actor) handle(d *delivery) {
 	if d.values != nil {
 		ctx = valueContext{Context: ctx, values: d.values}
 	}
-	reply, err := a.call(ctx, &Message{env: env, body: d.body, from: d.senderNode})
+	reply, err := a.call(ctx, &d.Message)
 	a.answer(d, reply, err)
 }
 
@@ -219,7 +220,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
-		a.n.respond(d.senderNode, d.env, reply, err)
+		a.n.respond(d.from, d.env, reply, err)
 	case err != nil:
 		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", d.env.GetMsgId(), "err", err)
 	}
@@ -280,7 +281,7 @@ func (a *actor) handleStream(d *delivery) {
 	}
 	var keys [][]byte
 	if k := env.GetIdempotencyKey(); k != "" {
-		scoped := outbox.ScopedKey(d.senderNode, a.name, k)
+		scoped := outbox.ScopedKey(d.from, a.name, k)
 		seen, err := n.store.KeySeen(scoped)
 		if err != nil {
 			rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
@@ -300,7 +301,7 @@ func (a *actor) handleStream(d *delivery) {
 		timeout = min(timeout, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
 	}
 	ctx := withLazyDeadline(n.ctx, time.Now().Add(timeout))
-	reply, herr := a.call(ctx, &Message{env: env, body: d.body, stream: d.stream, from: d.senderNode})
+	reply, herr := a.call(ctx, &d.Message)
 	ctx.release()
 	if isRequest(env) && (herr == nil || mailbox.IsPermanent(herr)) {
 		if err := a.storeReply(d, reply, herr); err != nil {

@@ -130,7 +130,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	seq, prev := env.GetSequence(), env.GetPrevSequence()
 	var scoped []byte
 	if k := env.GetIdempotencyKey(); k != "" {
-		scoped = outbox.ScopedKey(d.senderNode, a.name, k)
+		scoped = outbox.ScopedKey(d.from, a.name, k)
 		if _, dup := b.keys[string(scoped)]; dup {
 			n.in.release(st)
 			return true
@@ -214,7 +214,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	}
 	b.last[st] = seq
 	b.items = append(b.items, it)
-	b.msgs = append(b.msgs, &Message{env: env, body: d.body, stream: d.stream, from: d.senderNode})
+	b.msgs = append(b.msgs, &d.Message)
 	return false
 }
 

@@ -113,7 +113,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0, 0)
 		return
 	}
-	d := &delivery{env: env, senderNode: from.Name, receipt: reply, remoteAsk: ask}
+	d := &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask}
 	if t := env.GetTtlMs(); t > 0 {
 		d.deadlineMs = arrival + t
 	}

@@ -85,12 +85,12 @@ func isRequest(env *pb.Envelope) bool {
 func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
 	n, req := a.n, d.env
 	to, ok := parseLoose(req.GetRpc().GetReplyTo())
-	if !ok || to.Node != d.senderNode || to.Validate() != nil {
+	if !ok || to.Node != d.from || to.Validate() != nil {
 		// A responder answers only the node that sent the request, as TLS
 		// verified it: anything else would let one node aim replies at
 		// another's actors.
 		n.log.Warn("reliable request asks for its reply elsewhere than its sender's node; no reply sent",
-			"actor", a.name, "sender", d.senderNode, "reply_to", req.GetRpc().GetReplyTo())
+			"actor", a.name, "sender", d.from, "reply_to", req.GetRpc().GetReplyTo())
 		return nil
 	}
 	corr := req.GetRpc().GetCorrelationId()

@@ -60,7 +60,7 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
-	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_EVENT), body: c.Request, senderNode: n.name}
+	d := &delivery{Message: Message{env: n.callEnvelope(c, pb.RpcMeta_EVENT), body: c.Request, from: n.name}}
 	n.localDeadline(ctx, d)
 	if err := a.post(d); err != nil {
 		n.stats.tellFailed.Add(1)
@@ -244,7 +244,7 @@ func (n *Node) askLocal(ctx context.Context, c *Call) error {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
-	d := &delivery{env: n.callEnvelope(c, pb.RpcMeta_REQUEST), body: c.Request, senderNode: n.name, replyCh: ch}
+	d := &delivery{Message: Message{env: n.callEnvelope(c, pb.RpcMeta_REQUEST), body: c.Request, from: n.name}, replyCh: ch}
 	n.localDeadline(ctx, d)
 	if err := a.post(d); err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
