@@ -35,6 +35,7 @@ test-short:
 
 lint:
 	$(GOLANGCI) run $(PKGS)
+	cd bench && $(GOLANGCI) run ./...
 
 # protoc comes from Debian's protobuf-compiler; protoc-gen-go is pinned in
 # go.mod (tool directive); protoc-gen-meshnode is built from this repository.

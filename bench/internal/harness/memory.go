@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -64,7 +65,7 @@ func runChild(jobJSON string) childResult {
 	if err != nil {
 		return childResult{Err: err.Error()}
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	cfg := DefaultConfig()
 	cfg.Payload, cfg.Backlog, cfg.WorkDir = job.Payload, job.Backlog, job.WorkDir
 	e, err := newEnv(cfg, dir)
@@ -144,10 +145,10 @@ func (e *env) rssPhase() ([]Row, error) {
 	var res childResult
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		return nil, fmt.Errorf("%w: %v; stdout %q, stderr %q", ErrChild, runErr, stdout.String(), stderr.String())
+		return nil, fmt.Errorf("%w: no result (exit: %w); stdout %q, stderr %q", ErrChild, exitErr(runErr), stdout.String(), stderr.String())
 	}
 	if res.Err != "" || runErr != nil {
-		return nil, fmt.Errorf("%w: %s (%v)", ErrChild, res.Err, runErr)
+		return nil, fmt.Errorf("%w: %s (exit: %w)", ErrChild, res.Err, exitErr(runErr))
 	}
 	mb := func(kb int64) float64 { return float64(kb) / 1024 }
 	e.cfg.logf("rss: %.1f MB with %d queued (baseline %.1f MB)", mb(res.RSSKB), e.cfg.Backlog, mb(res.BaselineKB))
@@ -327,4 +328,12 @@ func goroutinePerActor(k int) float64 {
 	wg.Wait()
 	runtime.KeepAlive(chans)
 	return float64(int64(after)-int64(before)) / float64(k)
+}
+
+// exitErr is the child's exit error, or one saying it exited cleanly.
+func exitErr(err error) error {
+	if err == nil {
+		return errors.New("status 0")
+	}
+	return err
 }

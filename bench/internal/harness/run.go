@@ -22,7 +22,7 @@ func Run(cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: create run directory: %w", err)
 	}
-	defer os.RemoveAll(dir)
+	defer func() { _ = os.RemoveAll(dir) }()
 	e, err := newEnv(cfg, dir)
 	if err != nil {
 		return nil, err
