@@ -119,6 +119,21 @@ func BenchmarkRemoteTell(b *testing.B) {
 	nodes := cluster(b, 2)
 	got, to := counter(b, nodes[1], "c", 1<<16, int64(b.N))
 	tellAll(b, nodes[0], to, got)
+	reportFramesPerWrite(b, nodes)
+}
+
+// reportFramesPerWrite reports how many frames each node's stream writes
+// carried on average: how well its sends were batched.
+func reportFramesPerWrite(b *testing.B, nodes []*node.Node) {
+	for i, nd := range nodes {
+		var frames, writes uint64
+		for _, ps := range nd.PeerStats() {
+			frames, writes = frames+ps.FramesOut, writes+ps.WritesOut
+		}
+		if writes > 0 {
+			b.ReportMetric(float64(frames)/float64(writes), fmt.Sprintf("frames/write-n%d", i))
+		}
+	}
 }
 
 // BenchmarkRemoteTellLarge: Tells of large messages from several
@@ -229,6 +244,7 @@ func BenchmarkRemoteAskConcurrent(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "asks/s")
+	reportFramesPerWrite(b, nodes)
 }
 
 // BenchmarkTellReliableOffline: durable enqueue to a peer that is down, with

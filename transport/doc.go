@@ -68,6 +68,11 @@
 //     lane's mutex into pooled 64 KiB chunks (frames of a RequestBatch are
 //     contiguous); the writer takes all chunks at once and writes each with
 //     one Write. No allocation per frame, and an idle lane holds no buffer.
+//     After a write the writer yields its core once before waiting again:
+//     callers woken together (askers released by one burst of replies)
+//     then queue their frames before it runs, and one write and one QUIC
+//     packet carry many of them instead of one each. PeerStats.WritesOut
+//     counts the writes (FramesOut / WritesOut frames per write).
 //   - Frame encoding writes the pb.Frame wrapper (oneof tag and length) by
 //     hand around the envelope or receipt, computing its size once; the
 //     bytes are identical to marshalling a pb.Frame. Lane readers decode

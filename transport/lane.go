@@ -2,6 +2,7 @@ package transport
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -380,6 +381,7 @@ func (l *lane) run() {
 			}
 			c.stats.framesOut.Add(uint64(n))
 			c.stats.bytesOut.Add(uint64(bytes))
+			c.stats.writesOut.Add(uint64(len(out)))
 		}
 		for i, ch := range out {
 			if ch != nil {
@@ -388,6 +390,17 @@ func (l *lane) run() {
 			}
 		}
 		spare = out
+		if n > 0 {
+			// Let the goroutines this write's wake-up queued behind us run
+			// before we wait again. A sender's signal makes this goroutine
+			// the next to run on its core, so without the yield, callers
+			// woken together (the askers one burst of replies releases)
+			// alternate with the writer and each frame becomes a write and
+			// a QUIC packet of its own; with it, they queue their frames
+			// first and the next write takes them all. What was just
+			// written is already on its way: a lone sender waits no longer.
+			runtime.Gosched()
+		}
 		if fin != nil {
 			l.mu.Lock()
 			empty := l.n == 0

@@ -56,7 +56,11 @@ type Handler interface {
 // its connections.
 type PeerStats struct {
 	FramesIn, FramesOut, BytesIn, BytesOut uint64
-	Connected                              bool // a connection to the peer is open now
+	// WritesOut counts the stream writes that carried FramesOut:
+	// FramesOut / WritesOut is how many frames one write took on average
+	// (frames queued while the lane was busy go out together).
+	WritesOut uint64
+	Connected bool // a connection to the peer is open now
 }
 
 // peer is the per-name state: the current connection, a dial in progress,
@@ -64,6 +68,7 @@ type PeerStats struct {
 type peer struct {
 	name                                   string
 	framesIn, framesOut, bytesIn, bytesOut atomic.Uint64
+	writesOut                              atomic.Uint64
 
 	// Guarded by Transport.mu.
 	conn       *conn
@@ -663,6 +668,7 @@ func (t *Transport) PeerStats() map[string]PeerStats {
 			FramesOut: p.framesOut.Load(),
 			BytesIn:   p.bytesIn.Load(),
 			BytesOut:  p.bytesOut.Load(),
+			WritesOut: p.writesOut.Load(),
 			Connected: p.conn != nil,
 		}
 	}
