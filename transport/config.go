@@ -29,7 +29,7 @@ type Config struct {
 	DataDir    string   // the stateless-reset key is persisted as DataDir/quic-reset.key; "" = random per run
 
 	MaxFrameSize   int // largest frame sent or accepted; a larger length prefix is refused before allocating
-	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull
+	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull (a batch of any count fits an empty queue)
 	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
 	Lanes          int // unidirectional envelope streams per connection and direction
 
@@ -49,6 +49,8 @@ type Config struct {
 
 	// helloHook lets tests send a different Hello (see export_test.go).
 	helloHook func(*pb.Hello)
+	// maxReceipts overrides maxQueuedReceipts in tests; 0 = the default.
+	maxReceipts int
 }
 
 // DefaultConfig returns a Config with every field set except Identity,

@@ -111,13 +111,19 @@
 //     *QueueFullError, which wraps ErrQueueFull and says when to retry: the
 //     time to write the excess at the rate the connection has been writing,
 //     and at least as long as no write has completed (1 ms to 1 s). One
-//     frame always fits an empty queue. Near the byte
+//     frame, and one batch of any count (a relay emission larger than
+//     SendQueueSize), always fits an empty queue. Near the byte
 //     bound a send is refused before its frame is encoded, and Admit lets
 //     a caller ask before it marshals a body, so senders retrying large
-//     messages cost the connection they wait for nothing. Receipts have
-//     their own bound of SendQueueSize on the control lane; a receipt that
-//     does not fit is dropped with a log (the requester's DeliverTimeout or
-//     context then retries it), because reply must not block.
+//     messages cost the connection they wait for nothing. Receipts are
+//     never refused for room while the peer reads them: they answer
+//     envelopes already taken, and a group commit answers hundreds at once,
+//     more than the peer's send queue bounds (a receipt dropped there left
+//     its request waiting for its timeout on a healthy connection). Their
+//     queue on the control lane holds at least 65,536 (or SendQueueSize);
+//     only a peer that stops reading them fills it, and that connection is
+//     closed (CodeProtocol), failing the peer's waiting requests at once,
+//     because reply must not block.
 //   - Simultaneous dials: both sides keep the connection dialed by the
 //     lexically smaller node name and close the other with CodeDuplicate;
 //     waiters on the closed one get ErrConnLost; a dial that lost the

@@ -9,6 +9,10 @@ import (
 
 // Test hooks for the external test package.
 
+// SetMaxQueuedReceipts makes a transport built from cfg hold at most n
+// receipts for its control lane's writer.
+func SetMaxQueuedReceipts(cfg *Config, n int) { cfg.maxReceipts = n }
+
 // SetHelloHook makes a transport built from cfg send the Hello that f edits.
 func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }
 

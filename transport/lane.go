@@ -56,7 +56,10 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	limit := int64(c.t.cfg.SendQueueSize)
 	for {
 		cur := c.queued.Load()
-		if cur+k > limit {
+		if cur+k > limit && cur > 0 {
+			// Over the bound, unless the queue is empty: a batch larger
+			// than SendQueueSize (a relay emission) would otherwise never
+			// fit, as one frame up to MaxFrameSize fits the byte bound.
 			return c.full(cur, "envelopes", c.perEnvelope()*(cur+k-limit))
 		}
 		if c.queued.CompareAndSwap(cur, cur+k) {
@@ -238,6 +241,8 @@ func (g *largeGate) release(l *lane) {
 }
 
 // enqueueReceipt queues a receipt on the control lane; it never blocks.
+// It refuses one only when the connection is gone or the peer reads no
+// receipts (maxQueuedReceipts), and then the connection is closed.
 func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 	eb := encBufs.Get().(*encBuf)
 	defer func() {
@@ -254,15 +259,39 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, l.c.peer.Name)
 	}
-	if l.n >= l.c.t.cfg.SendQueueSize {
+	if n := l.n; n >= l.c.t.maxQueuedReceipts() {
 		l.mu.Unlock()
-		return fmt.Errorf("%w: %d receipts queued for %s", ErrQueueFull, l.n, l.c.peer.Name)
+		err := fmt.Errorf("%w: %d receipts wait for %s, which does not read them", ErrQueueFull, n, l.c.peer.Name)
+		l.c.protocolError(CodeProtocol, err.Error())
+		return err
 	}
 	l.appendLocked(eb.b)
 	l.n++
 	l.mu.Unlock()
 	l.signal()
 	return nil
+}
+
+// minQueuedReceipts is the least number of receipts a connection's control
+// lane holds for its writer (maxQueuedReceipts), ~4 MiB of them.
+const minQueuedReceipts = 1 << 16
+
+// maxQueuedReceipts bounds the receipts waiting for the control lane's
+// writer. Each answers an envelope this node already took, and a group
+// commit answers hundreds at once, faster than the writer takes them,
+// while neither side's SendQueueSize bounds how many envelopes are in
+// flight: so a healthy peer must never meet this bound, and it is at
+// least minQueuedReceipts whatever SendQueueSize is. Only a peer that
+// stops reading its receipts (QUIC's flow control then stops the writer)
+// fills it; enqueueReceipt then closes the connection, which fails the
+// peer's waiting requests at once (they are sent again on the next
+// connection and answered as duplicates) instead of dropping a receipt
+// and leaving them to their timeout.
+func (t *Transport) maxQueuedReceipts() int {
+	if t.cfg.maxReceipts > 0 {
+		return t.cfg.maxReceipts
+	}
+	return max(t.cfg.SendQueueSize, minQueuedReceipts)
 }
 
 // finish queues a GoAway as the last frame; the returned channel closes
