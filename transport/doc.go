@@ -120,8 +120,9 @@
 //     envelopes already taken, and a group commit answers hundreds at once,
 //     more than the peer's send queue bounds (a receipt dropped there left
 //     its request waiting for its timeout on a healthy connection). Their
-//     queue on the control lane holds at least 65,536 (or SendQueueSize);
-//     only a peer that stops reading them fills it, and that connection is
+//     queue on the control lane holds at least 65,536 (or SendQueueSize)
+//     and at most SendQueueBytes of them, counted until written; only a
+//     peer that stops reading them fills it, and that connection is
 //     closed (CodeProtocol), failing the peer's waiting requests at once,
 //     because reply must not block.
 //   - Simultaneous dials: both sides keep the connection dialed by the

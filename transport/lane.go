@@ -29,6 +29,9 @@ type lane struct {
 	// writing is when run's last Write began (unix ns): how long a lane
 	// holding a large-frame slot has been blocked (largeGate).
 	writing atomic.Int64
+	// unwritten counts the control lane's receipt bytes queued or being
+	// written, until each chunk's Write returns (maxQueuedReceipts).
+	unwritten atomic.Int64
 
 	// mu guards the fields below.
 	mu       sync.Mutex
@@ -259,13 +262,15 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, l.c.peer.Name)
 	}
-	if n := l.n; n >= l.c.t.maxQueuedReceipts() {
+	size := int64(len(eb.b))
+	if n, held := l.n, l.unwritten.Load(); n >= l.c.t.maxQueuedReceipts() || (held > 0 && held+size > int64(l.c.t.cfg.SendQueueBytes)) {
 		l.mu.Unlock()
-		err := fmt.Errorf("%w: %d receipts wait for %s, which does not read them", ErrQueueFull, n, l.c.peer.Name)
+		err := fmt.Errorf("%w: %d receipts (%d bytes) wait for %s, which does not read them", ErrQueueFull, n, held, l.c.peer.Name)
 		l.c.protocolError(CodeProtocol, err.Error())
 		return err
 	}
 	l.appendLocked(eb.b)
+	l.unwritten.Add(size)
 	l.n++
 	l.mu.Unlock()
 	l.signal()
@@ -273,7 +278,7 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 }
 
 // minQueuedReceipts is the least number of receipts a connection's control
-// lane holds for its writer (maxQueuedReceipts), ~4 MiB of them.
+// lane holds for its writer (maxQueuedReceipts).
 const minQueuedReceipts = 1 << 16
 
 // maxQueuedReceipts bounds the receipts waiting for the control lane's
@@ -281,9 +286,11 @@ const minQueuedReceipts = 1 << 16
 // commit answers hundreds at once, faster than the writer takes them,
 // while neither side's SendQueueSize bounds how many envelopes are in
 // flight: so a healthy peer must never meet this bound, and it is at
-// least minQueuedReceipts whatever SendQueueSize is. Only a peer that
-// stops reading its receipts (QUIC's flow control then stops the writer)
-// fills it; enqueueReceipt then closes the connection, which fails the
+// least minQueuedReceipts whatever SendQueueSize is. Their bytes, also
+// those the writer took and is still writing, are bounded by
+// SendQueueBytes, as a peer's envelopes are (a receipt may carry a long
+// message). Only a peer that stops reading its receipts (QUIC's flow
+// control then stops the writer) fills either; enqueueReceipt then closes the connection, which fails the
 // peer's waiting requests at once (they are sent again on the next
 // connection and answered as duplicates) instead of dropping a receipt
 // and leaving them to their timeout.
@@ -306,6 +313,7 @@ func (l *lane) finish(g *pb.GoAway) <-chan struct{} {
 	f := &pb.Frame{Kind: &pb.Frame_Goaway{Goaway: g}}
 	if b, err := AppendFrame(nil, f); err == nil { // our own short reason: never near MaxFrameSize
 		l.appendLocked(b)
+		l.unwritten.Add(int64(len(b)))
 		l.n++
 	}
 	l.signal()
@@ -396,6 +404,8 @@ func (l *lane) run() {
 				if !l.control {
 					c.qbytes.Add(-int64(len(*ch)))
 					c.noteQueue()
+				} else {
+					l.unwritten.Add(-int64(len(*ch)))
 				}
 				chunks.Put(ch)
 				out[i] = nil

@@ -182,3 +182,47 @@ func TestPeerThatReadsNoReceiptsIsDisconnected(t *testing.T) {
 	assertClosedWith(t, evil, transport.CodeProtocol, 10*time.Second)
 	assertGoodPeerWorks(t, srv, good)
 }
+
+// TestReceiptQueueBoundedInBytes: a member sends envelopes asking for
+// receipts and never reads its control stream. The receiver's handler
+// answers each with a receipt that repeats the recipient (as a node's
+// NO_SUCH_ACTOR receipt does: "no actor "+recipient), 15 KB each. The
+// receipts waiting for a writer that flow control stopped must stay within
+// SendQueueBytes (here 8 MiB), not grow to their count bound times their
+// size: the connection is closed long before the heap grows by 64 MiB.
+func TestReceiptQueueBoundedInBytes(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	cfg := testConfig(t, ca, "srv")
+	cfg.MaxFrameSize = 1 << 20
+	cfg.SendQueueBytes = 8 << 20
+	cfg.SendQueueSize = 256
+	srv := startNode(t, cfg, r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+		if reply != nil {
+			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_NO_SUCH_ACTOR, Message: "no actor " + env.GetRecipient()})
+		}
+	}))
+	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
+	s := evil.Lane(t)
+	recipient := strings.Repeat("r", 15000) + "@srv"
+	base := heapInUse()
+	const limit = 64 << 20
+	// 160 MiB of envelopes at most (or 12 s): more than enough to hold
+	// the bound's worth of receipts several times over.
+	deadline := time.Now().Add(12 * time.Second)
+	for sent := 1; sent <= 160<<20/15000 && time.Now().Before(deadline); sent++ {
+		env := envTo(t, recipient, pb.Envelope_RECEIPT_PROCESSED)
+		if err := evil.TrySend(s, env); err != nil {
+			break // closed: the bound worked
+		}
+		if evil.Conn.Context().Err() != nil {
+			break
+		}
+		if sent%1024 == 0 {
+			if grown := heapInUse() - base; grown > limit {
+				t.Fatalf("after %d envelopes (%d MiB sent) the receiver's heap grew by %d MiB for receipts a peer does not read; connection still open (SendQueueBytes %d MiB, SendQueueSize %d)",
+					sent, sent*15000>>20, grown>>20, cfg.SendQueueBytes>>20, cfg.SendQueueSize)
+			}
+		}
+	}
+}
