@@ -290,10 +290,11 @@ const minQueuedReceipts = 1 << 16
 // those the writer took and is still writing, are bounded by
 // SendQueueBytes, as a peer's envelopes are (a receipt may carry a long
 // message). Only a peer that stops reading its receipts (QUIC's flow
-// control then stops the writer) fills either; enqueueReceipt then closes the connection, which fails the
-// peer's waiting requests at once (they are sent again on the next
-// connection and answered as duplicates) instead of dropping a receipt
-// and leaving them to their timeout.
+// control then stops the writer) fills either; enqueueReceipt then
+// closes the connection, which fails the peer's waiting requests at once
+// (they are sent again on the next connection and answered as
+// duplicates) instead of dropping a receipt and leaving them to their
+// timeout.
 func (t *Transport) maxQueuedReceipts() int {
 	if t.cfg.maxReceipts > 0 {
 		return t.cfg.maxReceipts
