@@ -215,7 +215,10 @@ func BenchmarkRemoteAsk(b *testing.B) {
 // at once; reports round trips per second.
 func BenchmarkRemoteAskConcurrent(b *testing.B) {
 	nodes := cluster(b, 2)
-	to, _ := nodes[1].Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+	to, err := nodes[1].Spawn("echo", func(ctx context.Context, m *node.Message) (proto.Message, error) { return payload128, nil })
+	if err != nil {
+		b.Fatal(err)
+	}
 	ctx := context.Background()
 	const askers = 64
 	var next atomic.Int64
@@ -225,9 +228,7 @@ func BenchmarkRemoteAskConcurrent(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for range askers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			var resp wrapperspb.BytesValue
 			for next.Add(1) <= int64(b.N) {
 				if err := nodes[0].Ask(ctx, to, payload128, &resp); err != nil {
@@ -235,7 +236,7 @@ func BenchmarkRemoteAskConcurrent(b *testing.B) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	b.StopTimer()

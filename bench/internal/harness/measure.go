@@ -117,9 +117,7 @@ func concurrentRoundTrips(cfg Config, what string, workers int, newRT func() fun
 	start := time.Now()
 	end := start.Add(cfg.Duration)
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for total.Load() < int64(cfg.N) {
 				t0 := time.Now()
 				if !t0.Before(end) {
@@ -132,7 +130,7 @@ func concurrentRoundTrips(cfg Config, what string, workers int, newRT func() fun
 				lats[w] = append(lats[w], time.Since(t0))
 				total.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
