@@ -243,7 +243,19 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 // OnDrop(old, DroppedOldest) until item fits, item is queued and Post
 // returns nil. After Close, Post returns ErrClosed and does not call
 // OnDrop.
-func (m *Mailbox[T]) Post(item T) error {
+func (m *Mailbox[T]) Post(item T) error { return m.post(item, false) }
+
+// PostLow is Post for an item of low priority: it finds the mailbox full
+// once half of its capacity is queued, in items and, under MaxBytes, in
+// bytes (rounded down: a mailbox of capacity 1 takes no low item), so
+// that the other half stays free for items posted with Post. At that
+// bound it returns a *CapacityError under every overflow strategy, and
+// under DropNewest also drops item; under DropOldest it drops nothing
+// queued, since room made below the bound would be taken from the items
+// the rest is kept for.
+func (m *Mailbox[T]) PostLow(item T) error { return m.post(item, true) }
+
+func (m *Mailbox[T]) post(item T, low bool) error {
 	var size int64
 	if m.maxBytes > 0 {
 		size = m.size(item)
@@ -253,8 +265,15 @@ func (m *Mailbox[T]) Post(item T) error {
 		m.mu.Unlock()
 		return ErrClosed
 	}
-	if m.fullLocked(size) {
-		switch m.overflow {
+	full, overflow := m.fullLocked(size), m.overflow
+	if low && m.lowFullLocked(size) {
+		full = true
+		if overflow == DropOldest {
+			overflow = Reject
+		}
+	}
+	if full {
+		switch overflow {
 		case DropOldest:
 			var old []T
 			for m.fullLocked(size) {
@@ -486,6 +505,12 @@ func (m *Mailbox[T]) retryAfterLocked(depth int) time.Duration {
 // is empty: any item fits an empty mailbox).
 func (m *Mailbox[T]) fullLocked(size int64) bool {
 	return m.n >= m.capacity || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes)
+}
+
+// lowFullLocked is fullLocked for PostLow: half the capacity, half the
+// bytes.
+func (m *Mailbox[T]) lowFullLocked(size int64) bool {
+	return m.n >= m.capacity/2 || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes/2)
 }
 
 func (m *Mailbox[T]) pushLocked(item T, size int64) {

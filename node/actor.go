@@ -42,6 +42,12 @@ type actor struct {
 
 	batch    BatchHandler // nil unless spawned WithBatch
 	batchMax int
+
+	// streamWaitsMs is the store's elapsed clock (ms) until which a
+	// reliable message refused or dropped for room is taken to be waiting
+	// to be sent again; until then tells and asks may fill only half of
+	// the mailbox. Zero: none waits.
+	streamWaitsMs atomic.Int64
 }
 
 // delivery is one message in an actor's mailbox.
@@ -136,8 +142,36 @@ func (n *Node) actor(name string) *actor {
 	return a
 }
 
-// post puts d into the actor's mailbox.
-func (a *actor) post(d *delivery) error { return a.mb.Post(d) }
+// post puts a tell's or an ask's delivery into the actor's mailbox.
+// While a reliable message waits for room, they may fill only half of it:
+// a flood of tells that keeps a mailbox full would otherwise take every
+// slot the handler frees before the reliable message's next attempt
+// arrives, and starve its stream for as long as the flood lasts.
+func (a *actor) post(d *delivery) error {
+	if w := a.streamWaitsMs.Load(); w != 0 && a.n.store.ElapsedMs() < w {
+		return a.mb.PostLow(d)
+	}
+	return a.mb.Post(d)
+}
+
+// postStream puts a reliable message's delivery into the actor's mailbox.
+func (a *actor) postStream(d *delivery) error {
+	err := a.mb.Post(d)
+	var ce *CapacityError
+	if errors.As(err, &ce) {
+		a.streamWaits(ce.RetryAfter)
+	}
+	return err
+}
+
+// streamWaits keeps half the mailbox for reliable messages while one,
+// refused or dropped for room, waits the hint it was given: twice the
+// hint and a second more, since its sender may be slower to come back.
+// Each refusal extends it; a stream that gets in is refused no more, and
+// the reservation lapses.
+func (a *actor) streamWaits(hint time.Duration) {
+	a.streamWaitsMs.Store(a.n.store.ElapsedMs() + (2*hint + time.Second).Milliseconds())
+}
 
 // dropped is the mailbox's dead-letter hook: count it and answer whoever
 // waits. A reliable message dropped for room gets CAPACITY: its sender
@@ -147,6 +181,9 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	d.uncharge()
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
+	if r == mailbox.DroppedOldest && d.stream != (StreamID{}) {
+		a.streamWaits(10 * time.Millisecond)
+	}
 	if r == mailbox.DroppedNewest {
 		// Post also returns the error for the incoming message, and its
 		// caller answers; answering here too would send two receipts.

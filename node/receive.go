@@ -143,7 +143,12 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		}
 		return
 	}
-	err := a.post(d)
+	var err error
+	if stream {
+		err = a.postStream(d)
+	} else {
+		err = a.post(d)
+	}
 	if err == nil {
 		return
 	}
