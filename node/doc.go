@@ -218,6 +218,11 @@
 //     carries its own msg id; the sequence is the message's stable name.
 //   - A NO_SUCH_ACTOR answer while the receiver is within its SpawnGrace (2
 //     min after Start) tells the sender to wait, uncounted.
+//   - Once a reliable message is refused or dropped for room, tells and
+//     asks to that actor may fill only half of its mailbox, for twice the
+//     retry hint the message was given and a second more: a flood of tells
+//     cannot take every slot its handler frees before the stream's next
+//     attempt.
 //   - Local messages are passed by pointer, not copied: do not modify a
 //     message after sending it.
 //   - A reliable request's reply (WithReplyTo) goes only to an actor of the
