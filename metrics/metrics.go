@@ -97,6 +97,7 @@ var (
 	dGossip     = newDesc("meshnode_gossip_bytes_total", "Gossip bytes (membership: probes, gossip, push/pull, joins) this node sent and received, by direction.", prometheus.CounterValue, "direction")
 	dConns      = newDesc("meshnode_connections", "QUIC connections open to peers now (idle ones are closed after transport.Config.IdleConnTimeout).", prometheus.GaugeValue)
 	dPeerBytes  = newDesc("meshnode_peer_bytes_total", "QUIC payload bytes exchanged with one peer, by direction.", prometheus.CounterValue, "peer", "direction")
+	dPeerWrites = newDesc("meshnode_peer_writes_total", "QUIC stream writes that carried this node's frames to one peer; frames out per write is how many frames one write took (frames queued while a write was under way go out together).", prometheus.CounterValue, "peer")
 
 	dMailboxDepth = newDesc("meshnode_mailbox_depth", "Messages queued in one actor's mailbox (actors that never held a message are left out).", prometheus.GaugeValue, "actor")
 	dMailboxDrops = newDesc("meshnode_mailbox_drops_total", "Messages one actor's mailbox dropped or refused, by reason: rejected (full), drop-oldest, drop-newest, closed.", prometheus.CounterValue, "actor", "reason")
@@ -105,7 +106,7 @@ var (
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit, dFwdRefused, dForwarded,
 	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits,
-	dConns, dGossip, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dMailboxDepth, dMailboxDrops}
+	dConns, dGossip, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dPeerWrites, dMailboxDepth, dMailboxDrops}
 
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
 // concurrent scrapes and observations.
@@ -315,6 +316,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		emit(dPeerFrames, float64(v.FramesOut), p, "out")
 		emit(dPeerBytes, float64(v.BytesIn), p, "in")
 		emit(dPeerBytes, float64(v.BytesOut), p, "out")
+		emit(dPeerWrites, float64(v.WritesOut), p)
 	}
 
 	for _, a := range c.src.ActorStats() {

@@ -125,7 +125,7 @@ func newSource() *fakeSource {
 		outbox: node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"a": 4},
 			OldestAge: 2 * time.Second, Fsyncs: 9, Enqueued: 11}, LimitByPeer: map[string]int{"a": 10, "c": 1}},
 		actors: []node.ActorStats{{Name: "idle"}, {Name: "busy"}},
-		peers:  map[string]transport.PeerStats{"a": {FramesIn: 1, FramesOut: 2, BytesIn: 30, BytesOut: 40, Connected: true}, "b": {}},
+		peers:  map[string]transport.PeerStats{"a": {FramesIn: 1, FramesOut: 2, BytesIn: 30, BytesOut: 40, WritesOut: 5, Connected: true}, "b": {}},
 	}
 }
 
@@ -163,6 +163,7 @@ func TestCollectorValues(t *testing.T) {
 		{"meshnode_outbox_peer_depth", []string{"peer", "a"}, 4},
 		{"meshnode_outbox_aimd_limit", []string{"peer", "c"}, 1},
 		{"meshnode_peer_bytes_total", []string{"peer", "a", "direction", "out"}, 40},
+		{"meshnode_peer_writes_total", []string{"peer", "a"}, 5},
 		{"meshnode_connections", nil, 1},
 		{"meshnode_gossip_bytes_total", []string{"direction", "sent"}, 31},
 		{"meshnode_gossip_bytes_total", []string{"direction", "received"}, 32},
@@ -190,7 +191,7 @@ func TestCollectorValues(t *testing.T) {
 func TestPerPeerSeriesAreConsistent(t *testing.T) {
 	src := newSource()
 	c := metrics.New(src)
-	perPeer := []string{"meshnode_outbox_peer_depth", "meshnode_outbox_aimd_limit", "meshnode_peer_frames_total", "meshnode_peer_bytes_total"}
+	perPeer := []string{"meshnode_outbox_peer_depth", "meshnode_outbox_aimd_limit", "meshnode_peer_frames_total", "meshnode_peer_bytes_total", "meshnode_peer_writes_total"}
 	check := func(fams map[string]*dto.MetricFamily, peers ...string) {
 		t.Helper()
 		for _, name := range perPeer {
