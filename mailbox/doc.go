@@ -13,9 +13,11 @@
 //     return a *CapacityError (errors.Is(err, ErrMailboxFull)) with a
 //     positive RetryAfter; every dropped item (DropOldest, DropNewest, Close,
 //     a panicking Handle) reaches OnDrop and is counted in Stats.
-//   - PostLow is Post for items of low priority: it finds the mailbox full
-//     at half its capacity (and half of MaxBytes), under every strategy, so
-//     the other half stays free for Post; it never drops queued items.
+//   - PostLow is Post for items of low priority: the queued items that
+//     came by it take at most half of the capacity (at least one item) and
+//     of MaxBytes, and leave room for a given size; over that, or when the
+//     mailbox is full, it refuses under every strategy and never drops a
+//     queued item. Post's items may still fill the whole mailbox.
 //   - Handle runs for one item at a time, in FIFO order; items of one poster
 //     are handled in the order that poster's Posts succeeded.
 //   - An idle Mailbox holds no goroutine and no queue buffer (about 240 bytes

@@ -159,7 +159,7 @@ type Stats struct {
 	Bytes          int64         // Size of the items queued now (0 without MaxBytes)
 	MaxBytes       int64         // maximum Bytes (0: none)
 	Processed      uint64        // Handle calls that returned (including panics)
-	Rejected       uint64        // Posts refused under Reject
+	Rejected       uint64        // Posts refused under Reject, and PostLows refused under DropOldest
 	DroppedOldest  uint64        // items evicted under DropOldest
 	DroppedNewest  uint64        // items refused under DropNewest
 	DroppedClosed  uint64        // items still queued at Close
@@ -201,16 +201,21 @@ type Mailbox[T any] struct {
 	mu sync.Mutex
 	// buf is a ring of len(buf) slots holding n items from head. It grows
 	// by doubling up to capacity and is released when drained.
-	buf     []T
-	head    int
-	n       int
-	bytes   int64         // Size of the queued items (with maxBytes)
-	running bool          // a handler goroutine exists
-	closed  bool          // Close was called
-	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
-	ewmaNs  float64       // EWMA of the handle time per item in ns; 0 until the first sample
-	taken   int           // items the running Handle took with TakeIf
-	stats   Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
+	buf   []T
+	head  int
+	n     int
+	bytes int64 // Size of the queued items (with maxBytes)
+	// low marks, slot for slot with buf, the items that came by PostLow;
+	// nil until one did. lowN and lowBytes count them.
+	low      []bool
+	lowN     int
+	lowBytes int64
+	running  bool          // a handler goroutine exists
+	closed   bool          // Close was called
+	idle     chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
+	ewmaNs   float64       // EWMA of the handle time per item in ns; 0 until the first sample
+	taken    int           // items the running Handle took with TakeIf
+	stats    Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
 }
 
 // New returns an idle mailbox. It starts no goroutine.
@@ -243,19 +248,20 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 // OnDrop(old, DroppedOldest) until item fits, item is queued and Post
 // returns nil. After Close, Post returns ErrClosed and does not call
 // OnDrop.
-func (m *Mailbox[T]) Post(item T) error { return m.post(item, false) }
+func (m *Mailbox[T]) Post(item T) error { return m.post(item, false, 0) }
 
-// PostLow is Post for an item of low priority: it finds the mailbox full
-// once half of its capacity is queued, in items and, under MaxBytes, in
-// bytes (rounded down: a mailbox of capacity 1 takes no low item), so
-// that the other half stays free for items posted with Post. At that
-// bound it returns a *CapacityError under every overflow strategy, and
-// under DropNewest also drops item; under DropOldest it drops nothing
-// queued, since room made below the bound would be taken from the items
-// the rest is kept for.
-func (m *Mailbox[T]) PostLow(item T) error { return m.post(item, true) }
+// PostLow is Post for an item of low priority, while the mailbox keeps
+// room for items posted with Post: the queued items that came by PostLow
+// may take at most half of the capacity (at least one item), at most half
+// of MaxBytes, and under MaxBytes at most MaxBytes - keepBytes (keepBytes
+// is the size of an item expected back; it may exceed MaxBytes, and then
+// no low item is taken). At that bound, or when the mailbox is full, it
+// returns a *CapacityError under every overflow strategy, and under
+// DropNewest also drops item; under DropOldest it drops nothing queued,
+// since the oldest may be what the room is kept for.
+func (m *Mailbox[T]) PostLow(item T, keepBytes int64) error { return m.post(item, true, keepBytes) }
 
-func (m *Mailbox[T]) post(item T, low bool) error {
+func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 	var size int64
 	if m.maxBytes > 0 {
 		size = m.size(item)
@@ -266,8 +272,8 @@ func (m *Mailbox[T]) post(item T, low bool) error {
 		return ErrClosed
 	}
 	full, overflow := m.fullLocked(size), m.overflow
-	if low && m.lowFullLocked(size) {
-		full = true
+	if low {
+		full = full || m.lowFullLocked(size, keepBytes)
 		if overflow == DropOldest {
 			overflow = Reject
 		}
@@ -279,7 +285,7 @@ func (m *Mailbox[T]) post(item T, low bool) error {
 			for m.fullLocked(size) {
 				old = append(old, m.popLocked())
 			}
-			m.pushLocked(item, size)
+			m.pushLocked(item, size, false)
 			m.stats.DroppedOldest += uint64(len(old))
 			// A runner must exist: the queue was non-empty and runners only
 			// exit on an empty queue.
@@ -301,7 +307,7 @@ func (m *Mailbox[T]) post(item T, low bool) error {
 			return err
 		}
 	}
-	m.pushLocked(item, size)
+	m.pushLocked(item, size, low)
 	if !m.running {
 		m.running = true
 		m.stats.Wakeups++
@@ -377,7 +383,7 @@ func (m *Mailbox[T]) Close() {
 	for m.n > 0 {
 		left = append(left, m.popLocked())
 	}
-	m.buf, m.head, m.bytes = nil, 0, 0
+	m.buf, m.low, m.head, m.bytes = nil, nil, 0, 0
 	m.stats.DroppedClosed += uint64(len(left))
 	if !m.running {
 		m.signalIdleLocked()
@@ -452,7 +458,7 @@ func (m *Mailbox[T]) run() {
 	m.running = false
 	if m.n == 0 && len(m.buf) > minRing {
 		// Release a grown buffer: idle actors must stay small.
-		m.buf, m.head = nil, 0
+		m.buf, m.low, m.head = nil, nil, 0
 	}
 	m.signalIdleLocked()
 	m.mu.Unlock()
@@ -507,13 +513,19 @@ func (m *Mailbox[T]) fullLocked(size int64) bool {
 	return m.n >= m.capacity || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes)
 }
 
-// lowFullLocked is fullLocked for PostLow: half the capacity, half the
-// bytes.
-func (m *Mailbox[T]) lowFullLocked(size int64) bool {
-	return m.n >= m.capacity/2 || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes/2)
+// lowFullLocked reports whether a PostLow item of size finds the low
+// items' share taken (PostLow).
+func (m *Mailbox[T]) lowFullLocked(size, keepBytes int64) bool {
+	if m.lowN >= max(1, m.capacity/2) {
+		return true
+	}
+	if m.maxBytes <= 0 {
+		return false
+	}
+	return (m.lowN > 0 && m.lowBytes+size > m.maxBytes/2) || (keepBytes > 0 && m.lowBytes+size > m.maxBytes-keepBytes)
 }
 
-func (m *Mailbox[T]) pushLocked(item T, size int64) {
+func (m *Mailbox[T]) pushLocked(item T, size int64, low bool) {
 	m.bytes += size
 	if m.n == len(m.buf) {
 		m.growLocked()
@@ -523,6 +535,14 @@ func (m *Mailbox[T]) pushLocked(item T, size int64) {
 		i -= len(m.buf)
 	}
 	m.buf[i] = item
+	if low {
+		if m.low == nil {
+			m.low = make([]bool, len(m.buf))
+		}
+		m.low[i] = true
+		m.lowN++
+		m.lowBytes += size
+	}
 	m.n++
 }
 
@@ -530,6 +550,11 @@ func (m *Mailbox[T]) popLocked() T {
 	var zero T
 	item := m.buf[m.head]
 	m.buf[m.head] = zero // release the reference for the GC
+	low := m.low != nil && m.low[m.head]
+	if low {
+		m.low[m.head] = false
+		m.lowN--
+	}
 	m.head++
 	if m.head == len(m.buf) {
 		m.head = 0
@@ -539,7 +564,11 @@ func (m *Mailbox[T]) popLocked() T {
 		m.head = 0
 	}
 	if m.maxBytes > 0 {
-		m.bytes -= m.size(item)
+		size := m.size(item)
+		m.bytes -= size
+		if low {
+			m.lowBytes -= size
+		}
 	}
 	return item
 }
@@ -550,6 +579,14 @@ func (m *Mailbox[T]) growLocked() {
 	k := copy(nb, m.buf[m.head:])
 	if k < m.n {
 		copy(nb[k:], m.buf[:m.n-k])
+	}
+	if m.low != nil {
+		nl := make([]bool, size)
+		copy(nl, m.low[m.head:])
+		if k < m.n {
+			copy(nl[k:], m.low[:m.n-k])
+		}
+		m.low = nl
 	}
 	m.buf, m.head = nb, 0
 }

@@ -9,44 +9,48 @@ import (
 	"github.com/meshnode/meshnode/mailbox"
 )
 
-// PostLow finds a mailbox full at half its capacity under every overflow
-// strategy; Post still fills the other half. Under DropNewest the refused
-// item is dropped, under DropOldest nothing queued is.
+// PostLow's items take at most half of the capacity, under every overflow
+// strategy, however many items Post has queued; Post still fills the rest.
+// Under DropNewest a refused low item is dropped, under DropOldest nothing
+// queued is.
 func TestPostLowKeepsHalfTheMailbox(t *testing.T) {
 	for _, o := range []mailbox.Overflow{mailbox.Reject, mailbox.DropNewest, mailbox.DropOldest} {
 		t.Run(o.String(), func(t *testing.T) {
 			g := newGatedBox(t, 4, o)
-			for i := 1; i <= 2; i++ {
-				if err := g.m.PostLow(i); err != nil {
-					t.Fatalf("PostLow(%d) into a mailbox below half: %v", i, err)
+			if err := g.m.Post(1); err != nil {
+				t.Fatal(err)
+			}
+			for i := 2; i <= 3; i++ {
+				if err := g.m.PostLow(i, 0); err != nil {
+					t.Fatalf("PostLow(%d) within the low half: %v", i, err)
 				}
 			}
-			err := g.m.PostLow(3)
+			err := g.m.PostLow(4, 0)
 			var ce *mailbox.CapacityError
 			if !errors.As(err, &ce) || !errors.Is(err, mailbox.ErrMailboxFull) || ce.RetryAfter <= 0 {
-				t.Fatalf("PostLow(3) at half = %v, want a *CapacityError with a positive RetryAfter", err)
+				t.Fatalf("PostLow(4) over the low half = %v, want a *CapacityError with a positive RetryAfter", err)
 			}
-			for i := 4; i <= 5; i++ {
-				if err := g.m.Post(i); err != nil {
-					t.Fatalf("Post(%d) into the kept half: %v", i, err)
-				}
+			if err := g.m.Post(5); err != nil {
+				t.Fatalf("Post(5) into the kept half: %v", err)
 			}
-			if err := g.m.PostLow(6); err == nil {
+			// Full now (1, 2, 3, 5): a low item evicts nothing, even under
+			// DropOldest.
+			if err := g.m.PostLow(6, 0); err == nil {
 				t.Fatal("PostLow(6) into a full mailbox succeeded")
 			}
 			g.release()
 			if err := g.m.Drain(context.Background()); err != nil {
 				t.Fatal(err)
 			}
-			if got, want := g.handledItems(), []int{0, 1, 2, 4, 5}; !equalInts(got, want) {
+			if got, want := g.handledItems(), []int{0, 1, 2, 3, 5}; !equalInts(got, want) {
 				t.Fatalf("handled %v, want %v", got, want)
 			}
 			dropped, _ := g.drops.snapshot()
 			s := g.m.Stats()
 			switch o {
 			case mailbox.DropNewest:
-				if !equalInts(dropped, []int{3, 6}) || s.DroppedNewest != 2 {
-					t.Fatalf("dropped %v (DroppedNewest %d), want [3 6]", dropped, s.DroppedNewest)
+				if !equalInts(dropped, []int{4, 6}) || s.DroppedNewest != 2 {
+					t.Fatalf("dropped %v (DroppedNewest %d), want [4 6]", dropped, s.DroppedNewest)
 				}
 			default:
 				if len(dropped) != 0 || s.Rejected != 2 {
@@ -57,27 +61,56 @@ func TestPostLowKeepsHalfTheMailbox(t *testing.T) {
 	}
 }
 
-// PostLow halves the byte bound too, and a mailbox of capacity 1 takes
-// no low item at all.
-func TestPostLowBytesAndCapacityOne(t *testing.T) {
-	g := newGatedSizedBox(t, 1000, mailbox.Reject)
-	if err := g.m.PostLow(400); err != nil {
+// Low items leave the count as they are handled, so the low half opens
+// again; a mailbox of capacity 1 takes one low item.
+func TestPostLowShareFreesAsItemsLeave(t *testing.T) {
+	g := newGatedBox(t, 2, mailbox.Reject)
+	if err := g.m.PostLow(1, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := g.m.PostLow(200); !errors.Is(err, mailbox.ErrMailboxFull) {
+	if err := g.m.PostLow(2, 0); !errors.Is(err, mailbox.ErrMailboxFull) {
+		t.Fatalf("second low item in a mailbox of 2 = %v, want ErrMailboxFull", err)
+	}
+	g.release()
+	testutil.WaitFor(t, waitTimeout, "handled", func() bool { return len(g.handledItems()) == 2 })
+	if err := g.m.PostLow(3, 0); err != nil {
+		t.Fatalf("a low item after the last one left: %v", err)
+	}
+
+	one := newGatedBox(t, 1, mailbox.Reject)
+	if err := one.m.PostLow(1, 0); err != nil {
+		t.Fatalf("PostLow into an empty mailbox of capacity 1 = %v", err)
+	}
+	if err := one.m.PostLow(2, 0); !errors.Is(err, mailbox.ErrMailboxFull) {
+		t.Fatalf("PostLow into a full mailbox of capacity 1 = %v, want ErrMailboxFull", err)
+	}
+}
+
+// Under MaxBytes low items take at most half of the bytes, and leave
+// keepBytes for an item expected back; keepBytes over MaxBytes keeps all.
+func TestPostLowBytes(t *testing.T) {
+	g := newGatedSizedBox(t, 1000, mailbox.Reject)
+	if err := g.m.PostLow(400, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.m.PostLow(200, 0); !errors.Is(err, mailbox.ErrMailboxFull) {
 		t.Fatalf("PostLow(200) over half the bytes = %v, want ErrMailboxFull", err)
 	}
 	if err := g.m.Post(500); err != nil {
 		t.Fatalf("Post(500) within the bytes: %v", err)
 	}
+	if err := g.m.PostLow(50, 600); !errors.Is(err, mailbox.ErrMailboxFull) {
+		t.Fatalf("PostLow(50) keeping 600 of 1000 with 400 low = %v, want ErrMailboxFull", err)
+	}
 	g.release()
 	testutil.WaitFor(t, waitTimeout, "handled", func() bool { return len(g.handledItems()) == 3 })
-
-	one := newGatedBox(t, 1, mailbox.Reject)
-	if err := one.m.PostLow(1); !errors.Is(err, mailbox.ErrMailboxFull) {
-		t.Fatalf("PostLow into an empty mailbox of capacity 1 = %v, want ErrMailboxFull", err)
+	if err := g.m.PostLow(50, 2000); !errors.Is(err, mailbox.ErrMailboxFull) {
+		t.Fatalf("PostLow into an empty mailbox keeping more than MaxBytes = %v, want ErrMailboxFull", err)
 	}
-	if err := one.m.Post(2); err != nil {
-		t.Fatal(err)
+	if err := g.m.PostLow(50, 900); err != nil {
+		t.Fatalf("PostLow(50) keeping 900 of 1000 = %v", err)
+	}
+	if st := g.m.Stats(); st.Bytes != 50 {
+		t.Fatalf("Bytes = %d, want 50", st.Bytes)
 	}
 }

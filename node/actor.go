@@ -43,11 +43,13 @@ type actor struct {
 	batch    BatchHandler // nil unless spawned WithBatch
 	batchMax int
 
-	// streamWaitsMs is the store's elapsed clock (ms) until which a
-	// reliable message refused or dropped for room is taken to be waiting
-	// to be sent again; until then tells and asks may fill only half of
-	// the mailbox. Zero: none waits.
-	streamWaitsMs atomic.Int64
+	// Room kept for reliable messages (post). streamsQueued counts the
+	// reliable deliveries in the mailbox; waitUntilMs is the store's
+	// elapsed clock (ms) until which one refused or dropped for room is
+	// expected back (0: none), and waitBytes the largest such one's size.
+	streamsQueued atomic.Int64
+	waitUntilMs   atomic.Int64
+	waitBytes     atomic.Int64
 }
 
 // delivery is one message in an actor's mailbox.
@@ -60,6 +62,7 @@ type delivery struct {
 	receipt    func(*pb.Receipt) // reliable: receipt to the sender; nil otherwise
 	replyCh    chan<- localReply // local ask: where the reply goes
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
+	queued     bool              // a reliable delivery counted in its actor's streamsQueued
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
 	values     context.Context   // local tell or ask: the caller's context, for its values
@@ -142,35 +145,82 @@ func (n *Node) actor(name string) *actor {
 	return a
 }
 
-// post puts a tell's or an ask's delivery into the actor's mailbox.
-// While a reliable message waits for room, they may fill only half of it:
-// a flood of tells that keeps a mailbox full would otherwise take every
-// slot the handler frees before the reliable message's next attempt
-// arrives, and starve its stream for as long as the flood lasts.
+// post puts a tell's or an ask's delivery into the actor's mailbox. While
+// a reliable message is queued there or expected back after a refusal for
+// room, tells and asks may take only half of the mailbox (and leave room
+// for the size of the one expected back): a flood of tells that keeps a
+// mailbox full would otherwise take every slot the handler frees before
+// the reliable message's next attempt arrives, or, under DropOldest,
+// evict it again, and starve its stream for as long as the flood lasts.
 func (a *actor) post(d *delivery) error {
-	if w := a.streamWaitsMs.Load(); w != 0 && a.n.store.ElapsedMs() < w {
-		return a.mb.PostLow(d)
+	if a.keepsRoom() {
+		return a.mb.PostLow(d, a.waitBytes.Load())
 	}
 	return a.mb.Post(d)
 }
 
+func (a *actor) keepsRoom() bool {
+	if a.streamsQueued.Load() > 0 {
+		return true
+	}
+	w := a.waitUntilMs.Load()
+	if w == 0 {
+		return false
+	}
+	if a.n.store.ElapsedMs() < w {
+		return true
+	}
+	if a.waitUntilMs.CompareAndSwap(w, 0) {
+		// Lapsed: later tells skip the clock. A refusal racing with this
+		// renews both after it.
+		a.waitBytes.Store(0)
+	}
+	return false
+}
+
 // postStream puts a reliable message's delivery into the actor's mailbox.
 func (a *actor) postStream(d *delivery) error {
+	d.queued = true
+	a.streamsQueued.Add(1)
 	err := a.mb.Post(d)
+	if err != nil {
+		a.left(d) // not queued (or already dropped, under DropNewest)
+	}
 	var ce *CapacityError
 	if errors.As(err, &ce) {
-		a.streamWaits(ce.RetryAfter)
+		a.expectBack(d, ce.RetryAfter)
 	}
 	return err
 }
 
-// streamWaits keeps half the mailbox for reliable messages while one,
-// refused or dropped for room, waits the hint it was given: twice the
-// hint and a second more, since its sender may be slower to come back.
-// Each refusal extends it; a stream that gets in is refused no more, and
-// the reservation lapses.
-func (a *actor) streamWaits(hint time.Duration) {
-	a.streamWaitsMs.Store(a.n.store.ElapsedMs() + (2*hint + time.Second).Milliseconds())
+// left is called when a reliable delivery leaves the mailbox: taken to
+// be handled, dropped, or never queued. Idempotent.
+func (a *actor) left(d *delivery) {
+	if d.queued {
+		d.queued = false
+		a.streamsQueued.Add(-1)
+	}
+}
+
+// expectBack keeps room for a reliable message refused or dropped for
+// room while it waits the hint it was given: twice the hint and a second
+// more, since its sender may be slower to come back. Each refusal extends
+// it (never shortens it); once the message is queued again, streamsQueued
+// keeps the room until it is handled.
+func (a *actor) expectBack(d *delivery, hint time.Duration) {
+	for size := deliverySize(d); ; {
+		b := a.waitBytes.Load()
+		if size <= b || a.waitBytes.CompareAndSwap(b, size) {
+			break
+		}
+	}
+	until := a.n.store.ElapsedMs() + (2*hint + time.Second).Milliseconds()
+	for {
+		w := a.waitUntilMs.Load()
+		if until <= w || a.waitUntilMs.CompareAndSwap(w, until) {
+			return
+		}
+	}
 }
 
 // dropped is the mailbox's dead-letter hook: count it and answer whoever
@@ -179,10 +229,11 @@ func (a *actor) streamWaits(hint time.Duration) {
 // watermark check, since the watermark stays behind it.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	d.uncharge()
+	a.left(d)
 	a.n.stats.dropped.Add(1)
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
 	if r == mailbox.DroppedOldest && d.stream != (StreamID{}) {
-		a.streamWaits(10 * time.Millisecond)
+		a.expectBack(d, a.mb.RetryAfter())
 	}
 	if r == mailbox.DroppedNewest {
 		// Post also returns the error for the incoming message, and its
@@ -211,6 +262,7 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	a.left(d)
 	defer d.uncharge()
 	if a.n.ctx.Err() != nil {
 		// The node is closing: what is still queued is dropped and counted

@@ -112,6 +112,7 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 		if !ok {
 			return nil
 		}
+		a.left(next)
 		d = next
 	}
 }

@@ -218,11 +218,13 @@
 //     carries its own msg id; the sequence is the message's stable name.
 //   - A NO_SUCH_ACTOR answer while the receiver is within its SpawnGrace (2
 //     min after Start) tells the sender to wait, uncounted.
-//   - Once a reliable message is refused or dropped for room, tells and
-//     asks to that actor may fill only half of its mailbox, for twice the
-//     retry hint the message was given and a second more: a flood of tells
-//     cannot take every slot its handler frees before the stream's next
-//     attempt.
+//   - While reliable messages are queued in an actor's mailbox, or one
+//     refused or dropped for room is expected back (for twice the retry
+//     hint it was given and a second more), tells and asks to that actor
+//     take at most half of its mailbox (at least one message), leave room
+//     in bytes for the one expected back, and under DropOldest evict
+//     nothing: a flood of tells cannot starve a stream, nor reliable
+//     traffic the tells.
 //   - Local messages are passed by pointer, not copied: do not modify a
 //     message after sending it.
 //   - A reliable request's reply (WithReplyTo) goes only to an actor of the

@@ -89,3 +89,162 @@ func tellFloodWithReliable(t *testing.T, overflow mailbox.Overflow) {
 		t.Fatal("no tell was handled: the flood was starved instead")
 	}
 }
+
+// Under DropOldest, a reliable message evicted by a tell and sent again
+// stays queued until it is handled, however long the handler takes to
+// reach it: the tells of a modest flood (a few hundred a second against a
+// handler of 2.5 a second) do not evict it again.
+func TestSlowDropOldestActorKeepsReliable(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	var s sink
+	var tells atomic.Int64
+	h := func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		time.Sleep(400 * time.Millisecond) // a slow handler: 4 queued take 1.6 s
+		if m.Sequence() == 0 {
+			tells.Add(1)
+			return nil, nil
+		}
+		return s.handler(ctx, m)
+	}
+	if _, err := n2.Spawn("slow", h, node.WithMailbox(4, mailbox.DropOldest)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	payload := wrapperspb.Bytes(make([]byte, 64))
+	for range 2 {
+		wg.Go(func() {
+			tick := time.NewTicker(5 * time.Millisecond) // ~400 tells/s in all
+			defer tick.Stop()
+			for ctx.Err() == nil {
+				_ = n1.Tell(ctx, node.Addr("slow", "n2"), payload)
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+				}
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "the flood keeps the mailbox busy", func() bool { return tells.Load() >= 2 })
+	if _, err := n1.TellReliable(ctxT(t), node.Addr("slow", "n2"), wrapperspb.String("r0")); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		st := n2.Stats()
+		t.Logf("tells handled %d, n2 dropped %d, refused full %d, reliable delivered %v", tells.Load(), st.Dropped, st.RefusedFull, s.values())
+	}()
+	testutil.WaitFor(t, 30*time.Second, "the reliable message delivered during the tell flood", func() bool { return len(s.values()) == 1 })
+}
+
+// With a byte bound, the room kept for a refused reliable message is its
+// size, not half the bytes: one larger than half (but within the bound)
+// finds room while tells flood the actor.
+func TestLargeReliableFindsRoomUnderByteBound(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	var s sink
+	var tells atomic.Int64
+	h := func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		time.Sleep(time.Millisecond) // the handler's work
+		if m.Sequence() == 0 {
+			tells.Add(1)
+			return nil, nil
+		}
+		return s.handler(ctx, m)
+	}
+	const maxBytes = 16 << 10
+	if _, err := n2.Spawn("busy", h, node.WithMailbox(64, mailbox.Reject), node.WithMailboxBytes(maxBytes)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var full atomic.Int64
+	payload := wrapperspb.Bytes(make([]byte, 64)) // about 700 bytes a tell
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				var ce *node.CapacityError
+				if err := n1.Tell(ctx, node.Addr("busy", "n2"), payload); errors.As(err, &ce) {
+					full.Add(1)
+					select {
+					case <-time.After(ce.RetryAfter):
+					case <-ctx.Done():
+					}
+				}
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "tells refused full", func() bool { return full.Load() > 100 })
+	// 14 KiB: more than the half the tells leave, within the 16 KiB bound.
+	big := wrapperspb.String(strings.Repeat("x", 14<<10))
+	if _, err := n1.TellReliable(ctxT(t), node.Addr("busy", "n2"), big); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		st := n2.Stats()
+		t.Logf("tells handled %d, refused full %d, n2 refused full %d, reliable delivered %d", tells.Load(), full.Load(), st.RefusedFull, len(s.values()))
+	}()
+	testutil.WaitFor(t, 30*time.Second, "the large reliable message delivered during the tell flood", func() bool { return len(s.values()) == 1 })
+}
+
+// Steady reliable traffic to an actor of capacity 1 keeps room for
+// reliable messages all the time; an ask that honours its retry hints still
+// gets its turn, since tells and asks keep their own share (one item).
+func TestCapacityOneAnswersAsksDuringReliableTraffic(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	var s sink
+	h := func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		time.Sleep(time.Millisecond)
+		if m.Sequence() == 0 {
+			return wrapperspb.String("pong"), nil
+		}
+		return s.handler(ctx, m)
+	}
+	if _, err := n2.Spawn("one", h, node.WithMailbox(1, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var sent atomic.Int64
+	for range 4 { // steady reliable traffic: the stream keeps a backlog
+		wg.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				if _, err := n1.TellReliable(ctx, node.Addr("one", "n2"), wrapperspb.String(fmt.Sprint(i))); err == nil {
+					sent.Add(1)
+				}
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "reliable traffic flowing", func() bool { return len(s.values()) > 50 })
+	var refused, ok atomic.Int64
+	defer func() {
+		t.Logf("reliable sent %d, delivered %d; asks refused full %d, answered %d", sent.Load(), len(s.values()), refused.Load(), ok.Load())
+	}()
+	testutil.WaitFor(t, 15*time.Second, "an ask answered during the reliable traffic", func() bool {
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		defer acancel()
+		err := n1.Ask(actx, node.Addr("one", "n2"), wrapperspb.String("ping"), new(wrapperspb.StringValue))
+		var ce *node.CapacityError
+		if errors.As(err, &ce) {
+			refused.Add(1)
+			return false
+		}
+		if err == nil {
+			ok.Add(1)
+			return true
+		}
+		t.Logf("ask: %v", err)
+		return false
+	})
+}
