@@ -44,12 +44,20 @@ type actor struct {
 	batchMax int
 
 	// Room kept for reliable messages (post). streamsQueued counts the
-	// reliable deliveries in the mailbox; waitUntilMs is the store's
-	// elapsed clock (ms) until which one refused or dropped for room is
-	// expected back (0: none), and waitBytes the largest such one's size.
+	// reliable deliveries in the mailbox; waiting is set while one refused
+	// or dropped for room is expected back (nil: none).
 	streamsQueued atomic.Int64
-	waitUntilMs   atomic.Int64
-	waitBytes     atomic.Int64
+	waiting       atomic.Pointer[roomWait]
+}
+
+// roomWait is how long reliable messages refused for room are expected
+// back, and the room in bytes the largest of them needs until its own
+// window ends. Replaced whole, never changed: a refusal and the lapse
+// cannot mix two states.
+type roomWait struct {
+	untilMs      int64 // the store's elapsed clock (ms)
+	bytes        int64
+	bytesUntilMs int64
 }
 
 // delivery is one message in an actor's mailbox.
@@ -153,29 +161,26 @@ func (n *Node) actor(name string) *actor {
 // the reliable message's next attempt arrives, or, under DropOldest,
 // evict it again, and starve its stream for as long as the flood lasts.
 func (a *actor) post(d *delivery) error {
-	if a.keepsRoom() {
-		return a.mb.PostLow(d, a.waitBytes.Load())
+	if keep, keepBytes := a.keepsRoom(); keep {
+		return a.mb.PostLow(d, keepBytes)
 	}
 	return a.mb.Post(d)
 }
 
-func (a *actor) keepsRoom() bool {
-	if a.streamsQueued.Load() > 0 {
-		return true
+// keepsRoom reports whether room is kept for reliable messages, and how
+// many bytes of it for one expected back.
+func (a *actor) keepsRoom() (keep bool, keepBytes int64) {
+	if w := a.waiting.Load(); w != nil {
+		now := a.n.store.ElapsedMs()
+		if now < w.untilMs {
+			if now < w.bytesUntilMs {
+				keepBytes = w.bytes
+			}
+			return true, keepBytes
+		}
+		a.waiting.CompareAndSwap(w, nil) // lapsed: later tells skip the clock
 	}
-	w := a.waitUntilMs.Load()
-	if w == 0 {
-		return false
-	}
-	if a.n.store.ElapsedMs() < w {
-		return true
-	}
-	if a.waitUntilMs.CompareAndSwap(w, 0) {
-		// Lapsed: later tells skip the clock. A refusal racing with this
-		// renews both after it.
-		a.waitBytes.Store(0)
-	}
-	return false
+	return a.streamsQueued.Load() > 0, 0
 }
 
 // postStream puts a reliable message's delivery into the actor's mailbox.
@@ -204,20 +209,24 @@ func (a *actor) left(d *delivery) {
 
 // expectBack keeps room for a reliable message refused or dropped for
 // room while it waits the hint it was given: twice the hint and a second
-// more, since its sender may be slower to come back. Each refusal extends
-// it (never shortens it); once the message is queued again, streamsQueued
-// keeps the room until it is handled.
+// more, since its sender may be slower to come back. A refusal extends
+// the window, never shortens it; the room in bytes is the largest waiting
+// message's, for its own window only. Once the message is queued again,
+// streamsQueued keeps the room until it is handled.
 func (a *actor) expectBack(d *delivery, hint time.Duration) {
-	for size := deliverySize(d); ; {
-		b := a.waitBytes.Load()
-		if size <= b || a.waitBytes.CompareAndSwap(b, size) {
-			break
-		}
-	}
-	until := a.n.store.ElapsedMs() + (2*hint + time.Second).Milliseconds()
+	now := a.n.store.ElapsedMs()
+	next := &roomWait{untilMs: now + (2*hint + time.Second).Milliseconds(), bytes: deliverySize(d)}
+	next.bytesUntilMs = next.untilMs
 	for {
-		w := a.waitUntilMs.Load()
-		if until <= w || a.waitUntilMs.CompareAndSwap(w, until) {
+		w := a.waiting.Load()
+		n := *next
+		if w != nil && now < w.untilMs {
+			n.untilMs = max(n.untilMs, w.untilMs)
+			if now < w.bytesUntilMs && w.bytes >= n.bytes {
+				n.bytes, n.bytesUntilMs = w.bytes, w.bytesUntilMs
+			}
+		}
+		if a.waiting.CompareAndSwap(w, &n) {
 			return
 		}
 	}

@@ -81,3 +81,17 @@ func (n *Node) PeerState() (limiters, transportPeers, charges, warned, departed 
 	n.departedMu.Unlock()
 	return limiters, transportPeers, charges, warned, departed
 }
+
+// RoomState reports what an actor keeps for reliable messages: how many
+// are queued, and until when (the store's elapsed clock, ms; 0: none) one
+// refused for room is expected back, beside that clock now.
+func (n *Node) RoomState(name string) (streamsQueued, waitUntilMs, nowMs int64) {
+	a := n.actor(name)
+	if a == nil {
+		return 0, 0, 0
+	}
+	if w := a.waiting.Load(); w != nil {
+		waitUntilMs = w.untilMs
+	}
+	return a.streamsQueued.Load(), waitUntilMs, n.store.ElapsedMs()
+}

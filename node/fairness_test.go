@@ -78,7 +78,7 @@ func tellFloodWithReliable(t *testing.T, overflow mailbox.Overflow) {
 			t.Fatal(err)
 		}
 	}
-	testutil.WaitFor(t, 30*time.Second, "reliable messages delivered during the flood", func() bool { return len(s.values()) >= total })
+	testutil.WaitFor(t, 60*time.Second, "reliable messages delivered during the flood", func() bool { return len(s.values()) >= total })
 	cancel()
 	wg.Wait()
 	t.Logf("tells handled %d, refused full %d", tells.Load(), full.Load())
