@@ -362,6 +362,10 @@ func (n *Node) mapSendErr(err error) error {
 		return &sendQueueFull{ce: &CapacityError{RetryAfter: ra}, err: err}
 	case errors.Is(err, transport.ErrClosed):
 		return fmt.Errorf("%w: %w", ErrClosed, err)
+	case errors.Is(err, transport.ErrFrameTooLarge):
+		// Larger than the frame limit the recipient's node announced
+		// (ours was checked before): never sendable to it as it is.
+		return fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
 	return err
 }

@@ -11,6 +11,12 @@ import (
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
+// The range of MaxFrameSize.
+const (
+	minFrameSize = 1 << 10
+	maxFrameSize = 1 << 30
+)
+
 // maxLanes bounds Config.Lanes; the QUIC stream limit is derived from it.
 const maxLanes = 256
 
@@ -28,7 +34,11 @@ type Config struct {
 	Identity   Identity // CA roots and this node's certificate
 	DataDir    string   // the stateless-reset key is persisted as DataDir/quic-reset.key; "" = random per run
 
-	MaxFrameSize   int // largest frame sent or accepted; a larger length prefix is refused before allocating
+	// MaxFrameSize is the largest frame sent or accepted; a larger length
+	// prefix is refused before allocating. Each side announces it in its
+	// Hello, and envelopes to a peer that announced a smaller one are held
+	// to the peer's.
+	MaxFrameSize   int
 	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull (a batch of any count fits an empty queue)
 	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
 	Lanes          int // unidirectional envelope streams per connection and direction
@@ -96,7 +106,7 @@ func (c Config) Validate() error {
 		return badconfig.New(ErrBadConfig, "Identity is not set (use CA.NewIdentity or LoadIdentityFiles)")
 	case c.Identity.Name != c.NodeName:
 		return badconfig.New(ErrBadConfig, "certificate is for %q but NodeName is %q", c.Identity.Name, c.NodeName)
-	case c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30:
+	case c.MaxFrameSize < minFrameSize || c.MaxFrameSize > maxFrameSize:
 		return badconfig.New(ErrBadConfig, "MaxFrameSize %d outside [1 KiB, 1 GiB]", c.MaxFrameSize)
 	case c.SendQueueSize < 1:
 		return badconfig.New(ErrBadConfig, "SendQueueSize %d must be at least 1", c.SendQueueSize)

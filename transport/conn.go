@@ -32,6 +32,7 @@ type conn struct {
 	done     chan struct{}          // closed by shutdown
 	reads    *readBudget            // bytes of large frames being read, all streams together
 	large    *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
+	maxFrame int                    // the largest envelope frame sent on it: ours, or the peer's announced limit if lower
 	queued   atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes   atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	crowded  atomic.Bool            // qbytes is within MaxFrameSize of its bound (noteQueue)
@@ -145,6 +146,8 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		reads:   newReadBudget(t.cfg.MaxReadBytes),
 		large:   newLargeGate(t.cfg),
 		waiters: make(map[string]*waiter),
+
+		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
 	}
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
 	for i := range c.lanes {
@@ -177,6 +180,17 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	return c, nil
 }
 
+// frameLimit is the largest frame to send to a peer that announced
+// announced: ours when it announced none (a peer of an older version) or
+// a larger one, and never below the smallest MaxFrameSize a config may
+// set, so a peer cannot make its own connection useless by mistake.
+func frameLimit(own int, announced uint32) int {
+	if announced == 0 {
+		return own
+	}
+	return min(own, max(int(min(announced, maxFrameSize)), minFrameSize))
+}
+
 func (t *Transport) hello() *pb.Hello {
 	h := &pb.Hello{
 		NodeName:         t.cfg.NodeName,
@@ -184,6 +198,7 @@ func (t *Transport) hello() *pb.Hello {
 		ProtocolVersions: pb.SupportedVersions(),
 		Cluster:          t.cfg.Cluster,
 		OutboxId:         t.cfg.OutboxID[:],
+		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)

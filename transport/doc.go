@@ -21,7 +21,11 @@
 //     recipient) holds and a slow recipient does not block others.
 //   - Every queue is bounded: Send returns ErrQueueFull instead of blocking,
 //     and frames above MaxFrameSize are refused, on send and before
-//     allocating on receive.
+//     allocating on receive. Each side announces its MaxFrameSize in its
+//     Hello, and an envelope over a peer's smaller one is refused here
+//     (ErrFrameTooLarge; in a RequestBatch, an EncodeError for it alone):
+//     nodes configured apart never make each other close the connection.
+//     A peer that announces none (an older version) is taken to share ours.
 //   - Bad bytes from a peer close that connection only (CodeProtocol,
 //     CodeFrameTooLarge), logged with the reason; other peers are unaffected.
 //     A stream that ends inside a frame, or a frame not complete within

@@ -83,7 +83,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		for _, env := range envs {
 			if sz, ok := envcodec.Size(env); ok {
 				least += int64(sz.Total)
-				fits = fits && sz.Total < c.t.cfg.MaxFrameSize
+				fits = fits && sz.Total < c.maxFrame
 			}
 		}
 	}
@@ -105,7 +105,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	for _, env := range envs {
 		var err error
 		at := len(out)
-		if out, err = appendEnvelopeFrame(out, env, c.t.cfg.MaxFrameSize); err != nil {
+		if out, err = appendEnvelopeFrame(out, env, c.maxFrame); err != nil {
 			eb.b = out
 			c.queued.Add(-k)
 			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)

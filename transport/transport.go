@@ -69,6 +69,9 @@ type peer struct {
 	name                                   string
 	framesIn, framesOut, bytesIn, bytesOut atomic.Uint64
 	writesOut                              atomic.Uint64
+	// maxFrame is the frame limit of its latest connection (conn.maxFrame);
+	// 0 before the first: what RequestBatch checks envelopes against.
+	maxFrame atomic.Int64
 
 	// Guarded by Transport.mu.
 	conn       *conn
@@ -281,8 +284,18 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	var unsendable *EncodeError
 	all := envs
 	idx := make([]int, 0, len(envs))
+	limit, known := t.frameLimitTo(node)
+	if !known {
+		// The peer's limit comes with its Hello: connect first, so that an
+		// envelope too large for it is left out here like one too large
+		// for ours, not refused with the whole batch by its lane. A failed
+		// dial fails the enqueue below the same way.
+		if _, err := t.connFor(ctx, node); err == nil {
+			limit, _ = t.frameLimitTo(node)
+		}
+	}
 	for i, e := range envs {
-		if err := t.CheckSize(e); err != nil {
+		if err := t.checkSize(e, limit); err != nil {
 			if unsendable == nil {
 				unsendable = &EncodeError{Errs: map[int]error{}}
 			}
@@ -350,7 +363,9 @@ const emissionSlack = 128
 // would be larger than MaxFrameSize, with room left for what a reliable
 // envelope gets added each time it is sent. A message that passes fits on
 // the wire whenever it is sent.
-func (t *Transport) CheckSize(env *pb.Envelope) error {
+func (t *Transport) CheckSize(env *pb.Envelope) error { return t.checkSize(env, t.cfg.MaxFrameSize) }
+
+func (t *Transport) checkSize(env *pb.Envelope, limit int) error {
 	n := 0
 	if sz, ok := envcodec.Size(env); ok {
 		n = sz.Total
@@ -358,10 +373,27 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 		n = proto.Size(env)
 	}
 	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + emissionSlack
-	if frame > t.cfg.MaxFrameSize {
-		return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, t.cfg.MaxFrameSize)
+	switch {
+	case frame <= limit:
+		return nil
+	case limit < t.cfg.MaxFrameSize:
+		return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit the recipient's node announced", ErrFrameTooLarge, n, limit)
 	}
-	return nil
+	return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, limit)
+}
+
+// frameLimitTo is the frame limit of node's latest connection (known), or
+// ours before there was one.
+func (t *Transport) frameLimitTo(node string) (limit int, known bool) {
+	t.mu.Lock()
+	p := t.peers[node]
+	t.mu.Unlock()
+	if p != nil {
+		if m := p.maxFrame.Load(); m > 0 {
+			return int(m), true
+		}
+	}
+	return t.cfg.MaxFrameSize, false
 }
 
 // CheckSizeForwarded is CheckSize for env as it goes to a forwarder: with
@@ -578,6 +610,7 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 	}
 	p := t.peerLocked(c.peer.Name)
 	c.stats = p
+	p.maxFrame.Store(int64(c.maxFrame))
 	old := p.conn
 	defer func() {
 		if p.conn == c && p.registered != nil {

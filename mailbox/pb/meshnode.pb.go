@@ -843,8 +843,9 @@ type Hello struct {
 	BootId           string                 `protobuf:"bytes,2,opt,name=boot_id,json=bootId,proto3" json:"boot_id,omitempty"`                                       // changes on every start of a node
 	ProtocolVersions []uint32               `protobuf:"varint,3,rep,packed,name=protocol_versions,json=protocolVersions,proto3" json:"protocol_versions,omitempty"` // versions the node speaks
 	Cluster          string                 `protobuf:"bytes,4,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	OutboxId         []byte                 `protobuf:"bytes,5,opt,name=outbox_id,json=outboxId,proto3" json:"outbox_id,omitempty"` // 16 random bytes made with the node's outbox file: the sender part of its streams
-	Features         []string               `protobuf:"bytes,6,rep,name=features,proto3" json:"features,omitempty"`                 // optional capabilities (e.g. "forward"); unknown ones are ignored
+	OutboxId         []byte                 `protobuf:"bytes,5,opt,name=outbox_id,json=outboxId,proto3" json:"outbox_id,omitempty"`                // 16 random bytes made with the node's outbox file: the sender part of its streams
+	Features         []string               `protobuf:"bytes,6,rep,name=features,proto3" json:"features,omitempty"`                                // optional capabilities (e.g. "forward"); unknown ones are ignored
+	MaxFrameSize     uint32                 `protobuf:"varint,7,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"` // the largest frame the node accepts; 0 (not announced): taken as the reader's own
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -919,6 +920,13 @@ func (x *Hello) GetFeatures() []string {
 		return x.Features
 	}
 	return nil
+}
+
+func (x *Hello) GetMaxFrameSize() uint32 {
+	if x != nil {
+		return x.MaxFrameSize
+	}
+	return 0
 }
 
 // GoAway announces that the sender closes the connection, and why.
@@ -1414,14 +1422,15 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x10ReceiptSignature\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
-	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xbd\x01\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xe3\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
 	"\x11protocol_versions\x18\x03 \x03(\rR\x10protocolVersions\x12\x18\n" +
 	"\acluster\x18\x04 \x01(\tR\acluster\x12\x1b\n" +
 	"\toutbox_id\x18\x05 \x01(\fR\boutboxId\x12\x1a\n" +
-	"\bfeatures\x18\x06 \x03(\tR\bfeatures\"4\n" +
+	"\bfeatures\x18\x06 \x03(\tR\bfeatures\x12$\n" +
+	"\x0emax_frame_size\x18\a \x01(\rR\fmaxFrameSize\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd1\x01\n" +

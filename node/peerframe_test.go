@@ -1,0 +1,60 @@
+package node_test
+
+import (
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meshnode/meshnode/node"
+)
+
+// A message within this node's frame limit but over the recipient's
+// (nodes configured apart) is dead-lettered at once with a reason that says
+// so, and the messages behind it on its stream go on; a tell or an ask of
+// it fails with ErrTooLarge. Before, it was sent, the recipient closed the
+// connection, and the stream stopped behind it for good.
+func TestMessageTooLargeForTheRecipientsNode(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
+		fastRetries(c)
+		c.Transport.MaxFrameSize = 8 << 20
+		c.Transport.MaxReadBytes = 64 << 20
+	})
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr()) // 4 MiB frames
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	var s sink
+	if _, err := n2.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	to := node.Addr("sink", "n2")
+	big := wrapperspb.String(strings.Repeat("x", 5<<20))
+	out, err := n1.TellReliable(ctxT(t), to, big)
+	if err != nil || out != node.DeadLettered {
+		t.Fatalf("TellReliable of 5 MiB to a node of 4 MiB frames = %v, %v; want DeadLettered", out, err)
+	}
+	for i, v := range []string{"a", "b", "c"} {
+		if out, err := n1.TellReliable(ctxT(t), to, wrapperspb.String(v)); err != nil || out != node.Delivered {
+			t.Fatalf("message %d behind it = %v, %v; want Delivered", i, out, err)
+		}
+	}
+	if got := strings.Join(s.values(), ","); got != "a,b,c" {
+		t.Fatalf("delivered %q", got)
+	}
+	dl := deadLetters(t, n1)
+	if len(dl) != 1 || !strings.Contains(dl[0].Reason, "frame limit the recipient's node announced") {
+		t.Fatalf("dead letters %+v, want the large message, said too large for the recipient's node", dl)
+	}
+	if err := n1.Tell(ctxT(t), to, big); !errors.Is(err, node.ErrTooLarge) {
+		t.Fatalf("Tell = %v, want ErrTooLarge", err)
+	}
+	if err := n1.Ask(ctxT(t), to, big, nil); !errors.Is(err, node.ErrTooLarge) {
+		t.Fatalf("Ask = %v, want ErrTooLarge", err)
+	}
+	if err := n1.Tell(ctxT(t), to, wrapperspb.String("d")); err != nil {
+		t.Fatal(err)
+	}
+	s.waitLen(t, 4)
+}
