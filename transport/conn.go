@@ -144,11 +144,11 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		remote:  remoteAddrPort(qc),
 		done:    make(chan struct{}),
 		reads:   newReadBudget(t.cfg.MaxReadBytes),
-		large:   newLargeGate(t.cfg),
 		waiters: make(map[string]*waiter),
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
 	}
+	c.large = newLargeGate(largeSlots(t.cfg.MaxReadBytes, ph.GetMaxReadBytes(), c.maxFrame))
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
 	for i := range c.lanes {
 		c.lanes[i] = &lane{c: c, wake: make(chan struct{}, 1)}
@@ -191,6 +191,19 @@ func frameLimit(own int, announced uint32) int {
 	return min(own, max(int(min(announced, maxFrameSize)), minFrameSize))
 }
 
+// largeSlots is how many large frames may be written to a peer at once:
+// as many of the largest frame sent to it as its read budget holds (its
+// announced MaxReadBytes, or ours if it announced none), at least one. A
+// frame the peer cannot start reading within its budget waits, and one
+// waiting longer than its FrameReadTimeout closes the connection.
+func largeSlots(ownRead int, announced uint64, maxFrame int) int {
+	read := uint64(ownRead)
+	if announced > 0 {
+		read = announced
+	}
+	return int(max(1, min(read/uint64(maxFrame), maxLanes+1)))
+}
+
 func (t *Transport) hello() *pb.Hello {
 	h := &pb.Hello{
 		NodeName:         t.cfg.NodeName,
@@ -199,6 +212,7 @@ func (t *Transport) hello() *pb.Hello {
 		Cluster:          t.cfg.Cluster,
 		OutboxId:         t.cfg.OutboxID[:],
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
+		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)

@@ -151,9 +151,10 @@
 //     handlers to return.
 //   - Frames larger than a stream's read buffer (16 KiB) are written by as
 //     many lanes of a connection at once as the peer's read budget holds
-//     frames of MaxFrameSize (MaxReadBytes / MaxFrameSize, two by
-//     default), so they never wait on each other for budget at the
-//     receiver; smaller frames flow around them. A lane blocked for a
+//     frames of the largest size sent to it (its MaxReadBytes over that
+//     size, both as its Hello announced them, or ours for a peer that
+//     announced none; two by default), so they never wait on each other
+//     for budget at the receiver; smaller frames flow around them. A lane blocked for a
 //     second in the middle of a large frame (its recipient's handler is
 //     slow) gives its place to a waiting lane.
 //   - A reply after its connection is gone is dropped with a log.

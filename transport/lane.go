@@ -179,8 +179,8 @@ type largeGate struct {
 	freed   chan struct{} // closed and replaced when a slot is freed
 }
 
-func newLargeGate(cfg Config) *largeGate {
-	return &largeGate{free: max(1, cfg.MaxReadBytes/cfg.MaxFrameSize), holders: make(map[*lane]struct{}), freed: make(chan struct{})}
+func newLargeGate(slots int) *largeGate {
+	return &largeGate{free: slots, holders: make(map[*lane]struct{}), freed: make(chan struct{})}
 }
 
 // take waits for a slot for l; false means done closed first.

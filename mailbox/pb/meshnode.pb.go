@@ -846,6 +846,7 @@ type Hello struct {
 	OutboxId         []byte                 `protobuf:"bytes,5,opt,name=outbox_id,json=outboxId,proto3" json:"outbox_id,omitempty"`                // 16 random bytes made with the node's outbox file: the sender part of its streams
 	Features         []string               `protobuf:"bytes,6,rep,name=features,proto3" json:"features,omitempty"`                                // optional capabilities (e.g. "forward"); unknown ones are ignored
 	MaxFrameSize     uint32                 `protobuf:"varint,7,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"` // the largest frame the node accepts; 0 (not announced): taken as the reader's own
+	MaxReadBytes     uint64                 `protobuf:"varint,8,opt,name=max_read_bytes,json=maxReadBytes,proto3" json:"max_read_bytes,omitempty"` // bytes of large frames the node reads at once on one connection; 0: taken as the reader's own
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
 }
@@ -925,6 +926,13 @@ func (x *Hello) GetFeatures() []string {
 func (x *Hello) GetMaxFrameSize() uint32 {
 	if x != nil {
 		return x.MaxFrameSize
+	}
+	return 0
+}
+
+func (x *Hello) GetMaxReadBytes() uint64 {
+	if x != nil {
+		return x.MaxReadBytes
 	}
 	return 0
 }
@@ -1422,7 +1430,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x10ReceiptSignature\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
-	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xe3\x01\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\x89\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1430,7 +1438,8 @@ const file_meshnode_proto_rawDesc = "" +
 	"\acluster\x18\x04 \x01(\tR\acluster\x12\x1b\n" +
 	"\toutbox_id\x18\x05 \x01(\fR\boutboxId\x12\x1a\n" +
 	"\bfeatures\x18\x06 \x03(\tR\bfeatures\x12$\n" +
-	"\x0emax_frame_size\x18\a \x01(\rR\fmaxFrameSize\"4\n" +
+	"\x0emax_frame_size\x18\a \x01(\rR\fmaxFrameSize\x12$\n" +
+	"\x0emax_read_bytes\x18\b \x01(\x04R\fmaxReadBytes\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd1\x01\n" +
