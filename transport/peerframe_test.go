@@ -112,3 +112,33 @@ func TestAnnouncedFrameLimits(t *testing.T) {
 		})
 	}
 }
+
+// A peer that restarts with a larger MaxFrameSize is held to its new
+// limit, not to the one its last connection announced: a message between
+// the two is delivered, never refused for the old limit.
+func TestPeerRestartedWithLargerFramesGetsThem(t *testing.T) {
+	ca, r := newCA(t), newResolver()
+	big := testConfig(t, ca, "big")
+	big.MaxFrameSize, big.MaxReadBytes = 2<<20, 16<<20
+	a := startNode(t, big, r, &recorder{})
+	small := testConfig(t, ca, "peer")
+	small.MaxFrameSize = 256 << 10
+	old := startNode(t, small, r, &recorder{})
+	if _, err := a.Request(ctxT(t, 10*time.Second), "peer", envTo(t, "x@peer", pb.Envelope_RECEIPT_PROCESSED)); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	larger := testConfig(t, ca, "peer")
+	larger.MaxFrameSize, larger.MaxReadBytes, larger.BootID = 2<<20, 16<<20, "restarted"
+	rec := &recorder{}
+	startNode(t, larger, r, rec)
+	testutil.WaitFor(t, 10*time.Second, "the message between the two limits delivered", func() bool {
+		rc, err := a.Request(ctxT(t, 10*time.Second), "peer", withBody(t, envTo(t, "x@peer", pb.Envelope_RECEIPT_PROCESSED), 512<<10))
+		if errors.Is(err, transport.ErrFrameTooLarge) {
+			t.Fatalf("refused for the limit of the peer before its restart: %v", err)
+		}
+		return err == nil && rc.GetCode() == pb.Receipt_PROCESSED
+	})
+}

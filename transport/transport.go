@@ -69,9 +69,6 @@ type peer struct {
 	name                                   string
 	framesIn, framesOut, bytesIn, bytesOut atomic.Uint64
 	writesOut                              atomic.Uint64
-	// maxFrame is the frame limit of its latest connection (conn.maxFrame);
-	// 0 before the first: what RequestBatch checks envelopes against.
-	maxFrame atomic.Int64
 
 	// Guarded by Transport.mu.
 	conn       *conn
@@ -382,16 +379,13 @@ func (t *Transport) checkSize(env *pb.Envelope, limit int) error {
 	return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, limit)
 }
 
-// frameLimitTo is the frame limit of node's latest connection (known), or
-// ours before there was one.
+// frameLimitTo is the frame limit of node's open connection (known), or
+// ours when there is none: a peer that restarted may announce another.
 func (t *Transport) frameLimitTo(node string) (limit int, known bool) {
 	t.mu.Lock()
-	p := t.peers[node]
-	t.mu.Unlock()
-	if p != nil {
-		if m := p.maxFrame.Load(); m > 0 {
-			return int(m), true
-		}
+	defer t.mu.Unlock()
+	if p := t.peers[node]; p != nil && p.conn != nil && !p.conn.isClosed() {
+		return p.conn.maxFrame, true
 	}
 	return t.cfg.MaxFrameSize, false
 }
@@ -610,7 +604,6 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 	}
 	p := t.peerLocked(c.peer.Name)
 	c.stats = p
-	p.maxFrame.Store(int64(c.maxFrame))
 	old := p.conn
 	defer func() {
 		if p.conn == c && p.registered != nil {
