@@ -1,16 +1,20 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // lane is one outgoing unidirectional stream with its bounded queue and
@@ -254,7 +258,16 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 		}
 	}()
 	var err error
-	if eb.b, err = appendReceiptFrame(eb.b[:0], rc, l.c.t.cfg.MaxFrameSize); err != nil {
+	eb.b, err = appendReceiptFrame(eb.b[:0], rc, l.c.maxFrame)
+	if errors.Is(err, ErrFrameTooLarge) && len(rc.GetMessage()) > 0 {
+		// Its text (a handler's error) is longer than the peer reads in
+		// a frame: the verdict matters, the text is cut to fit.
+		over := protowire.SizeTag(frameFieldReceipt) + protowire.SizeBytes(proto.Size(rc)) - l.c.maxFrame
+		cut := proto.CloneOf(rc)
+		cut.Message = cutUTF8(rc.GetMessage(), len(rc.GetMessage())-over-16)
+		eb.b, err = appendReceiptFrame(eb.b[:0], cut, l.c.maxFrame)
+	}
+	if err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -471,4 +484,17 @@ func (l *lane) closeFinished() {
 	default:
 		close(fin)
 	}
+}
+
+// cutUTF8 returns s cut to at most n bytes (none below 0) at a rune
+// boundary, so it stays valid UTF-8 if s was.
+func cutUTF8(s string, n int) string {
+	if n >= len(s) {
+		return s
+	}
+	n = max(n, 0)
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

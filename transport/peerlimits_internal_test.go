@@ -29,3 +29,21 @@ func TestPeerLimitsFromHello(t *testing.T) {
 		})
 	}
 }
+
+// cutUTF8 cuts at a rune boundary, so a cut receipt text stays valid.
+func TestCutUTF8(t *testing.T) {
+	for _, tt := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"héllo", 2, "h"}, // "é" is 2 bytes: not split
+		{"héllo", 3, "hé"},
+		{"abc", 10, "abc"},
+		{"abc", -5, ""},
+	} {
+		if got := cutUTF8(tt.s, tt.n); got != tt.want {
+			t.Errorf("cutUTF8(%q, %d) = %q, want %q", tt.s, tt.n, got, tt.want)
+		}
+	}
+}

@@ -281,18 +281,19 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	var unsendable *EncodeError
 	all := envs
 	idx := make([]int, 0, len(envs))
-	limit, known := t.frameLimitTo(node)
-	if !known {
-		// The peer's limit comes with its Hello: connect first, so that an
-		// envelope too large for it is left out here like one too large
-		// for ours, not refused with the whole batch by its lane. A failed
-		// dial fails the enqueue below the same way.
-		if _, err := t.connFor(ctx, node); err == nil {
-			limit, _ = t.frameLimitTo(node)
-		}
+	// The peer's limit comes with its Hello: the connection the batch
+	// will take (connFor replaces one the peer left by restarting, which
+	// may have announced another) says which envelopes are too large for
+	// it, so they are left out here like those too large for ours, not
+	// refused with the whole batch by its lane. A failed dial fails the
+	// enqueue below the same way. The envelopes are complete: no room is
+	// kept for fields added later.
+	limit := t.cfg.MaxFrameSize
+	if c, err := t.connFor(ctx, node); err == nil {
+		limit = c.maxFrame
 	}
 	for i, e := range envs {
-		if err := t.checkSize(e, limit); err != nil {
+		if err := t.checkSize(e, limit, 0); err != nil {
 			if unsendable == nil {
 				unsendable = &EncodeError{Errs: map[int]error{}}
 			}
@@ -360,16 +361,20 @@ const emissionSlack = 128
 // would be larger than MaxFrameSize, with room left for what a reliable
 // envelope gets added each time it is sent. A message that passes fits on
 // the wire whenever it is sent.
-func (t *Transport) CheckSize(env *pb.Envelope) error { return t.checkSize(env, t.cfg.MaxFrameSize) }
+func (t *Transport) CheckSize(env *pb.Envelope) error {
+	return t.checkSize(env, t.cfg.MaxFrameSize, emissionSlack)
+}
 
-func (t *Transport) checkSize(env *pb.Envelope, limit int) error {
+// checkSize reports whether env's frame, with slack bytes to spare, fits
+// limit.
+func (t *Transport) checkSize(env *pb.Envelope, limit, slack int) error {
 	n := 0
 	if sz, ok := envcodec.Size(env); ok {
 		n = sz.Total
 	} else {
 		n = proto.Size(env)
 	}
-	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + emissionSlack
+	frame := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n) + slack
 	switch {
 	case frame <= limit:
 		return nil
@@ -377,17 +382,6 @@ func (t *Transport) checkSize(env *pb.Envelope, limit int) error {
 		return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit the recipient's node announced", ErrFrameTooLarge, n, limit)
 	}
 	return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, limit)
-}
-
-// frameLimitTo is the frame limit of node's open connection (known), or
-// ours when there is none: a peer that restarted may announce another.
-func (t *Transport) frameLimitTo(node string) (limit int, known bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if p := t.peers[node]; p != nil && p.conn != nil && !p.conn.isClosed() {
-		return p.conn.maxFrame, true
-	}
-	return t.cfg.MaxFrameSize, false
 }
 
 // CheckSizeForwarded is CheckSize for env as it goes to a forwarder: with
