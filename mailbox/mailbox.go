@@ -201,21 +201,17 @@ type Mailbox[T any] struct {
 	mu sync.Mutex
 	// buf is a ring of len(buf) slots holding n items from head. It grows
 	// by doubling up to capacity and is released when drained.
-	buf   []T
-	head  int
-	n     int
-	bytes int64 // Size of the queued items (with maxBytes)
-	// low marks, slot for slot with buf, the items that came by PostLow;
-	// nil until one did. lowN and lowBytes count them.
-	low      []bool
-	lowN     int
-	lowBytes int64
-	running  bool          // a handler goroutine exists
-	closed   bool          // Close was called
-	idle     chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
-	ewmaNs   float64       // EWMA of the handle time per item in ns; 0 until the first sample
-	taken    int           // items the running Handle took with TakeIf
-	stats    Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
+	buf     []T
+	head    int
+	n       int
+	bytes   int64         // Size of the queued items (with maxBytes)
+	low     *lowItems     // the items that came by PostLow; nil until one did
+	running bool          // a handler goroutine exists
+	closed  bool          // Close was called
+	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
+	ewmaNs  float64       // EWMA of the handle time per item in ns; 0 until the first sample
+	taken   int           // items the running Handle took with TakeIf
+	stats   Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
 }
 
 // New returns an idle mailbox. It starts no goroutine.
@@ -513,16 +509,30 @@ func (m *Mailbox[T]) fullLocked(size int64) bool {
 	return m.n >= m.capacity || (m.maxBytes > 0 && m.n > 0 && m.bytes+size > m.maxBytes)
 }
 
+// lowItems marks, slot for slot with a mailbox's buf, the items that came
+// by PostLow, and counts them and their bytes. A mailbox gets one with
+// its first low item, so one that never takes any stays small.
+type lowItems struct {
+	flags []bool
+	n     int
+	bytes int64
+}
+
 // lowFullLocked reports whether a PostLow item of size finds the low
 // items' share taken (PostLow).
 func (m *Mailbox[T]) lowFullLocked(size, keepBytes int64) bool {
-	if m.lowN >= max(1, m.capacity/2) {
+	var n int
+	var bytes int64
+	if m.low != nil {
+		n, bytes = m.low.n, m.low.bytes
+	}
+	if n >= max(1, m.capacity/2) {
 		return true
 	}
 	if m.maxBytes <= 0 {
 		return false
 	}
-	return (m.lowN > 0 && m.lowBytes+size > m.maxBytes/2) || (keepBytes > 0 && m.lowBytes+size > m.maxBytes-keepBytes)
+	return (n > 0 && bytes+size > m.maxBytes/2) || (keepBytes > 0 && bytes+size > m.maxBytes-keepBytes)
 }
 
 func (m *Mailbox[T]) pushLocked(item T, size int64, low bool) {
@@ -537,11 +547,11 @@ func (m *Mailbox[T]) pushLocked(item T, size int64, low bool) {
 	m.buf[i] = item
 	if low {
 		if m.low == nil {
-			m.low = make([]bool, len(m.buf))
+			m.low = &lowItems{flags: make([]bool, len(m.buf))}
 		}
-		m.low[i] = true
-		m.lowN++
-		m.lowBytes += size
+		m.low.flags[i] = true
+		m.low.n++
+		m.low.bytes += size
 	}
 	m.n++
 }
@@ -550,10 +560,10 @@ func (m *Mailbox[T]) popLocked() T {
 	var zero T
 	item := m.buf[m.head]
 	m.buf[m.head] = zero // release the reference for the GC
-	low := m.low != nil && m.low[m.head]
+	low := m.low != nil && m.low.flags[m.head]
 	if low {
-		m.low[m.head] = false
-		m.lowN--
+		m.low.flags[m.head] = false
+		m.low.n--
 	}
 	m.head++
 	if m.head == len(m.buf) {
@@ -567,7 +577,7 @@ func (m *Mailbox[T]) popLocked() T {
 		size := m.size(item)
 		m.bytes -= size
 		if low {
-			m.lowBytes -= size
+			m.low.bytes -= size
 		}
 	}
 	return item
@@ -582,11 +592,11 @@ func (m *Mailbox[T]) growLocked() {
 	}
 	if m.low != nil {
 		nl := make([]bool, size)
-		copy(nl, m.low[m.head:])
+		copy(nl, m.low.flags[m.head:])
 		if k < m.n {
-			copy(nl[k:], m.low[:m.n-k])
+			copy(nl[k:], m.low.flags[:m.n-k])
 		}
-		m.low = nl
+		m.low.flags = nl
 	}
 	m.buf, m.head = nb, 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -41,12 +42,13 @@ type actor struct {
 	mb      *mailbox.Mailbox[*delivery]
 
 	batch    BatchHandler // nil unless spawned WithBatch
-	batchMax int
+	batchMax int32
 
 	// Room kept for reliable messages (post). streamsQueued counts the
 	// reliable deliveries in the mailbox; waiting is set while one refused
-	// or dropped for room is expected back (nil: none).
-	streamsQueued atomic.Int64
+	// or dropped for room is expected back (nil: none). Beside batchMax,
+	// the struct stays within 64 bytes.
+	streamsQueued atomic.Int32
 	waiting       atomic.Pointer[roomWait]
 }
 
@@ -99,7 +101,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: o.batchMax}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: int32(min(o.batchMax, math.MaxInt32))}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		MaxBytes: o.bytes,

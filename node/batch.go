@@ -105,7 +105,7 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 		} else if a.add(b, d) {
 			return d
 		}
-		if len(b.items) >= a.batchMax {
+		if len(b.items) >= int(a.batchMax) {
 			return nil
 		}
 		next, ok := a.mb.TakeIf(batchable)

@@ -93,5 +93,5 @@ func (n *Node) RoomState(name string) (streamsQueued, waitUntilMs, nowMs int64) 
 	if w := a.waiting.Load(); w != nil {
 		waitUntilMs = w.untilMs
 	}
-	return a.streamsQueued.Load(), waitUntilMs, n.store.ElapsedMs()
+	return int64(a.streamsQueued.Load()), waitUntilMs, n.store.ElapsedMs()
 }
