@@ -259,9 +259,10 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 	}()
 	var err error
 	eb.b, err = appendReceiptFrame(eb.b[:0], rc, l.c.maxFrame)
-	if errors.Is(err, ErrFrameTooLarge) && len(rc.GetMessage()) > 0 {
+	if errors.Is(err, ErrFrameTooLarge) && len(rc.GetMessage()) > 0 && rc.GetSignature() == nil {
 		// Its text (a handler's error) is longer than the peer reads in
-		// a frame: the verdict matters, the text is cut to fit.
+		// a frame: the verdict matters, the text is cut to fit. A signed
+		// text cannot be cut here (SignReceipt cut it already).
 		over := protowire.SizeTag(frameFieldReceipt) + protowire.SizeBytes(proto.Size(rc)) - l.c.maxFrame
 		cut := proto.CloneOf(rc)
 		cut.Message = cutUTF8(rc.GetMessage(), len(rc.GetMessage())-over-16)

@@ -180,12 +180,21 @@ func SignOrigin(cert *tls.Certificate, node string, outboxID []byte, env *pb.Env
 	return dg, nil
 }
 
+// MaxSignedReceiptText is how much of a receipt's text SignReceipt keeps.
+// A signed receipt reaches the origin through a forwarder, whose frame
+// limit towards the origin the signer does not know, and a forwarder
+// cannot cut a signed text to fit without breaking the signature; so the
+// signer cuts it, to a size any frame limit with the certificate takes.
+const MaxSignedReceiptText = 512
+
 // SignReceipt signs rc as node's answer to the envelope whose digest is
-// envDigest, with cert's private key.
+// envDigest, with cert's private key, its text cut to
+// MaxSignedReceiptText bytes first.
 func SignReceipt(cert *tls.Certificate, node string, rc *pb.Receipt, envDigest [32]byte) error {
 	if cert == nil || len(cert.Certificate) == 0 {
 		return fmt.Errorf("transport: sign receipt: no certificate")
 	}
+	rc.Message = cutUTF8(rc.Message, MaxSignedReceiptText)
 	rc.Signature = nil
 	sig, err := signDigest(cert, ReceiptDigest(rc, node, envDigest))
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"math/big"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
@@ -297,4 +299,27 @@ func FuzzVerifyOrigin(f *testing.F) {
 			_ = v.VerifyReceipt(&r, "n2", dg)
 		}
 	})
+}
+
+// A signed receipt's text is cut before it is signed, so it verifies as
+// it arrives through a forwarder whose frames to the origin are small.
+func TestSignedReceiptTextIsCutBeforeSigning(t *testing.T) {
+	s := newSigners(t)
+	v := transport.NewVerifier(s.n1.Roots)
+	env := forwardedEnvelope()
+	dg, err := transport.SignOrigin(&s.n1.Cert, "n1", outbox1, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 4096) // 8 KiB, two bytes a rune
+	rc := &pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_REJECTED, Message: long}
+	if err := transport.SignReceipt(&s.n2.Cert, "n2", rc, dg); err != nil {
+		t.Fatal(err)
+	}
+	if m := rc.GetMessage(); len(m) > transport.MaxSignedReceiptText || len(m) < transport.MaxSignedReceiptText-1 || !utf8.ValidString(m) || !strings.HasPrefix(long, m) {
+		t.Fatalf("signed text of %d bytes (valid UTF-8: %v), want a prefix of at most %d", len(m), utf8.ValidString(m), transport.MaxSignedReceiptText)
+	}
+	if err := v.VerifyReceipt(rc, "n2", dg); err != nil {
+		t.Fatal(err)
+	}
 }
