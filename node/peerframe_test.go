@@ -5,9 +5,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
 )
 
@@ -57,4 +59,47 @@ func TestMessageTooLargeForTheRecipientsNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitLen(t, 4)
+}
+
+// On a connection made before the call, nothing shows that the limit it
+// announced is still the peer's (it may have restarted in place with
+// another): a lone message over it counts attempts, and is dead-lettered
+// after MaxAttempts; the messages behind it then go on.
+func TestMessageTooLargeOnAnOlderConnectionCountsAttempts(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
+		fastRetries(c)
+		c.Transport.MaxFrameSize = 8 << 20
+		c.Transport.MaxReadBytes = 64 << 20
+	})
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	var s sink
+	if _, err := n2.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	to := node.Addr("sink", "n2")
+	if err := n1.Tell(ctxT(t), to, wrapperspb.String("first")); err != nil { // the connection
+		t.Fatal(err)
+	}
+	s.waitLen(t, 1)
+	out, err := n1.TellReliable(ctxT(t), to, wrapperspb.String(strings.Repeat("x", 5<<20)))
+	if err != nil || out != node.Queued {
+		t.Fatalf("TellReliable = %v, %v; want Queued (one attempt counted)", out, err)
+	}
+	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("behind")); err != nil {
+		t.Fatal(err)
+	}
+	got := s.waitLen(t, 2)
+	if got[1] != "behind" {
+		t.Fatalf("delivered %v", got)
+	}
+	// Dead-lettered after its attempts, or at once when an emission with
+	// the message behind it showed the peer alive with its limit.
+	testutil.WaitFor(t, 10*time.Second, "the large message dead-lettered", func() bool { return len(deadLetters(t, n1)) == 1 })
+	if r := deadLetters(t, n1)[0].Reason; !strings.HasPrefix(r, "max attempts: partition: cannot be sent yet") && !strings.HasPrefix(r, "rejected: cannot be sent") {
+		t.Fatalf("dead-letter reason %q", r)
+	} else {
+		t.Log(r)
+	}
 }

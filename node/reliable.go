@@ -356,7 +356,15 @@ func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope
 	switch {
 	case err == nil:
 	case errors.As(err, &ee):
-		err = errors.Join(&partition.UnsendableError{Errs: ee.Errs}, err)
+		errs := make(map[int]error, len(ee.Errs))
+		for i, e := range ee.Errs {
+			if errors.Is(e, transport.ErrLimitUnconfirmed) {
+				// Over a limit the peer may no longer have: an attempt.
+				e = fmt.Errorf("%w: %w", partition.ErrNotYet, e)
+			}
+			errs[i] = e
+		}
+		err = errors.Join(&partition.UnsendableError{Errs: errs}, err)
 	case errors.Is(err, transport.ErrQueueFull):
 		err = congested(err)
 	case errors.Is(err, transport.ErrUnreachable), errors.Is(err, transport.ErrConnLost):

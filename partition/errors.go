@@ -27,6 +27,11 @@ var (
 	ErrUnreachable = errors.New("partition: peer unreachable")
 	// ErrClosed is returned by Send after Close.
 	ErrClosed = errors.New("partition: relay closed")
+	// ErrNotYet is wrapped by an UnsendableError entry for a message that
+	// cannot be sent now but may be later (the recipient's limits are not
+	// confirmed): the attempt counts toward MaxAttempts, as a handler
+	// failure does, instead of making the message poison.
+	ErrNotYet = errors.New("partition: cannot be sent yet")
 )
 
 // CongestedError is ErrCongested with the sender's own estimate of when
@@ -53,7 +58,8 @@ func (e *CongestedError) Unwrap() []error {
 // UnsendableError reports envelopes of an emission that could not be put
 // on the wire at all (larger than a frame may be, or not encodable); the
 // others were sent. Such a message can never be delivered: it is poison
-// and goes to the dead-letter queue, and nothing else is charged for it.
+// and goes to the dead-letter queue, and nothing else is charged for it;
+// unless its entry wraps ErrNotYet, which counts one attempt.
 type UnsendableError struct {
 	Errs map[int]error // by index in the emission
 }

@@ -664,6 +664,9 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	var un *UnsendableError
 	if errors.As(derr, &un) {
 		if uerr, ok := un.Errs[i]; ok {
+			if errors.Is(uerr, ErrNotYet) {
+				return verdict{kind: vCounted, reason: uerr.Error()}
+			}
 			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error()}
 		}
 	}

@@ -33,6 +33,7 @@ type conn struct {
 	reads    *readBudget            // bytes of large frames being read, all streams together
 	large    *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
 	maxFrame int                    // the largest envelope frame sent on it: ours, or the peer's announced limit if lower
+	born     time.Time              // when the peer's Hello (with its limits) came
 	queued   atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes   atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	crowded  atomic.Bool            // qbytes is within MaxFrameSize of its bound (noteQueue)
@@ -147,6 +148,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		waiters: make(map[string]*waiter),
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
+		born:     time.Now(),
 	}
 	c.large = newLargeGate(largeSlots(t.cfg.MaxReadBytes, ph.GetMaxReadBytes(), c.maxFrame))
 	c.lanes = make([]*lane, t.cfg.Lanes+1)

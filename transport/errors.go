@@ -19,6 +19,12 @@ var (
 	ErrClosed = errors.New("transport: closed")
 	// ErrFrameTooLarge: a frame (outgoing or announced by a length prefix) exceeds MaxFrameSize.
 	ErrFrameTooLarge = errors.New("transport: frame too large")
+	// ErrLimitUnconfirmed is wrapped, beside ErrFrameTooLarge, by an
+	// EncodeError entry for an envelope within our MaxFrameSize but over
+	// the smaller one the peer announced on a connection that nothing in
+	// the batch showed alive: the peer may have restarted in place with
+	// another limit, and the next connection may take it.
+	ErrLimitUnconfirmed = errors.New("transport: the peer's frame limit is not confirmed")
 	// ErrIncompatible: the peer speaks no common protocol version, belongs to
 	// another cluster, or claims a name its certificate does not hold.
 	ErrIncompatible = errors.New("transport: incompatible peer")

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -286,12 +287,20 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	// may have announced another) says which envelopes are too large for
 	// it, so they are left out here like those too large for ours, not
 	// refused with the whole batch by its lane. A failed dial fails the
-	// enqueue below the same way. The envelopes are complete: no room is
-	// kept for fields added later.
-	limit := t.cfg.MaxFrameSize
-	if c, err := t.connFor(ctx, node); err == nil {
-		limit = c.maxFrame
+	// batch at once (enqueue would dial again). The envelopes are
+	// complete: no room is kept for fields added later. An envelope over
+	// the peer's limit is confirmed too large only once a receipt on that
+	// connection shows the peer alive: a connection to a peer that
+	// restarted in place may not be closed yet (ErrLimitUnconfirmed).
+	start := time.Now()
+	checked, err := t.connFor(ctx, node)
+	if err != nil {
+		return make([]*pb.Receipt, len(envs)), err
 	}
+	limit := checked.maxFrame
+	// The peer's Hello during this call, or a receipt on the same
+	// connection, shows the peer that announced the limit alive.
+	confirmed := !checked.born.Before(start)
 	for i, e := range envs {
 		if err := t.checkSize(e, limit, 0); err != nil {
 			if unsendable == nil {
@@ -305,6 +314,9 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	out := make([]*pb.Receipt, len(all))
 	if unsendable != nil {
 		if len(idx) == 0 {
+			if !confirmed {
+				unconfirmed(unsendable)
+			}
 			return out, unsendable
 		}
 		envs = make([]*pb.Envelope, len(idx))
@@ -322,8 +334,16 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		c = cc
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
+		if !confirmed {
+			unconfirmed(unsendable)
+		}
 		return out, errors.Join(err, unsendableErr(unsendable))
 	}
+	defer func() {
+		if !confirmed && (c != checked || !slices.ContainsFunc(out, func(rc *pb.Receipt) bool { return rc != nil })) {
+			unconfirmed(unsendable)
+		}
+	}()
 	select {
 	case <-settled:
 	case <-ctx.Done():
@@ -342,6 +362,41 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		out[idx[j]] = w.rc
 	}
 	return out, unsendableErr(unsendable)
+}
+
+// peerLimitError is an envelope over the frame limit the peer announced,
+// below ours.
+type peerLimitError struct {
+	size, limit int
+	unconfirmed bool // announced on a connection nothing showed alive
+}
+
+func (e *peerLimitError) Error() string {
+	s := fmt.Sprintf("%v: a message of %d bytes encoded does not fit the %d-byte frame limit the recipient's node announced", ErrFrameTooLarge, e.size, e.limit)
+	if e.unconfirmed {
+		s += " (on a connection not yet shown alive)"
+	}
+	return s
+}
+
+func (e *peerLimitError) Unwrap() []error {
+	if e.unconfirmed {
+		return []error{ErrFrameTooLarge, ErrLimitUnconfirmed}
+	}
+	return []error{ErrFrameTooLarge}
+}
+
+// unconfirmed marks e's entries over a limit the peer announced as not
+// confirmed (ErrLimitUnconfirmed).
+func unconfirmed(e *EncodeError) {
+	if e == nil {
+		return
+	}
+	for _, err := range e.Errs {
+		if pe := (*peerLimitError)(nil); errors.As(err, &pe) {
+			pe.unconfirmed = true
+		}
+	}
 }
 
 // unsendableErr returns e as an error, nil when e is nil.
@@ -379,7 +434,7 @@ func (t *Transport) checkSize(env *pb.Envelope, limit, slack int) error {
 	case frame <= limit:
 		return nil
 	case limit < t.cfg.MaxFrameSize:
-		return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit the recipient's node announced", ErrFrameTooLarge, n, limit)
+		return &peerLimitError{size: n, limit: limit}
 	}
 	return fmt.Errorf("%w: a message of %d bytes encoded does not fit the %d-byte frame limit", ErrFrameTooLarge, n, limit)
 }
