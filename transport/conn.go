@@ -182,10 +182,11 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	return c, nil
 }
 
-// frameLimit is the largest frame to send to a peer that announced
-// announced: ours when it announced none (a peer of an older version) or
-// a larger one, and never below the smallest MaxFrameSize a config may
-// set, so a peer cannot make its own connection useless by mistake.
+// frameLimit is the largest frame to send to a peer whose Hello
+// announced the limit announced: ours when it announced none (a peer of
+// an older version) or a larger one, and never below the smallest
+// MaxFrameSize a config may set, so a peer cannot make its own connection
+// useless by mistake.
 func frameLimit(own int, announced uint32) int {
 	if announced == 0 {
 		return own
