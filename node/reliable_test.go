@@ -289,8 +289,14 @@ func TestTellReliableIdempotency(t *testing.T) {
 		return calls == 2 && nodes[0].Outbox().Stats().Depth == 0
 	})
 	out, err := nodes[0].TellReliable(ctx, to, wrapperspb.String("x"), node.WithIdempotencyKey("job-1"))
-	if err != nil || out != node.Delivered {
+	switch {
+	case err != nil || out == node.DeadLettered:
 		t.Fatalf("replay = %v, %v; want Delivered (as a duplicate)", out, err)
+	case out == node.Queued:
+		// No direct attempt (on a loaded machine the peer can be suspect
+		// for a moment, or the last ack still committing): the relay
+		// delivers it, and it must still be a duplicate.
+		testutil.WaitFor(t, 10*time.Second, "replay delivered", func() bool { return nodes[0].Outbox().Stats().Depth == 0 })
 	}
 	mu.Lock()
 	defer mu.Unlock()
