@@ -1,12 +1,14 @@
 package node_test
 
 import (
+	"context"
 	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshnode/meshnode/internal/testutil"
@@ -101,5 +103,41 @@ func TestMessageTooLargeOnAnOlderConnectionCountsAttempts(t *testing.T) {
 		t.Fatalf("dead-letter reason %q", r)
 	} else {
 		t.Log(r)
+	}
+}
+
+// A reply too large for the requester's frames (but not for ours) comes
+// back as an error reply saying so, as one too large for ours does,
+// instead of being dead-lettered here with the requester hearing nothing.
+func TestReplyTooLargeForTheRequestersFrames(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
+		fastRetries(c)
+		c.Transport.MaxFrameSize = 8 << 10
+	})
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	if _, err := n2.Spawn("big", func(context.Context, *node.Message) (proto.Message, error) {
+		return wrapperspb.String(strings.Repeat("r", 16<<10)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	if _, err := n1.Spawn("replies", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		got <- m.ReplyError()
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n1.TellReliable(ctxT(t), node.Addr("big", "n2"), wrapperspb.String("q"), node.WithReplyTo(node.Addr("replies", "n1"))); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err == nil || !strings.Contains(err.Error(), "reply too large") {
+			t.Fatalf("reply error %v, want one saying the reply is too large", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatalf("no reply at the requester; n2 dead letters: %v", deadLetterReasons(t, n2))
 	}
 }

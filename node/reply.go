@@ -114,6 +114,11 @@ func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
 		env.Body = body
 	}
 	err := n.transport.CheckSize(env)
+	if err == nil && to.Node != n.name {
+		// The requester's frames may be smaller than ours: the request
+		// just came over the connection that says.
+		err = n.transport.CheckSizeTo(env, to.Node)
+	}
 	if err == nil && n.fwd.on && to.Node != n.name {
 		// It may have to go through a forwarder with its origin; one that
 		// fits only directly would hold the reply stream while the direct

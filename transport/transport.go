@@ -420,6 +420,19 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 	return t.checkSize(env, t.cfg.MaxFrameSize, emissionSlack)
 }
 
+// CheckSizeTo is CheckSize against the frame limit node announced on the
+// connection open to it now (ours when none is open), for a message to a
+// node that just reached this one (a reply).
+func (t *Transport) CheckSizeTo(env *pb.Envelope, node string) error {
+	limit := t.cfg.MaxFrameSize
+	t.mu.Lock()
+	if p := t.peers[node]; p != nil && p.conn != nil && !p.conn.isClosed() {
+		limit = p.conn.maxFrame
+	}
+	t.mu.Unlock()
+	return t.checkSize(env, limit, emissionSlack)
+}
+
 // checkSize reports whether env's frame, with slack bytes to spare, fits
 // limit.
 func (t *Transport) checkSize(env *pb.Envelope, limit, slack int) error {
