@@ -141,3 +141,24 @@ func TestReplyTooLargeForTheRequestersFrames(t *testing.T) {
 		t.Fatalf("no reply at the requester; n2 dead letters: %v", deadLetterReasons(t, n2))
 	}
 }
+
+// An ask whose reply is too large for the asker's frames ends at once
+// with an error saying so, not at its deadline.
+func TestAskReplyTooLargeForTheAskersFrames(t *testing.T) {
+	dir := t.TempDir()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) { c.Transport.MaxFrameSize = 8 << 10 })
+	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	if _, err := n2.Spawn("big", func(context.Context, *node.Message) (proto.Message, error) {
+		return wrapperspb.String(strings.Repeat("r", 16<<10)), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := n1.Ask(ctx, node.Addr("big", "n2"), wrapperspb.String("q"), new(wrapperspb.StringValue))
+	var re *node.RemoteError
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "reply too large") || ctx.Err() != nil {
+		t.Fatalf("Ask = %v, want a RemoteError saying the reply is too large, before the deadline", err)
+	}
+}
