@@ -21,7 +21,9 @@ import (
 // the message and counts it at the receiver. A full send queue to the
 // peer gives *CapacityError too, whose RetryAfter is the connection's
 // estimate of when the message fits (errors.Is transport.ErrQueueFull). A
-// peer known to be down gives ErrUnreachable at once, without a dial.
+// peer known to be down gives ErrUnreachable at once, without a dial. A
+// message over the frame limit, ours or the one the peer's node announced,
+// gives ErrTooLarge.
 //
 // The handler's context carries the deadline of ctx (across the wire as
 // the time left) and, on this node, its values; it is not canceled with
@@ -101,8 +103,9 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 // Ask sends req to an actor and waits for its reply, which it decodes into
 // resp (resp may be nil to ignore the reply). Without a deadline in ctx,
 // Config.AskTimeout applies. Errors: *CapacityError when the actor's mailbox
-// is full, ErrNoSuchActor, *RemoteError for a handler error,
-// ErrUnreachable, or the context's error.
+// is full, ErrNoSuchActor, *RemoteError for a handler error (or a reply too
+// large for the wire), ErrUnreachable, ErrTooLarge for a request over a
+// frame limit, or the context's error.
 //
 // The handler's context carries the deadline (across the wire as the time
 // left) and, on this node, the values of ctx. Options: WithHeaders,
