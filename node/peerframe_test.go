@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/partition"
 )
 
 // A message within this node's frame limit but over the recipient's
@@ -65,14 +66,17 @@ func TestMessageTooLargeForTheRecipientsNode(t *testing.T) {
 
 // On a connection made before the call, nothing shows that the limit it
 // announced is still the peer's (it may have restarted in place with
-// another): a lone message over it counts attempts, and is dead-lettered
-// after MaxAttempts; the messages behind it then go on.
-func TestMessageTooLargeOnAnOlderConnectionCountsAttempts(t *testing.T) {
+// another): a lone message over it waits, uncounted, until the connection
+// has outlived MaxIdleTimeout since (keep-alives would have replaced it),
+// and is then dead-lettered; the messages behind it go on.
+func TestMessageTooLargeOnAnOlderConnectionIsConfirmedFirst(t *testing.T) {
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
-		fastRetries(c)
+		c.Outbox.MaxAttempts = 1 // an attempt counted would dead-letter it at once
+		c.Relay.Backoff = partition.BackoffConfig{Base: 5 * time.Millisecond, Cap: 50 * time.Millisecond}
 		c.Transport.MaxFrameSize = 8 << 20
 		c.Transport.MaxReadBytes = 64 << 20
+		c.Transport.KeepAlivePeriod, c.Transport.MaxIdleTimeout = 300*time.Millisecond, 2*time.Second
 	})
 	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
@@ -85,9 +89,10 @@ func TestMessageTooLargeOnAnOlderConnectionCountsAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitLen(t, 1)
+	start := time.Now()
 	out, err := n1.TellReliable(ctxT(t), to, wrapperspb.String(strings.Repeat("x", 5<<20)))
 	if err != nil || out != node.Queued {
-		t.Fatalf("TellReliable = %v, %v; want Queued (one attempt counted)", out, err)
+		t.Fatalf("TellReliable = %v, %v; want Queued (not yet confirmed too large)", out, err)
 	}
 	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("behind")); err != nil {
 		t.Fatal(err)
@@ -96,14 +101,11 @@ func TestMessageTooLargeOnAnOlderConnectionCountsAttempts(t *testing.T) {
 	if got[1] != "behind" {
 		t.Fatalf("delivered %v", got)
 	}
-	// Dead-lettered after its attempts, or at once when an emission with
-	// the message behind it showed the peer alive with its limit.
-	testutil.WaitFor(t, 10*time.Second, "the large message dead-lettered", func() bool { return len(deadLetters(t, n1)) == 1 })
-	if r := deadLetters(t, n1)[0].Reason; !strings.HasPrefix(r, "max attempts: partition: cannot be sent yet") && !strings.HasPrefix(r, "rejected: cannot be sent") {
+	testutil.WaitFor(t, 15*time.Second, "the large message dead-lettered", func() bool { return len(deadLetters(t, n1)) == 1 })
+	if r := deadLetters(t, n1)[0].Reason; !strings.HasPrefix(r, "rejected: cannot be sent") {
 		t.Fatalf("dead-letter reason %q", r)
-	} else {
-		t.Log(r)
 	}
+	t.Logf("dead-lettered after %v", time.Since(start))
 }
 
 // A reply too large for the requester's frames (but not for ours) comes

@@ -224,9 +224,10 @@ func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr er
 		n.responses.Deliver(n.name, env)
 		return
 	}
-	if err := n.transport.CheckSizeTo(env, replyTo.Node); err != nil && env.Body != nil {
-		// Too large for the asker's frames (or ours): the asker hears
-		// why at once instead of waiting out its deadline.
+	if err := n.transport.CheckSendTo(env, replyTo.Node); err != nil {
+		// Too large for the asker's frames (or ours), a reply or a long
+		// error: the asker hears why at once instead of waiting out its
+		// deadline.
 		env.Body = nil
 		mailbox.SetError(env, &RemoteError{Code: mailbox.Internal, Message: fmt.Sprintf("reply too large for the wire: %v", err)})
 	}

@@ -359,7 +359,7 @@ func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope
 		errs := make(map[int]error, len(ee.Errs))
 		for i, e := range ee.Errs {
 			if errors.Is(e, transport.ErrLimitUnconfirmed) {
-				// Over a limit the peer may no longer have: an attempt.
+				// Over a limit the peer may no longer have: later.
 				e = fmt.Errorf("%w: %w", partition.ErrNotYet, e)
 			}
 			errs[i] = e

@@ -29,8 +29,8 @@ var (
 	ErrClosed = errors.New("partition: relay closed")
 	// ErrNotYet is wrapped by an UnsendableError entry for a message that
 	// cannot be sent now but may be later (the recipient's limits are not
-	// confirmed): the attempt counts toward MaxAttempts, as a handler
-	// failure does, instead of making the message poison.
+	// confirmed): the stream waits and sends it again, uncounted, as for a
+	// lost receipt, instead of making the message poison.
 	ErrNotYet = errors.New("partition: cannot be sent yet")
 )
 
@@ -59,7 +59,7 @@ func (e *CongestedError) Unwrap() []error {
 // on the wire at all (larger than a frame may be, or not encodable); the
 // others were sent. Such a message can never be delivered: it is poison
 // and goes to the dead-letter queue, and nothing else is charged for it;
-// unless its entry wraps ErrNotYet, which counts one attempt.
+// unless its entry wraps ErrNotYet, which defers it.
 type UnsendableError struct {
 	Errs map[int]error // by index in the emission
 }

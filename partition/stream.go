@@ -665,7 +665,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	if errors.As(derr, &un) {
 		if uerr, ok := un.Errs[i]; ok {
 			if errors.Is(uerr, ErrNotYet) {
-				return verdict{kind: vCounted, reason: uerr.Error()}
+				return verdict{kind: vDefer, reason: uerr.Error()}
 			}
 			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error()}
 		}

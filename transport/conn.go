@@ -34,6 +34,7 @@ type conn struct {
 	large    *largeGate             // lanes writing frames too large for the peer's stream buffer (isLarge)
 	maxFrame int                    // the largest envelope frame sent on it: ours, or the peer's announced limit if lower
 	born     time.Time              // when the peer's Hello (with its limits) came
+	doubted  atomic.Int64           // unix ns an envelope was first found over the peer's unconfirmed limit; 0: never
 	queued   atomic.Int64           // envelopes queued on all lanes, bounded by SendQueueSize
 	qbytes   atomic.Int64           // their encoded bytes, bounded by SendQueueBytes
 	crowded  atomic.Bool            // qbytes is within MaxFrameSize of its bound (noteQueue)

@@ -26,8 +26,10 @@
 //     (ErrFrameTooLarge; in a RequestBatch, an EncodeError for it alone):
 //     nodes configured apart never make each other close the connection.
 //     Such an entry is confirmed only by the peer's Hello during the same
-//     call or a receipt of the batch on that connection; otherwise it also
-//     wraps ErrLimitUnconfirmed (the peer may have restarted in place).
+//     call, a receipt of the batch on that connection, or the connection's
+//     outliving MaxIdleTimeout since its limit was first doubted; otherwise
+//     it also wraps ErrLimitUnconfirmed (the peer may have restarted in
+//     place).
 //     A receipt's text longer than the peer's limit is cut to fit.
 //     A peer that announces none (an older version) is taken to share ours.
 //   - Bad bytes from a peer close that connection only (CodeProtocol,

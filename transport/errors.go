@@ -21,9 +21,11 @@ var (
 	ErrFrameTooLarge = errors.New("transport: frame too large")
 	// ErrLimitUnconfirmed is wrapped, beside ErrFrameTooLarge, by an
 	// EncodeError entry for an envelope within our MaxFrameSize but over
-	// the smaller one the peer announced on a connection that nothing in
-	// the batch showed alive: the peer may have restarted in place with
-	// another limit, and the next connection may take it.
+	// the smaller one the peer announced on a connection not shown alive
+	// with it (no Hello during the call, no receipt of the batch, and not
+	// MaxIdleTimeout since its limit was first doubted): the peer may have
+	// restarted in place with another limit, and the next connection may
+	// take it. Sending it again later decides.
 	ErrLimitUnconfirmed = errors.New("transport: the peer's frame limit is not confirmed")
 	// ErrIncompatible: the peer speaks no common protocol version, belongs to
 	// another cluster, or claims a name its certificate does not hold.

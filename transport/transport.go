@@ -289,18 +289,24 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	// refused with the whole batch by its lane. A failed dial fails the
 	// batch at once (enqueue would dial again). The envelopes are
 	// complete: no room is kept for fields added later. An envelope over
-	// the peer's limit is confirmed too large only once a receipt on that
-	// connection shows the peer alive: a connection to a peer that
-	// restarted in place may not be closed yet (ErrLimitUnconfirmed).
+	// the peer's limit is confirmed too large only once the peer is shown
+	// alive with it: a connection to a peer that restarted in place may
+	// not be closed yet (ErrLimitUnconfirmed).
 	start := time.Now()
 	checked, err := t.connFor(ctx, node)
 	if err != nil {
 		return make([]*pb.Receipt, len(envs)), err
 	}
 	limit := checked.maxFrame
-	// The peer's Hello during this call, or a receipt on the same
-	// connection, shows the peer that announced the limit alive.
+	// The peer's Hello during this call, a receipt on the same connection,
+	// or the connection's surviving MaxIdleTimeout since its limit was
+	// first doubted (keep-alives draw a restarted peer's stateless reset,
+	// or find it gone, well within that) shows the peer that announced the
+	// limit alive.
 	confirmed := !checked.born.Before(start)
+	if d := checked.doubted.Load(); d != 0 && start.UnixNano()-d >= int64(t.cfg.MaxIdleTimeout) {
+		confirmed = true
+	}
 	for i, e := range envs {
 		if err := t.checkSize(e, limit, 0); err != nil {
 			if unsendable == nil {
@@ -315,7 +321,7 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	if unsendable != nil {
 		if len(idx) == 0 {
 			if !confirmed {
-				unconfirmed(unsendable)
+				unconfirmed(unsendable, checked)
 			}
 			return out, unsendable
 		}
@@ -335,13 +341,13 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
 		if !confirmed {
-			unconfirmed(unsendable)
+			unconfirmed(unsendable, checked)
 		}
 		return out, errors.Join(err, unsendableErr(unsendable))
 	}
 	defer func() {
 		if !confirmed && (c != checked || !slices.ContainsFunc(out, func(rc *pb.Receipt) bool { return rc != nil })) {
-			unconfirmed(unsendable)
+			unconfirmed(unsendable, checked)
 		}
 	}()
 	select {
@@ -386,15 +392,17 @@ func (e *peerLimitError) Unwrap() []error {
 	return []error{ErrFrameTooLarge}
 }
 
-// unconfirmed marks e's entries over a limit the peer announced as not
-// confirmed (ErrLimitUnconfirmed).
-func unconfirmed(e *EncodeError) {
+// unconfirmed marks e's entries over a limit the peer announced on c as
+// not confirmed (ErrLimitUnconfirmed), and notes when c's limit was
+// first doubted.
+func unconfirmed(e *EncodeError, c *conn) {
 	if e == nil {
 		return
 	}
 	for _, err := range e.Errs {
 		if pe := (*peerLimitError)(nil); errors.As(err, &pe) {
 			pe.unconfirmed = true
+			c.doubted.CompareAndSwap(0, time.Now().UnixNano())
 		}
 	}
 }
@@ -422,9 +430,19 @@ func (t *Transport) CheckSize(env *pb.Envelope) error {
 
 // CheckSizeTo is CheckSize against the frame limit node announced on the
 // connection open to it now (ours when none is open), for a message to a
-// node that just reached this one (a reply).
+// node that just reached this one (a reliable reply).
 func (t *Transport) CheckSizeTo(env *pb.Envelope, node string) error {
-	if t.checkSize(env, minFrameSize, emissionSlack) == nil {
+	return t.checkSizeTo(env, node, emissionSlack)
+}
+
+// CheckSendTo is CheckSizeTo for env exactly as it is, for a message sent
+// once as it is (an ask's response).
+func (t *Transport) CheckSendTo(env *pb.Envelope, node string) error {
+	return t.checkSizeTo(env, node, 0)
+}
+
+func (t *Transport) checkSizeTo(env *pb.Envelope, node string, slack int) error {
+	if t.checkSize(env, minFrameSize, slack) == nil {
 		return nil // fits any limit a peer may have: no lock on the way of every reply
 	}
 	limit := t.cfg.MaxFrameSize
@@ -433,7 +451,7 @@ func (t *Transport) CheckSizeTo(env *pb.Envelope, node string) error {
 		limit = p.conn.maxFrame
 	}
 	t.mu.Unlock()
-	return t.checkSize(env, limit, emissionSlack)
+	return t.checkSize(env, limit, slack)
 }
 
 // checkSize reports whether env's frame, with slack bytes to spare, fits
