@@ -49,25 +49,8 @@ func tellFloodWithReliable(t *testing.T, overflow mailbox.Overflow) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var full atomic.Int64
 	var wg sync.WaitGroup
-	payload := wrapperspb.Bytes(make([]byte, 64))
-	for range 4 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				var ce *node.CapacityError
-				if err := n1.Tell(ctx, node.Addr("busy", "n2"), payload); errors.As(err, &ce) {
-					full.Add(1)
-					// A sender that honours the hint: the flood needs no
-					// CPU it does not use, and still keeps the mailbox full.
-					select {
-					case <-time.After(ce.RetryAfter):
-					case <-ctx.Done():
-					}
-				}
-			}
-		})
-	}
+	full := floodTells(ctx, &wg, n1, node.Addr("busy", "n2"))
 	// The flood fills the mailbox before the reliable messages are sent.
 	testutil.WaitFor(t, 10*time.Second, "tells refused full", func() bool { return full.Load() > 100 })
 	const total = 50
@@ -165,22 +148,7 @@ func TestLargeReliableFindsRoomUnderByteBound(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	var full atomic.Int64
-	payload := wrapperspb.Bytes(make([]byte, 64)) // about 700 bytes a tell
-	for range 4 {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				var ce *node.CapacityError
-				if err := n1.Tell(ctx, node.Addr("busy", "n2"), payload); errors.As(err, &ce) {
-					full.Add(1)
-					select {
-					case <-time.After(ce.RetryAfter):
-					case <-ctx.Done():
-					}
-				}
-			}
-		})
-	}
+	full := floodTells(ctx, &wg, n1, node.Addr("busy", "n2")) // about 700 bytes a tell
 	testutil.WaitFor(t, 10*time.Second, "tells refused full", func() bool { return full.Load() > 100 })
 	// 14 KiB: more than the half the tells leave, within the 16 KiB bound.
 	big := wrapperspb.String(strings.Repeat("x", 14<<10))
@@ -204,7 +172,7 @@ func TestCapacityOneAnswersAsksDuringReliableTraffic(t *testing.T) {
 	waitAlive(t, []*node.Node{n1, n2}, 2)
 	var s sink
 	h := func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // the handler's work
 		if m.Sequence() == 0 {
 			return wrapperspb.String("pong"), nil
 		}
@@ -247,4 +215,28 @@ func TestCapacityOneAnswersAsksDuringReliableTraffic(t *testing.T) {
 		t.Logf("ask: %v", err)
 		return false
 	})
+}
+
+// floodTells starts four senders on wg that tell to until ctx ends, each
+// waiting out the hint of a refusal as a well-behaved sender does (the
+// flood uses no CPU it does not need, and still keeps a small mailbox
+// full); it returns the count of refusals.
+func floodTells(ctx context.Context, wg *sync.WaitGroup, n *node.Node, to node.Address) *atomic.Int64 {
+	full := new(atomic.Int64)
+	payload := wrapperspb.Bytes(make([]byte, 64))
+	for range 4 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				var ce *node.CapacityError
+				if err := n.Tell(ctx, to, payload); errors.As(err, &ce) {
+					full.Add(1)
+					select {
+					case <-time.After(ce.RetryAfter):
+					case <-ctx.Done():
+					}
+				}
+			}
+		})
+	}
+	return full
 }
