@@ -307,6 +307,13 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	if d := checked.doubted.Load(); d != 0 && start.UnixNano()-d >= int64(t.cfg.MaxIdleTimeout) {
 		confirmed = true
 	}
+	out := make([]*pb.Receipt, len(all))
+	var c *conn // the connection the batch went on
+	defer func() {
+		if !confirmed && (c != checked || !slices.ContainsFunc(out, func(rc *pb.Receipt) bool { return rc != nil })) {
+			unconfirmed(unsendable, checked)
+		}
+	}()
 	for i, e := range envs {
 		if err := t.checkSize(e, limit, 0); err != nil {
 			if unsendable == nil {
@@ -317,12 +324,8 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		}
 		idx = append(idx, i)
 	}
-	out := make([]*pb.Receipt, len(all))
 	if unsendable != nil {
 		if len(idx) == 0 {
-			if !confirmed {
-				unconfirmed(unsendable, checked)
-			}
 			return out, unsendable
 		}
 		envs = make([]*pb.Envelope, len(idx))
@@ -332,7 +335,6 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	}
 	var ws []*waiter
 	var settled <-chan struct{}
-	var c *conn
 	if err := t.enqueue(ctx, node, envs, func(cc *conn) error {
 		// Fresh waiters for every connection tried: a connection that died
 		// after registering them has set them already.
@@ -340,16 +342,8 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 		c = cc
 		return cc.addWaiters(envs, ws)
 	}); err != nil {
-		if !confirmed {
-			unconfirmed(unsendable, checked)
-		}
 		return out, errors.Join(err, unsendableErr(unsendable))
 	}
-	defer func() {
-		if !confirmed && (c != checked || !slices.ContainsFunc(out, func(rc *pb.Receipt) bool { return rc != nil })) {
-			unconfirmed(unsendable, checked)
-		}
-	}()
 	select {
 	case <-settled:
 	case <-ctx.Done():
