@@ -110,7 +110,8 @@ func TestPostLowBytes(t *testing.T) {
 	if err := g.m.PostLow(50, 900); err != nil {
 		t.Fatalf("PostLow(50) keeping 900 of 1000 = %v", err)
 	}
-	if st := g.m.Stats(); st.Bytes != 50 {
-		t.Fatalf("Bytes = %d, want 50", st.Bytes)
+	testutil.WaitFor(t, waitTimeout, "the low item handled", func() bool { return len(g.handledItems()) == 4 })
+	if got := g.handledItems(); got[3] != 50 {
+		t.Fatalf("handled %v, want the low item 50 last", got)
 	}
 }
