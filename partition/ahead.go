@@ -14,8 +14,7 @@ import (
 // Head. What was read ahead is used only if a Head at that moment would
 // return the same messages first:
 //   - the emission was clean and every ack since has committed or is
-//     still committing (any other outcome drops it; a failed Ack, of any
-//     stream, makes every read ahead before it unusable);
+//     still committing or to be retried (any other outcome drops it);
 //   - the store's Edits was even before the read and has not moved since
 //     (nothing was replaced, retried, expired, replayed or dropped in any
 //     queue, nor is being);
@@ -38,7 +37,6 @@ type ahead struct {
 	done  chan struct{} // closed when the read ended
 	at    int64         // the store's elapsed ms when it started
 	edits uint64        // the store's Edits before the read
-	fails uint64        // the relay's failed Acks when the emission's Skip was taken
 	skip  []uint64      // ascending: what the read skipped
 	msgs  []*pb.StoredMessage
 	ok    bool // read without error, and nothing held back by a TTL
@@ -50,18 +48,13 @@ type aheads struct {
 	mu sync.Mutex
 	m  map[*stream]*ahead
 
-	// ackFails counts failed Acks: what a stream skipped as acked is back
-	// in its queue, and a read ahead that skipped it may be out of date
-	// even if it was registered after the failure was handled.
-	ackFails atomic.Uint64
-	used     atomic.Uint64 // emissions sent as read ahead (Stats.ReadAhead)
+	used atomic.Uint64 // emissions sent as read ahead (Stats.ReadAhead)
 }
 
 // readAhead starts reading st's next emission after msgs, the emission
 // about to be sent under req (hw: the stream's emitted high-water with
-// it; below: aheadBelow; fails: the relay's failed Acks when req was
-// made), if it filled its grant and more waits.
-func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below, fails uint64) {
+// it; below: aheadBelow), if it filled its grant and more waits.
+func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below uint64) {
 	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
 		return
 	}
@@ -71,7 +64,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	}
 	skip := mergeSorted(req.Skip, sent)
 	now := r.store.ElapsedMs()
-	a := &ahead{done: make(chan struct{}), at: now, edits: r.store.Edits(), fails: fails, skip: skip}
+	a := &ahead{done: make(chan struct{}), at: now, edits: r.store.Edits(), skip: skip}
 	r.ahead.mu.Lock()
 	if r.ahead.m == nil {
 		r.ahead.m = make(map[*stream]*ahead)
@@ -157,7 +150,7 @@ func (r *Relay) head(st *stream, req outbox.HeadRequest) ([]*pb.StoredMessage, i
 // usable returns the part of a that a Head under req would return now,
 // or nil when it might differ.
 func (r *Relay) usable(a *ahead, req outbox.HeadRequest) []*pb.StoredMessage {
-	if !a.ok || a.edits%2 != 0 || a.edits != r.store.Edits() || a.fails != r.ahead.ackFails.Load() || !subset(req.Skip, a.skip) {
+	if !a.ok || a.edits%2 != 0 || a.edits != r.store.Edits() || !subset(req.Skip, a.skip) {
 		return nil
 	}
 	msgs := a.msgs[:min(len(a.msgs), req.Max)]

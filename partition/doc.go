@@ -37,7 +37,12 @@
 //     once from the frontier), NO_SUCH_ACTOR within the spawn grace, and
 //     codes this build does not know are deferred and never counted: a
 //     healthy message does not reach the dead-letter queue.
-//   - PROCESSED and DUPLICATE ack. REJECTED and an envelope the Deliverer
+//   - PROCESSED and DUPLICATE ack. An Ack whose commit fails (a full or
+//     failing disk) is retried by the sweeper, backing off from 100 ms to
+//     10 s; until it commits its messages are neither sent again nor
+//     given up at their TTL (the receiver ran them), and the stream stops
+//     once MaxAckPending of its Acks wait.
+//   - REJECTED and an envelope the Deliverer
 //     could not put on the wire (*UnsendableError: only that one; the rest
 //     of the emission is sent) are dead-lettered as poison; EXPIRED as
 //     expired.

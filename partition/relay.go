@@ -102,9 +102,13 @@ type Relay struct {
 
 	ahead aheads // streams' next emissions read ahead (ahead.go)
 
+	failedAcks failedAcks // Acks to retry (ackretry.go)
+
 	// afterLookup, set only by tests before Start, runs in lockStream
 	// between finding a stream and locking it.
 	afterLookup func(rcpt string)
+	// ack is store.Ack; tests that make a disk fail replace it before Start.
+	ack func(recipient string, seqs []uint64) error
 
 	iterations, batches, direct, delivered, failed atomic.Uint64
 	deferred, outOfOrder, restores                 atomic.Uint64
@@ -141,6 +145,7 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	r := &Relay{cfg: cfg, store: store, d: d, ctx: ctx, cancel: cancel, limiters: map[string]*Limiter{},
 		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1),
 		committed: commits{wake: make(chan struct{}, 1)}}
+	r.ack = store.Ack
 	for i := range cfg.Partitions {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
@@ -219,6 +224,7 @@ func (r *Relay) Close() error {
 		r.store.SetSequencer(nil)
 		r.cancel()
 		r.wg.Wait()
+		r.retryAcks() // last chance: what still fails is answered DUPLICATE after a restart
 		r.routes.close()
 	})
 	return nil
@@ -431,8 +437,19 @@ func (r *Relay) expiresAt(deadlineMs int64) {
 	}
 }
 
-// sweepOnce expires what is due and returns how long to wait for the next.
+// sweepOnce retries failed Acks, expires what is due and returns how long
+// to wait for the next look.
 func (r *Relay) sweepOnce() time.Duration {
+	ackWait, retrying := r.retryAcks()
+	wait := r.expireDue()
+	if retrying {
+		wait = min(wait, ackWait)
+	}
+	return wait
+}
+
+// expireDue expires what is due and returns how long to wait for the next.
+func (r *Relay) expireDue() time.Duration {
 	now := r.store.ElapsedMs()
 	cands, next, err := r.store.ExpiryCandidates(now, 1024)
 	if err != nil {

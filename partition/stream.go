@@ -453,10 +453,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 		req.Below = st.storing[0]
 	}
 	r.wg.Add(1)
-	// Under st.mu, as the Skip above: a failed Ack is counted in the same
-	// step that takes its sequences out of st.acking (deliver).
-	fails := r.ahead.ackFails.Load()
-	go r.deliver(st, lim, g, req, fails)
+	go r.deliver(st, lim, g, req)
 	return true
 }
 
@@ -464,11 +461,11 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 //
 // Pipelining: when every receipt is positive, the stream may start its
 // next emission before this one's Ack has committed; the acked sequences
-// stay in st.acking (skipped by Head) until the commit, and become
-// deliverable again if it fails (the receiver answers DUPLICATE). After any
+// stay in st.acking (skipped by Head) until the commit, or, if it fails,
+// until the sweeper's retry commits (ackretry.go). After any
 // other outcome the stream stays busy until the verdict and the acks are
 // recorded, so the next emission starts at the frontier.
-func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest, fails uint64) {
+func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest) {
 	defer r.wg.Done()
 	released, sending := false, true
 	release := func() {
@@ -527,7 +524,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	hw, below := st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow())
 	st.mu.Unlock()
 	r.batches.Add(1)
-	r.readAhead(st, req, msgs, hw, below, fails)
+	r.readAhead(st, req, msgs, hw, below)
 	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
 	receipts, derr := r.routes.deliver(dctx, st.node, envs)
 	cancel()
@@ -560,25 +557,23 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		st.mu.Unlock()
 		r.Notify(st.rcpt)
 	}
-	err = r.store.Ack(st.rcpt, acks)
-	if clean || err != nil {
+	err = r.ack(st.rcpt, acks)
+	if err != nil {
+		// The receiver ran them; only the record of it failed. They stay
+		// skipped (st.acking), neither sent again nor given up by the
+		// sweeper, which retries the Ack.
 		st.mu.Lock()
-		if err != nil {
-			// Counted in the same step that takes the sequences out of
-			// st.acking: an emission whose Skip still held them was made
-			// under the old count, and what it reads ahead is not used.
-			r.ahead.ackFails.Add(1)
-		}
-		if clean {
-			st.ackBatches--
-			st.acking = removeSorted(st.acking, acks)
+		if !clean {
+			st.ackBatches++
+			st.acking = mergeSorted(st.acking, acks)
 			st.updateBlocked(r.cfg.MaxAckPending)
 		}
 		st.mu.Unlock()
+		r.ackLater(st, acks, err)
+		return
 	}
-	if err != nil {
-		r.dropAhead(st) // what it skipped as acked is back in the queue
-		r.cfg.Logger.Warn("relay: ack failed; messages will be sent again (the receiver answers DUPLICATE)", "recipient", st.rcpt, "err", err)
+	if clean {
+		r.acked(st, acks)
 		return
 	}
 	r.delivered.Add(uint64(len(acks)))
