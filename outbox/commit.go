@@ -242,6 +242,9 @@ func (s *Store) gather(g *gathered) {
 func (s *Store) commit(ops []*op) {
 	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		if e := s.failCommits.Load(); e != nil {
+			return *e
+		}
 		for _, o := range ops {
 			if err := s.apply(tx, b, o); err != nil {
 				return fmt.Errorf("%s: %w", o.kind, err)
@@ -265,6 +268,7 @@ func (s *Store) commit(ops []*op) {
 		s.edits.Add(1)
 	}
 	if err != nil {
+		s.commitFails.Add(1)
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
 		for _, o := range ops {

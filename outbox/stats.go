@@ -16,23 +16,25 @@ type Stats struct {
 	Coalesced    uint64 // waiting messages replaced by a newer OVERWRITE
 	Superseded   uint64 // OVERWRITE messages dropped as older
 
-	DLQDepth int    // records in the DLQ
-	Fsyncs   uint64 // committed transactions (one fsync each)
+	DLQDepth       int    // records in the DLQ
+	Fsyncs         uint64 // committed transactions (one fsync each)
+	CommitFailures uint64 // transactions that failed (a full or failing disk); their callers got the error
 }
 
 // Stats returns a snapshot. It walks the per-recipient queues, so it is
 // meant for metrics scrapes, not hot paths.
 func (s *Store) Stats() Stats {
 	st := Stats{
-		DepthByPeer:  map[string]int{},
-		Retries:      s.retries.Load(),
-		DeadLettered: s.deadLettered.Load(),
-		Expired:      s.expired.Load(),
-		Delivered:    s.delivered.Load(),
-		Enqueued:     s.enqueued.Load(),
-		Coalesced:    s.coalesced.Load(),
-		Superseded:   s.superseded.Load(),
-		Fsyncs:       s.fsyncs.Load(),
+		DepthByPeer:    map[string]int{},
+		Retries:        s.retries.Load(),
+		DeadLettered:   s.deadLettered.Load(),
+		Expired:        s.expired.Load(),
+		Delivered:      s.delivered.Load(),
+		Enqueued:       s.enqueued.Load(),
+		Coalesced:      s.coalesced.Load(),
+		Superseded:     s.superseded.Load(),
+		Fsyncs:         s.fsyncs.Load(),
+		CommitFailures: s.commitFails.Load(),
 	}
 	nowMs := s.clock.nowMs()
 	oldest, any := int64(0), false

@@ -116,8 +116,12 @@ type Store struct {
 	hkIn, hkCoalesce []byte
 
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
-	coalesced, superseded, fsyncs                       atomic.Uint64
+	coalesced, superseded, fsyncs, commitFails          atomic.Uint64
 	edits                                               atomic.Uint64 // Edits
+
+	// failCommits, set only by tests, makes every commit fail with the
+	// error it points to, as a full disk does.
+	failCommits atomic.Pointer[error]
 }
 
 // Open opens (creating if needed) the outbox file, migrates a file of the

@@ -339,6 +339,7 @@ type OutboxStatsJSON struct {
 	Coalesced        uint64         `json:"coalesced"`
 	DLQDepth         int            `json:"dlq_depth"`
 	Fsyncs           uint64         `json:"fsyncs"`
+	CommitFailures   uint64         `json:"commit_failures"`
 }
 
 func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
@@ -347,7 +348,7 @@ func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
 		Depth: st.Depth, DepthByPeer: st.DepthByPeer, OldestAgeSeconds: st.OldestAge.Seconds(), InFlight: st.InFlight,
 		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
 		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced,
-		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs,
+		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs, CommitFailures: st.CommitFailures,
 	})
 }
 

@@ -1,0 +1,42 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// A commit the disk refuses fails its callers with the disk's error, is
+// counted in Stats.CommitFailures (the operator's signal of a full or
+// failing disk), and changes nothing: the queue is as it was, and the
+// store works again once the disk does.
+func TestFailedCommitsAreCountedAndChangeNothing(t *testing.T) {
+	e := open(t, nil)
+	seqs := e.send(t, "a@n1", "kept")
+	diskFull := errors.New("write outbox.db: no space left on device")
+	outbox.FailCommits(e.Store, diskFull)
+
+	if _, err := e.Enqueue(context.Background(), e.msg(t, "a@n1", "refused")); !errors.Is(err, diskFull) {
+		t.Fatalf("Enqueue on a full disk: %v, want the disk's error", err)
+	}
+	if err := e.Ack("a@n1", seqs); !errors.Is(err, diskFull) {
+		t.Fatalf("Ack on a full disk: %v, want the disk's error", err)
+	}
+	st := e.Stats()
+	if st.CommitFailures != 2 {
+		t.Fatalf("CommitFailures = %d, want 2", st.CommitFailures)
+	}
+	if st.Depth != 1 || len(e.head(t, "a@n1", 10)) != 1 {
+		t.Fatalf("a failed commit changed the queue: depth %d", st.Depth)
+	}
+
+	outbox.FailCommits(e.Store, nil)
+	if err := e.Ack("a@n1", seqs); err != nil {
+		t.Fatalf("Ack once the disk takes it: %v", err)
+	}
+	if st := e.Stats(); st.Depth != 0 || st.CommitFailures != 2 || st.Delivered != 1 {
+		t.Fatalf("after the disk recovered: depth %d, %d commit failures, %d delivered; want 0, 2, 1", st.Depth, st.CommitFailures, st.Delivered)
+	}
+}
