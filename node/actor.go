@@ -337,7 +337,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 //   - else the handler runs; on success W moves to it.
 //
 // PROCESSED and DUPLICATE go out only once a W covering the message is
-// durable; a failed commit is answered TRANSIENT.
+// durable; a failed commit is answered as onDurable says.
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
 	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
@@ -347,15 +347,7 @@ func (a *actor) handleStream(d *delivery) {
 		return
 	}
 	defer n.in.release(st)
-	positive := func(code pb.Receipt_Code) func(error, uint64) {
-		return func(err error, w uint64) {
-			if err != nil {
-				rc(&pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: "watermark not durable: " + err.Error()})
-				return
-			}
-			rc(&pb.Receipt{Code: code, Watermark: w})
-		}
-	}
+	positive := func(code pb.Receipt_Code) func(error, uint64) { return onDurable(rc, code) }
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
 	switch {
 	case seq <= w:
@@ -427,6 +419,29 @@ func (a *actor) handleStream(d *delivery) {
 		r.Code, r.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
 	}
 	rc(r)
+}
+
+// notDurableRetry is what a sender is told to wait when this node could
+// not make a watermark durable.
+const notDurableRetry = time.Second
+
+// onDurable returns the callback of a watermark commit that answers a
+// stream message with code (PROCESSED or DUPLICATE) through rc once the
+// watermark covering it is durable. A commit the node's disk refused (full
+// or failing) is this node's trouble, not the message's: it is answered
+// CAPACITY, which the sender waits out without counting and slows down
+// for, where TRANSIENT would count toward its MaxAttempts and dead-letter
+// a message whose handler succeeded while the disk stays full. A copy sent
+// again is recognised from the watermark in memory and answered once the
+// disk takes the commit.
+func onDurable(rc func(*pb.Receipt), code pb.Receipt_Code) func(error, uint64) {
+	return func(err error, w uint64) {
+		if err != nil {
+			rc(&pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(), Message: "watermark not durable: " + err.Error()})
+			return
+		}
+		rc(&pb.Receipt{Code: code, Watermark: w})
+	}
 }
 
 // call runs the handler, turning a panic into a permanent error.

@@ -126,7 +126,8 @@
 //   - Nothing healthy is dead-lettered: only a handler's own failures (or
 //     "no such actor" after the receiver's SpawnGrace) count toward
 //     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
-//     down are waited out. A message too large for the wire is refused at
+//     down, a receiver whose disk refuses to record the outcome are waited
+//     out. A message too large for the wire is refused at
 //     the call with ErrTooLarge; with forwarding on, so is one too large to
 //     go through a forwarder with its origin (certificate and signature),
 //     which would otherwise hold its stream for as long as the direct path

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/meshnode/meshnode/internal/address"
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
@@ -242,8 +243,8 @@ func (s *Store) gather(g *gathered) {
 func (s *Store) commit(ops []*op) {
 	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		if e := s.failCommits.Load(); e != nil {
-			return *e
+		if err := faults.CommitError(s.cfg.Path); err != nil {
+			return err // a test's full disk
 		}
 		for _, o := range ops {
 			if err := s.apply(tx, b, o); err != nil {

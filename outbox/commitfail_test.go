@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/internal/faults"
 )
 
 // A commit the disk refuses fails its callers with the disk's error, is
@@ -16,7 +16,7 @@ func TestFailedCommitsAreCountedAndChangeNothing(t *testing.T) {
 	e := open(t, nil)
 	seqs := e.send(t, "a@n1", "kept")
 	diskFull := errors.New("write outbox.db: no space left on device")
-	outbox.FailCommits(e.Store, diskFull)
+	restore, _ := faults.FailCommits(e.path, diskFull)
 
 	if _, err := e.Enqueue(context.Background(), e.msg(t, "a@n1", "refused")); !errors.Is(err, diskFull) {
 		t.Fatalf("Enqueue on a full disk: %v, want the disk's error", err)
@@ -32,7 +32,7 @@ func TestFailedCommitsAreCountedAndChangeNothing(t *testing.T) {
 		t.Fatalf("a failed commit changed the queue: depth %d", st.Depth)
 	}
 
-	outbox.FailCommits(e.Store, nil)
+	restore()
 	if err := e.Ack("a@n1", seqs); err != nil {
 		t.Fatalf("Ack once the disk takes it: %v", err)
 	}

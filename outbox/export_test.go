@@ -6,16 +6,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// FailCommits makes every commit of s fail with err, as a full disk does
-// (nil: commits succeed again).
-func FailCommits(s *Store, err error) {
-	if err == nil {
-		s.failCommits.Store(nil)
-		return
-	}
-	s.failCommits.Store(&err)
-}
-
 // QueuedOps returns how many operations wait for the committer. Tests use
 // it to know that callers have queued up behind a stalled committer.
 func QueuedOps(s *Store) int { return len(s.ops) }

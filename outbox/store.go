@@ -119,9 +119,6 @@ type Store struct {
 	coalesced, superseded, fsyncs, commitFails          atomic.Uint64
 	edits                                               atomic.Uint64 // Edits
 
-	// failCommits, set only by tests, makes every commit fail with the
-	// error it points to, as a full disk does.
-	failCommits atomic.Pointer[error]
 }
 
 // Open opens (creating if needed) the outbox file, migrates a file of the

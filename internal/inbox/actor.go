@@ -13,7 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
-// RetryAfter is what a sender to a full inbox is told to wait.
+// RetryAfter is what a sender to a full inbox (or one whose disk refused
+// the write) is told to wait.
 const RetryAfter = time.Second
 
 // ActorBatch is the most reliable messages an inbox actor stores in one
@@ -55,11 +56,8 @@ func Handler(st *Store, name string) node.Handler {
 			return nil, err
 		}
 		cur, err := st.Append(ctx, name, env)
-		if errors.Is(err, ErrFull) {
-			return nil, fmt.Errorf("%w: %w", err, &node.CapacityError{RetryAfter: RetryAfter})
-		}
 		if err != nil {
-			return nil, err
+			return nil, backOff(err)
 		}
 		return &structpb.Struct{Fields: map[string]*structpb.Value{
 			"inbox":  structpb.NewStringValue(name),
@@ -93,8 +91,17 @@ func BatchHandler(st *Store, name string) node.BatchHandler {
 
 func appendBatch(ctx context.Context, st *Store, name string, envs []*pb.Envelope) (int, error) {
 	_, n, err := st.AppendBatch(ctx, name, envs)
-	if errors.Is(err, ErrFull) {
-		return n, fmt.Errorf("%w: %w", err, &node.CapacityError{RetryAfter: RetryAfter})
+	return n, backOff(err)
+}
+
+// backOff makes an inbox that cannot take more for now (full, or its disk
+// refused the write) a *node.CapacityError: its sender waits and sends
+// again without counting an attempt, as it would for a full mailbox. A
+// counted failure would dead-letter healthy messages while the program
+// is slow or the disk is full.
+func backOff(err error) error {
+	if errors.Is(err, ErrFull) || errors.Is(err, ErrWrite) {
+		return fmt.Errorf("%w: %w", err, &node.CapacityError{RetryAfter: RetryAfter})
 	}
-	return n, err
+	return err
 }

@@ -18,6 +18,9 @@ var (
 	// ErrFull: the inbox holds MaxMessages unacknowledged messages; the
 	// sender should back off until the program acknowledges some.
 	ErrFull = errors.New("inbox: full")
+	// ErrWrite: the inbox file refused a write (a full or failing disk);
+	// nothing of the call was stored. It may work later.
+	ErrWrite = errors.New("inbox: write failed")
 	// ErrAckBeyond: an ack names a cursor past the last stored message; the
 	// watermark never passes durable work.
 	ErrAckBeyond = errors.New("inbox: ack beyond the last stored message")

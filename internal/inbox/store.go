@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/storecheck"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	bolt "go.etcd.io/bbolt"
@@ -267,6 +268,9 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 	msg := proto.CloneOf(env)
 	var cursor uint64
 	err := s.db.Batch(func(tx *bolt.Tx) error {
+		if err := faults.CommitError(s.cfg.Path); err != nil {
+			return err // a test's full disk
+		}
 		q := tx.Bucket([]byte(prefixQueue + name))
 		if q == nil {
 			return ErrNoSuchInbox
@@ -278,7 +282,7 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 		msg.EventSeq = seq
 		data, err := proto.Marshal(msg)
 		if err != nil {
-			return err
+			return encodeError{err}
 		}
 		cursor = seq
 		return q.Put(be(seq), data)
@@ -287,10 +291,7 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 	defer s.mu.Unlock()
 	if err != nil {
 		b.count--
-		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-			return 0, ErrClosed
-		}
-		return 0, fmt.Errorf("inbox: append to %q: %w", name, err)
+		return 0, appendError(name, err)
 	}
 	if cursor > b.last {
 		b.last = cursor
@@ -298,6 +299,28 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 		b.notify = make(chan struct{})
 	}
 	return cursor, nil
+}
+
+// encodeError is a message Append could not encode: its own fault, not the
+// file's.
+type encodeError struct{ err error }
+
+func (e encodeError) Error() string { return "encode: " + e.err.Error() }
+func (e encodeError) Unwrap() error { return e.err }
+
+// appendError is the error of an append to inbox name whose write
+// transaction failed with err: ErrClosed once the file is closed, the
+// inbox's own refusals as they are, and anything else, which the file
+// refused (a full or failing disk), as ErrWrite.
+func appendError(name string, err error) error {
+	var enc encodeError
+	switch {
+	case errors.Is(err, berrors.ErrDatabaseNotOpen):
+		return ErrClosed
+	case errors.Is(err, ErrNoSuchInbox), errors.As(err, &enc):
+		return fmt.Errorf("inbox: append to %q: %w", name, err)
+	}
+	return fmt.Errorf("inbox: append to %q: %w: %w", name, ErrWrite, err)
 }
 
 // AppendBatch stores copies of envs in inbox name, in order, in one commit
@@ -356,6 +379,9 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 	// One Update, not Batch: the caller already gathered the batch, so
 	// waiting BatchDelay for company would only add latency.
 	err = s.db.Update(func(tx *bolt.Tx) error {
+		if err := faults.CommitError(s.cfg.Path); err != nil {
+			return err // a test's full disk
+		}
 		q := tx.Bucket([]byte(prefixQueue + name))
 		if q == nil {
 			return ErrNoSuchInbox
@@ -384,10 +410,7 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 	defer s.mu.Unlock()
 	if err != nil {
 		b.count -= n
-		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
-			return 0, 0, ErrClosed
-		}
-		return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, err)
+		return 0, 0, appendError(name, err)
 	}
 	if last := first + uint64(n) - 1; last > b.last {
 		b.last = last

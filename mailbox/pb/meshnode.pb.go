@@ -190,12 +190,12 @@ const (
 	Receipt_CODE_UNSPECIFIED Receipt_Code = 0
 	Receipt_ACCEPTED         Receipt_Code = 1  // in the recipient's mailbox (never for stream messages)
 	Receipt_PROCESSED        Receipt_Code = 2  // the handler returned without error, and the stream's watermark covering it is durable
-	Receipt_CAPACITY         Receipt_Code = 3  // mailbox full; retry after retry_after_ms (not counted; AIMD decreases)
+	Receipt_CAPACITY         Receipt_Code = 3  // mailbox full, or the outcome could not be recorded (the receiver's disk refused the watermark); retry after retry_after_ms (not counted; AIMD decreases)
 	Receipt_NO_SUCH_ACTOR    Receipt_Code = 4  // no actor of that name; with retry_after_ms > 0 the node is within its spawn grace (not counted)
 	Receipt_EXPIRED          Receipt_Code = 5  // the TTL ran out before the actor took it
 	Receipt_DUPLICATE        Receipt_Code = 6  // already processed (sequence <= watermark, or its idempotency key was seen); durable
 	Receipt_REJECTED         Receipt_Code = 7  // permanent failure: do not retry (dead-letter it)
-	Receipt_TRANSIENT        Receipt_Code = 8  // the handler failed, or its watermark could not be made durable: retry with backoff
+	Receipt_TRANSIENT        Receipt_Code = 8  // the handler failed (older receivers: or its watermark could not be made durable): retry with backoff
 	Receipt_OUT_OF_ORDER     Receipt_Code = 9  // prev_sequence is neither 0 nor the watermark: not run; resend from the frontier (not counted)
 	Receipt_FORGOTTEN        Receipt_Code = 10 // the receiver has no record of the stream, having forgotten streams of this sender outbox and epoch (idle past its retention), and the sequence is at or below the highest watermark it forgot: the message is older than that, may have run, and is not run again; watermark carries that horizon
 )
