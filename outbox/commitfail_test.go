@@ -3,9 +3,11 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
 // A commit the disk refuses fails its callers with the disk's error, is
@@ -38,5 +40,28 @@ func TestFailedCommitsAreCountedAndChangeNothing(t *testing.T) {
 	}
 	if st := e.Stats(); st.Depth != 0 || st.CommitFailures != 2 || st.Delivered != 1 {
 		t.Fatalf("after the disk recovered: depth %d, %d commit failures, %d delivered; want 0, 2, 1", st.Depth, st.CommitFailures, st.Delivered)
+	}
+}
+
+// Queued counts only the given sequences still in the queue: not one
+// acked, nor one a newer version of its coalesce key replaced.
+func TestQueuedCountsWhatIsStillQueued(t *testing.T) {
+	e := open(t, nil)
+	seqs := e.send(t, "a@n1", "m1", "m2", "m3")
+	v1 := e.msg(t, "a@n1", "v1")
+	v1.Envelope.Conflict, v1.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "k"
+	e.put(t, v1)
+	v2 := e.msg(t, "a@n1", "v2")
+	v2.Envelope.Conflict, v2.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "k"
+	e.put(t, v2)
+	if err := e.Ack("a@n1", seqs[:1]); err != nil {
+		t.Fatal(err)
+	}
+	all := append(slices.Clone(seqs), v1.GetEnvelope().GetSequence(), v2.GetEnvelope().GetSequence())
+	if n, err := e.Queued("a@n1", all); err != nil || n != 3 {
+		t.Fatalf("Queued = %d, %v; want 3 (m2, m3, v2)", n, err)
+	}
+	if n, err := e.Queued("nobody@n9", all); err != nil || n != 0 {
+		t.Fatalf("Queued for a recipient with no queue = %d, %v; want 0", n, err)
 	}
 }

@@ -161,6 +161,29 @@ func (s *Store) Ack(recipient string, seqs []uint64) error {
 	return o.err
 }
 
+// Queued returns how many of seqs are still queued for recipient: a
+// message acked, replaced by a newer version, expired or dropped is not.
+// It reads the file.
+func (s *Store) Queued(recipient string, seqs []uint64) (int, error) {
+	n := 0
+	err := s.db.View(func(tx *bolt.Tx) error {
+		qb := tx.Bucket(bucketQueues).Bucket([]byte(recipient))
+		if qb == nil {
+			return nil
+		}
+		for _, sq := range seqs {
+			if qb.Get(seqKey(sq)) != nil {
+				n++
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("outbox: queued %s: %w", recipient, err)
+	}
+	return n, nil
+}
+
 // Failure is the receiver's verdict on one message, as far as it counts.
 type Failure struct {
 	Reason    string // stored as last_error, and in the dead-letter reason

@@ -2,6 +2,7 @@ package partition
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -35,15 +36,19 @@ type failedAcks struct {
 	mu   sync.Mutex
 	list []failedAck   // oldest first
 	wait time.Duration // before the next round; grows while rounds fail
+	// any is len(list) > 0, for dispatch to read without mu.
+	any atomic.Bool
 }
 
 // ackLater keeps the acks of st, whose Ack failed with err, for the
 // sweeper to retry. The caller has put them in st.acking and counted them
 // in st.ackBatches.
 func (r *Relay) ackLater(st *stream, seqs []uint64, err error) {
-	r.failedAcks.mu.Lock()
-	r.failedAcks.list = append(r.failedAcks.list, failedAck{st: st, seqs: seqs})
-	r.failedAcks.mu.Unlock()
+	f := &r.failedAcks
+	f.mu.Lock()
+	f.list = append(f.list, failedAck{st: st, seqs: seqs})
+	f.any.Store(true)
+	f.mu.Unlock()
 	r.cfg.Logger.Warn("relay: ack failed; the receiver ran the messages, which stay queued until the ack is retried and commits",
 		"recipient", st.rcpt, "messages", len(seqs), "err", err)
 	select {
@@ -62,39 +67,74 @@ func (r *Relay) acked(st *stream, seqs []uint64) {
 	r.delivered.Add(uint64(len(seqs)))
 }
 
-// retryAcks retries the failed Acks, oldest first, until one fails again.
-// It reports whether some are still to retry, and after how long.
+// retryAcks retries every failed Ack, one Ack per stream. It reports
+// whether some are still to retry, and after how long. A commit can fail
+// for what it writes as well as for the disk as a whole, so one stream's
+// failing Ack does not hold back the others'.
 func (r *Relay) retryAcks() (wait time.Duration, pending bool) {
 	f := &r.failedAcks
 	f.mu.Lock()
 	list := f.list
 	f.list = nil
 	f.mu.Unlock()
-	var err error
-	done := 0
-	for _, a := range list {
-		if err = r.ack(a.st.rcpt, a.seqs); err != nil {
-			break // the disk still refuses: the rest next round
+	var left []failedAck
+	var lastErr error
+	for len(list) > 0 {
+		// The entries of list[0].st, merged into one Ack.
+		st := list[0].st
+		var mine []failedAck
+		var seqs []uint64
+		rest := list[:0:0]
+		for _, a := range list {
+			if a.st == st {
+				mine, seqs = append(mine, a), mergeSorted(seqs, a.seqs)
+			} else {
+				rest = append(rest, a)
+			}
 		}
-		done++
-		r.acked(a.st, a.seqs)
-		r.Notify(a.st.rcpt) // it may have stopped at MaxAckPending
-		r.forget(a.st)
+		list = rest
+		if err := r.ack(st.rcpt, seqs); err != nil {
+			lastErr = err
+			left = append(left, mine...)
+			continue
+		}
+		for _, a := range mine {
+			r.acked(st, a.seqs)
+		}
+		r.Notify(st.rcpt) // it may have stopped at MaxAckPending
+		r.forget(st)
 	}
 	f.mu.Lock()
-	f.list = append(list[done:], f.list...)
+	f.list = append(left, f.list...)
 	switch {
-	case err != nil:
+	case lastErr != nil:
 		f.wait = min(max(2*f.wait, minAckRetry), maxAckRetry)
 	case len(f.list) > 0:
 		f.wait = minAckRetry // new failures came while this round ran
 	default:
 		f.wait = 0
 	}
-	wait, left := f.wait, len(f.list)
+	f.any.Store(len(f.list) > 0)
+	wait, n := f.wait, len(f.list)
 	f.mu.Unlock()
-	if err != nil {
-		r.cfg.Logger.Warn("relay: ack retry failed", "acks", left, "next", wait, "err", err)
+	if lastErr != nil {
+		r.cfg.Logger.Warn("relay: ack retry failed", "acks", n, "next", wait, "err", lastErr)
 	}
-	return wait, left > 0
+	return wait, n > 0
+}
+
+// skipped returns how many of st.acking are still queued for st: all of
+// them, unless some Ack failed. Then a sequence may stay in st.acking for
+// long while a newer version of its coalesce key, or an operator, takes
+// it out of the queue; counting it would hold back what is queued behind
+// it. Caller holds st.mu.
+func (r *Relay) skipped(st *stream) int {
+	if len(st.acking) == 0 || !r.failedAcks.any.Load() {
+		return len(st.acking)
+	}
+	n, err := r.store.Queued(st.rcpt, st.acking)
+	if err != nil {
+		return len(st.acking)
+	}
+	return n
 }

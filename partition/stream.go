@@ -435,7 +435,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
-	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-len(st.acking))
+	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-r.skipped(st))
 	if n <= 0 {
 		return false
 	}
