@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,4 +70,133 @@ func TestReceiverDiskFullDoesNotDeadLetterHealthyMessages(t *testing.T) {
 	if ran.Load() < 1 {
 		t.Fatal("the handler never ran")
 	}
+}
+
+// keyRuns counts a handler's runs per idempotency key.
+type keyRuns struct {
+	mu   sync.Mutex
+	runs map[string]int
+	vals []string
+}
+
+func (k *keyRuns) add(key, val string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.runs == nil {
+		k.runs = map[string]int{}
+	}
+	k.runs[key]++
+	k.vals = append(k.vals, val)
+}
+
+func (k *keyRuns) get(key string) (int, []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.runs[key], append([]string(nil), k.vals...)
+}
+
+func (k *keyRuns) handler() node.Handler {
+	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		var v wrapperspb.StringValue
+		if err := m.Decode(&v); err != nil {
+			return nil, node.Permanent(err)
+		}
+		k.add(m.IdempotencyKey(), v.GetValue())
+		return nil, nil
+	}
+}
+
+func (k *keyRuns) batchHandler() node.BatchHandler {
+	return func(ctx context.Context, msgs []*node.Message) (int, error) {
+		for _, m := range msgs {
+			var v wrapperspb.StringValue
+			if err := m.Decode(&v); err != nil {
+				return 0, node.Permanent(err)
+			}
+			k.add(m.IdempotencyKey(), v.GetValue())
+		}
+		return len(msgs), nil
+	}
+}
+
+// diskFullKeyScenario: the receiver's disk refuses the watermark commit of
+// a message that ran under idempotency key K (its handler succeeded, the
+// receiver answers CAPACITY and keeps the watermark in memory). The
+// application then retries under the same key K (what the key window is
+// for): while the disk still refuses writes, or (late) after the disk took
+// writes again and the first message was acknowledged. A key runs once per
+// (sender node, recipient) within the receiver's key window: the retry is
+// answered DUPLICATE, not run. The failed commit's keys stay held and go
+// with the stream's next commit; released, the retry would run, and the
+// watermark would be made durable without K.
+func diskFullKeyScenario(t *testing.T, late bool, spawn func(n *node.Node, k *keyRuns) (node.Address, error)) {
+	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
+	n0 := startNode(t, "n0", dirs[0])
+	n1 := startNode(t, "n1", dirs[1], n0.GossipAddr())
+	waitAlive(t, []*node.Node{n0, n1}, 2)
+	var k keyRuns
+	to, err := spawn(n1, &k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore, hits := faults.FailCommits(filepath.Join(dirs[1], "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := n0.TellReliable(ctx, to, wrapperspb.String("first"), node.WithIdempotencyKey("order-1")); err != nil || out == node.DeadLettered {
+		t.Fatalf("TellReliable(first) = %v, %v", out, err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the first message to run and its watermark commit to be refused", func() bool {
+		n, _ := k.get("order-1")
+		return n >= 1 && hits() >= 1
+	})
+	if late {
+		// The disk takes writes again; the first message is acknowledged
+		// (its watermark durable, the sender's outbox empty).
+		restore()
+		testutil.WaitFor(t, 60*time.Second, "the first message to be acknowledged once the disk takes writes", func() bool {
+			return n0.Outbox().Stats().Depth == 0
+		})
+	}
+	// The application's own retry of the same thing, under the same key.
+	if out, err := n0.TellReliable(ctx, to, wrapperspb.String("retry"), node.WithIdempotencyKey("order-1")); err != nil || out == node.DeadLettered {
+		t.Fatalf("TellReliable(retry) = %v, %v", out, err)
+	}
+	if !late {
+		// Let the sender resend both while the disk still refuses writes.
+		before := hits()
+		testutil.WaitFor(t, 30*time.Second, "the receiver to refuse more watermark commits", func() bool {
+			return hits() >= before+2
+		})
+		restore()
+	}
+	testutil.WaitFor(t, 60*time.Second, "the sender's outbox to drain", func() bool {
+		return n0.Outbox().Stats().Depth == 0
+	})
+	if n, vals := k.get("order-1"); n != 1 {
+		t.Fatalf("idempotency key order-1 ran %d times (values %q), want once: a watermark commit the disk refused lost the key", n, vals)
+	}
+}
+
+// The retry arrives while the receiver's disk still refuses writes.
+func TestKeyOfAnUnrecordedMessageRunsOnce(t *testing.T) {
+	diskFullKeyScenario(t, false, func(n *node.Node, k *keyRuns) (node.Address, error) {
+		return n.Spawn("w", k.handler())
+	})
+}
+
+// The same through a WithBatch actor (answerBatch's advance).
+func TestKeyOfAnUnrecordedBatchMessageRunsOnce(t *testing.T) {
+	diskFullKeyScenario(t, false, func(n *node.Node, k *keyRuns) (node.Address, error) {
+		return n.Spawn("w", k.handler(), node.WithBatch(k.batchHandler(), 16))
+	})
+}
+
+// The retry arrives after the disk recovered and the first message was
+// acknowledged: its watermark is on disk, its key is not.
+func TestKeyOfAnUnrecordedMessageIsRecordedWhenTheDiskRecovers(t *testing.T) {
+	diskFullKeyScenario(t, true, func(n *node.Node, k *keyRuns) (node.Address, error) {
+		return n.Spawn("w", k.handler())
+	})
 }

@@ -41,9 +41,13 @@ type inbound struct {
 	// zero can race with settle's Wait once the actors have stopped.
 	wg sync.WaitGroup
 
-	// mu guards the field below.
+	// mu guards the fields below.
 	mu      sync.Mutex
 	streams map[string]*inStream // by string(StreamID.key())
+	// failedKeys holds, per stream, the keys of commits that failed, held
+	// and kept for the stream's next commit (keepKeys).
+	failedKeys map[*inStream][][]byte
+	anyFailed  atomic.Bool // len(failedKeys) > 0, read without mu by commit
 }
 
 // inStream is one stream's receiving state.
@@ -232,14 +236,19 @@ func (in *inbound) commit(st *inStream) {
 	st.pend.next, st.pend.nextKeys = nil, nil
 	w := st.w.Load() // under cmu: the keys of every sequence up to w are in keys or committed
 	st.cmu.Unlock()
+	keys = append(in.unrecordedKeys(st), keys...)
 	in.wg.Add(1)
 	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
 		defer in.wg.Done()
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)
 		}
-		if len(keys) > 0 {
-			in.store.ReleaseKeys(keys) // on disk now, or not recorded
+		switch {
+		case len(keys) == 0:
+		case err == nil:
+			in.store.ReleaseKeys(keys) // on disk now
+		default:
+			in.keepKeys(st, keys)
 		}
 		var later []durableWaiter
 		for _, wt := range waiters {
@@ -262,6 +271,36 @@ func (in *inbound) commit(st *inStream) {
 			in.wg.Go(func() { in.commit(st) })
 		}
 	})
+}
+
+// keepKeys keeps the keys of st's commit that failed (the disk refused
+// it): their messages ran, and the watermark covering them moved in
+// memory, so a copy sent again is answered from memory; a message under
+// the same key must be too. They stay held (seen) and go with the
+// stream's next commit, which a copy sent again starts.
+func (in *inbound) keepKeys(st *inStream, keys [][]byte) {
+	in.mu.Lock()
+	if in.failedKeys == nil {
+		in.failedKeys = map[*inStream][][]byte{}
+	}
+	in.failedKeys[st] = append(in.failedKeys[st], keys...)
+	in.anyFailed.Store(true)
+	in.mu.Unlock()
+}
+
+// unrecordedKeys takes the keys kept for st's next commit.
+func (in *inbound) unrecordedKeys(st *inStream) [][]byte {
+	if !in.anyFailed.Load() {
+		return nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	keys := in.failedKeys[st]
+	if keys != nil {
+		delete(in.failedKeys, st)
+		in.anyFailed.Store(len(in.failedKeys) > 0)
+	}
+	return keys
 }
 
 // settle waits until every commit under way has ended and answered its

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
@@ -16,13 +17,14 @@ import (
 // errDiskFull stands for a write the disk refused (ENOSPC, EIO).
 var errDiskFull = errors.New("write outbox.db: no space left on device")
 
-// countingDeliverer answers PROCESSED to every message while up, and
-// fails every emission (as a lost connection does) while down. It counts
-// the emissions of each message type it answered.
+// countingDeliverer answers PROCESSED (or answer, if set) to every
+// message while up, and fails every emission (as a lost connection does)
+// while down. It counts the emissions of each message type it answered.
 type countingDeliverer struct {
-	mu   sync.Mutex
-	down bool
-	ran  map[string]int
+	mu     sync.Mutex
+	down   bool
+	ran    map[string]int
+	answer pb.Receipt_Code
 }
 
 func (d *countingDeliverer) Alive(string) bool { return true }
@@ -37,6 +39,9 @@ func (d *countingDeliverer) Deliver(_ context.Context, node string, envs []*pb.E
 	for i, e := range envs {
 		d.ran[e.GetType()]++
 		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
+		if d.answer != pb.Receipt_CODE_UNSPECIFIED {
+			rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: d.answer, Message: "no"}
+		}
 	}
 	return rcs, nil
 }
@@ -267,4 +272,34 @@ func TestOneFailingAckDoesNotHoldBackOthers(t *testing.T) {
 	bFailing.Store(false) // b's Acks commit from now on
 	testutil.WaitFor(t, 25*time.Second, "b's receipted message to leave the queue (its Ack commits now)",
 		func() bool { return r.store.Pending("b@n2") == 0 })
+}
+
+// A verdict the sender's store cannot record (its disk refuses the
+// commit) leaves the message at the head of its queue. The stream is
+// deferred, backing off while it lasts; sending the message again at once
+// would run its handler as fast as the peer answers (about 900 runs a
+// second), for as long as the disk refuses, and never count an attempt.
+func TestUnrecordedVerdictDefersTheStream(t *testing.T) {
+	for _, code := range []pb.Receipt_Code{pb.Receipt_TRANSIENT, pb.Receipt_REJECTED, pb.Receipt_EXPIRED} {
+		t.Run(code.String(), func(t *testing.T) {
+			d := &countingDeliverer{ran: map[string]int{}, answer: code}
+			r := newTestRelay(t, d)
+			sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m"}}
+			if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
+				t.Fatal(err)
+			}
+			restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
+			defer restore()
+			r.Start()
+			testutil.WaitFor(t, 10*time.Second, "the stream deferred after its verdict could not be recorded", func() bool {
+				return hits() > 0 && r.Stats().Deferred > 0
+			})
+			if n := d.runs("m"); n > 2 {
+				t.Fatalf("the message was sent %d times before the stream was deferred", n)
+			}
+			if s := r.store.Stats(); s.DLQDepth != 0 || r.store.Pending("a@n1") != 1 {
+				t.Fatalf("%d dead letters, %d queued while the disk refused writes; want 0 and 1", s.DLQDepth, r.store.Pending("a@n1"))
+			}
+		})
+	}
 }

@@ -774,24 +774,46 @@ func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts i
 		r.deferFor(st.rcpt, max(v.retryAfter, r.cfg.Backoff.Delay(n)))
 	case vPoison:
 		if record {
-			r.fail(st.rcpt, seq, outbox.Failure{Reason: v.reason, Permanent: true})
+			if _, _, ok := r.fail(st.rcpt, seq, outbox.Failure{Reason: v.reason, Permanent: true}); !ok {
+				r.unrecorded(st)
+			}
 		}
 	case vExpired:
 		if record {
-			if _, err := r.store.Expire(st.rcpt, []uint64{seq}, v.reason); err != nil && r.ctx.Err() == nil {
-				r.cfg.Logger.Warn("relay: recording an expiry", "recipient", st.rcpt, "seq", seq, "err", err)
+			if _, err := r.store.Expire(st.rcpt, []uint64{seq}, v.reason); err != nil {
+				if r.ctx.Err() == nil {
+					r.cfg.Logger.Warn("relay: recording an expiry", "recipient", st.rcpt, "seq", seq, "err", err)
+				}
+				r.unrecorded(st)
 			}
 		}
 	case vCounted:
 		if record {
 			n, dead, ok := r.fail(st.rcpt, seq, outbox.Failure{Reason: v.reason, Counts: true})
-			if !ok || dead {
+			if !ok {
+				r.unrecorded(st)
+				return
+			}
+			if dead {
 				return
 			}
 			attempts = n
 		}
 		r.deferFor(st.rcpt, r.cfg.Backoff.Delay(attempts))
 	}
+}
+
+// unrecorded defers st after a verdict the store could not record (its
+// disk refused the commit): the message is still at the head of its
+// queue, and sending it again at once would run it again, as fast as the
+// peer answers, for as long as the disk refuses. The delay grows while it
+// lasts, as deferrals without progress do.
+func (r *Relay) unrecorded(st *stream) {
+	st.mu.Lock()
+	st.deferrals++
+	n := st.deferrals
+	st.mu.Unlock()
+	r.deferFor(st.rcpt, r.cfg.Backoff.Delay(n))
 }
 
 // fail records a verdict in the store; ok is false when it could not.
