@@ -12,9 +12,11 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mesh"
 	"github.com/meshnode/meshnode/node"
@@ -77,6 +79,7 @@ type Cluster struct {
 	mu      sync.Mutex
 	members []*member
 	closed  bool
+	disks   map[int]func() // nodes whose disk is full, and what frees it
 }
 
 type member struct {
@@ -525,6 +528,10 @@ func (c *Cluster) Close() error {
 		return nil
 	}
 	c.closed = true
+	for _, free := range c.disks {
+		free()
+	}
+	c.disks = nil
 	var nodes []*node.Node
 	for _, m := range c.members {
 		if m.n != nil {
@@ -577,6 +584,33 @@ func (c *Cluster) Delay(from, to int, d time.Duration) error {
 
 // Heal removes every network fault.
 func (c *Cluster) Heal() { c.net.Heal() }
+
+// DiskFull makes node i's disk refuse writes, as a full one does: every
+// commit of its outbox fails with ENOSPC (sends to be stored, acks,
+// watermarks, verdicts), across restarts, until FreeDisks or Close. Reads
+// still work and the node keeps running.
+func (c *Cluster) DiskFull(i int) {
+	path := filepath.Join(c.DataDir(i), "outbox.db")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.disks[i] != nil || i < 0 || i >= len(c.members) {
+		return
+	}
+	if c.disks == nil {
+		c.disks = map[int]func(){}
+	}
+	c.disks[i], _ = faults.FailCommits(path, fmt.Errorf("write %s: %w", path, syscall.ENOSPC))
+}
+
+// FreeDisks lets every disk DiskFull filled take writes again.
+func (c *Cluster) FreeDisks() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, free := range c.disks {
+		free()
+		delete(c.disks, i)
+	}
+}
 
 // Sees reports whether node i currently sees node j alive (or suspect).
 func (c *Cluster) Sees(i, j int) bool {

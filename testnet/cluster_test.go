@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -177,5 +178,48 @@ func TestCheckerCatchesInjectedBugs(t *testing.T) {
 				t.Fatalf("checker missed the injected bug (want 3 violations):\n%s", rep)
 			}
 		})
+	}
+}
+
+// A node whose disk is full refuses to store what it sends (the caller is
+// told, with ENOSPC) and cannot record what it receives; once FreeDisks
+// lets it write again, everything acknowledged is delivered, once, in
+// order, and nothing healthy is in a dead-letter queue.
+func TestClusterDiskFull(t *testing.T) {
+	rec := NewRecorder(2)
+	c := New(t, 2, sinks(rec, NoBug))
+	ctx := context.Background()
+
+	c.DiskFull(0)
+	c.Partition([]int{0}, []int{1})
+	testutil.WaitFor(t, 10*time.Second, "n0 sees n1 down", func() bool { return !c.Sees(0, 1) })
+	if _, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("a send to be stored on a full disk: %v, want ENOSPC", err)
+	}
+	c.Heal()
+	c.FreeDisks()
+	if err := c.WaitConverged(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	c.DiskFull(1) // the receiver's: it cannot record what it runs
+	for range 10 {
+		if out, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); err != nil || out == node.DeadLettered {
+			t.Fatalf("send to a node with a full disk = %v, %v", out, err)
+		}
+	}
+	c.FreeDisks()
+	if err := c.WaitDrained(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.Check(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Processed != 10 {
+		t.Fatalf("unexpected counts:\n%s", rep)
 	}
 }

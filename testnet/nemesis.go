@@ -27,6 +27,7 @@ const (
 	FaultHeal      = nemesis.Heal
 	FaultAdvance   = nemesis.Advance
 	FaultStepClock = nemesis.StepClock
+	FaultDiskFull  = nemesis.DiskFull
 )
 
 // PlanFaults returns the schedule for cfg: the same config (seed
@@ -39,7 +40,8 @@ func FormatFaults(steps []FaultStep) string { return nemesis.Format(steps) }
 // RunNemesis applies steps at their offsets from now, logging each to log
 // (may be nil). It returns when the last step is applied or ctx ends.
 // A restart joins the running nodes; Partition replaces earlier network
-// faults (the schedule's partitions are meant one at a time).
+// faults (the schedule's partitions are meant one at a time); Heal also
+// frees the disks DiskFull filled.
 func (c *Cluster) RunNemesis(ctx context.Context, steps []FaultStep, log io.Writer) error {
 	start := time.Now()
 	timer := time.NewTimer(0)
@@ -77,10 +79,13 @@ func (c *Cluster) apply(s FaultStep) error {
 		return c.Restart(s.Node)
 	case FaultHeal:
 		c.Heal()
+		c.FreeDisks()
 	case FaultAdvance:
 		c.Advance(s.Duration)
 	case FaultStepClock:
 		c.Clock(s.Node).Step(s.Duration)
+	case FaultDiskFull:
+		c.DiskFull(s.Node)
 	default:
 		return fmt.Errorf("unknown fault kind %v", s.Kind)
 	}

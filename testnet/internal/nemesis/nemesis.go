@@ -23,6 +23,7 @@ const (
 	Heal                      // remove every network fault
 	Advance                   // every node's clocks jump forward by Duration (time passes at once)
 	StepClock                 // one node's wall clock steps by Duration (either sign); it shows at its next restart
+	DiskFull                  // one node's disk refuses writes (its outbox's commits fail) until the next heal
 )
 
 func (k Kind) String() string {
@@ -41,6 +42,8 @@ func (k Kind) String() string {
 		return "advance"
 	case StepClock:
 		return "step-clock"
+	case DiskFull:
+		return "disk-full"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -49,7 +52,7 @@ func (k Kind) String() string {
 type Step struct {
 	At       time.Duration
 	Kind     Kind
-	Node     int           // Isolate, Kill, Restart, StepClock
+	Node     int           // Isolate, Kill, Restart, StepClock, DiskFull
 	Groups   [][]int       // Partition
 	Duration time.Duration // Advance, StepClock
 }
@@ -72,7 +75,7 @@ func (s Step) String() string {
 type Config struct {
 	Seed     uint64          // same seed, same schedule
 	Nodes    int             // cluster size (>= 2)
-	Duration time.Duration   // faults happen in [0, Duration); a final heal and restarts follow at Duration
+	Duration time.Duration   // faults happen in [0, Duration); a final heal (network and disks) and restarts follow at Duration
 	MinGap   time.Duration   // shortest time between steps
 	MaxGap   time.Duration   // longest time between steps
 	Kinds    []Kind          // kinds to draw from; Heal is always added
@@ -162,6 +165,8 @@ func Plan(c Config) ([]Step, error) {
 		case StepClock:
 			step.Node = rng.IntN(c.Nodes)
 			step.Duration = c.Steps[rng.IntN(len(c.Steps))]
+		case DiskFull:
+			step.Node = rng.IntN(c.Nodes)
 		}
 		steps = append(steps, step)
 	}

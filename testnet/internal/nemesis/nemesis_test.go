@@ -2,6 +2,7 @@ package nemesis
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"testing"
 	"time"
@@ -149,5 +150,35 @@ func TestPlanClockFaults(t *testing.T) {
 	cfg.Advances = nil
 	if _, err := Plan(cfg); err == nil {
 		t.Fatal("Advance without durations accepted")
+	}
+}
+
+// DiskFull names a node in range, prints as "disk-full N", and is planned
+// like the other kinds.
+func TestPlanDiskFull(t *testing.T) {
+	cfg := Config{Seed: 3, Nodes: 3, Duration: 10 * time.Second, MinGap: 100 * time.Millisecond, MaxGap: 300 * time.Millisecond,
+		Kinds: []Kind{DiskFull}}
+	steps, err := Plan(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := 0
+	for _, s := range steps {
+		if s.Kind != DiskFull {
+			continue
+		}
+		full++
+		if s.Node < 0 || s.Node >= 3 {
+			t.Fatalf("disk-full of node %d of 3", s.Node)
+		}
+		if want := fmt.Sprintf("%v disk-full %d", s.At, s.Node); s.String() != want {
+			t.Fatalf("%q, want %q", s.String(), want)
+		}
+	}
+	if full == 0 {
+		t.Fatalf("no disk-full in:\n%s", Format(steps))
+	}
+	if last := steps[len(steps)-1]; last.Kind != Heal {
+		t.Fatalf("the schedule ends with %v, want a heal (which frees the disks)", last)
 	}
 }
