@@ -16,14 +16,21 @@ import (
 // list (skipped by Head, left alone by the sweeper, and counted against
 // MaxAckPending: a stream stops after that many failed batches), and the
 // sweeper retries the Ack, waiting twice as long after each round that
-// fails, from minAckRetry up to maxAckRetry. Close tries once more; what
+// fails, from minWriteRetry up to maxWriteRetry (the sweeper's give-ups
+// back off the same way when the disk refuses them). Close tries once more; what
 // still fails is in the store and goes again after a restart, answered
 // DUPLICATE by the receiver.
 
+// The waits before writing again after the disk refused a write.
 const (
-	minAckRetry = 100 * time.Millisecond
-	maxAckRetry = 10 * time.Second
+	minWriteRetry = 100 * time.Millisecond
+	maxWriteRetry = 10 * time.Second
 )
+
+// nextWriteRetry is the wait after prev when a write failed again.
+func nextWriteRetry(prev time.Duration) time.Duration {
+	return min(max(2*prev, minWriteRetry), maxWriteRetry)
+}
 
 // failedAck is one Ack to retry: seqs of st, in st.acking, counted in
 // st.ackBatches.
@@ -108,9 +115,9 @@ func (r *Relay) retryAcks() (wait time.Duration, pending bool) {
 	f.list = append(left, f.list...)
 	switch {
 	case lastErr != nil:
-		f.wait = min(max(2*f.wait, minAckRetry), maxAckRetry)
+		f.wait = nextWriteRetry(f.wait)
 	case len(f.list) > 0:
-		f.wait = minAckRetry // new failures came while this round ran
+		f.wait = minWriteRetry // new failures came while this round ran
 	default:
 		f.wait = 0
 	}

@@ -303,3 +303,93 @@ func TestUnrecordedVerdictDefersTheStream(t *testing.T) {
 		})
 	}
 }
+
+// A message whose TTL ran out while the disk refuses writes sits at the
+// head of the queue of a reachable peer. Each emission's Head gives it up,
+// which is a write: refused, Head fails. The stream is deferred, backing
+// off; due again at once, the partition loop would spin (about 14,000
+// iterations and refused commits a second) for as long as the disk
+// refuses.
+func TestExpiredHeadOnAFullDiskDefersTheStream(t *testing.T) {
+	r, hits := expiredOnAFullDisk(t, &countingDeliverer{ran: map[string]int{}})
+	r.Start()
+	testutil.WaitFor(t, 10*time.Second, "the stream deferred after its Head was refused", func() bool {
+		return hits() > 0 && r.Stats().Deferred > 0
+	})
+}
+
+// The sweeper's give-up of an expired message, refused by the disk, is
+// tried again after a wait that doubles from 100 ms (up to 10 s), not at
+// its next look 10 ms later, which would be a hundred refused commits and
+// logged errors a second.
+func TestSweeperBacksOffWhenTheDiskRefusesAGiveUp(t *testing.T) {
+	r, _ := expiredOnAFullDisk(t, nopDeliverer{})
+	first := r.sweepOnce()
+	if first < minWriteRetry {
+		t.Fatalf("after a refused give-up the sweeper looks again in %v, want at least %v", first, minWriteRetry)
+	}
+	if second := r.sweepOnce(); second <= first {
+		t.Fatalf("after a second refused give-up it waits %v, want more than %v", second, first)
+	}
+}
+
+// expiredOnAFullDisk stores a message with a 1 s TTL for a@n1, makes the
+// disk refuse every write and lets the TTL run out, so that giving the
+// message up is a write the disk refuses. It returns the relay (not
+// started) and the count of refused commits.
+func expiredOnAFullDisk(t *testing.T, d Deliverer) (*Relay, func() int) {
+	t.Helper()
+	clk := outbox.NewManualClock(time.Now())
+	r := newTestRelayWith(t, d, func(c *outbox.Config) { c.Clock = clk })
+	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m", TtlMs: 1000}}
+	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
+		t.Fatal(err)
+	}
+	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
+	t.Cleanup(restore)
+	clk.Advance(2 * time.Second) // never sent, so plainly expired
+	return r, hits
+}
+
+// restoredPeer answers every message DUPLICATE with a watermark far above
+// anything this sender sent in epoch 0 (this sender's state went back: a
+// restored backup), and PROCESSED in any other epoch.
+type restoredPeer struct{ sends atomic.Int64 }
+
+func (*restoredPeer) Alive(string) bool { return true }
+
+func (p *restoredPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	p.sends.Add(1)
+	rcs := make([]*pb.Receipt, len(envs))
+	for i, e := range envs {
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
+		if e.GetStreamEpoch() == 0 {
+			rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: 1 << 40}
+		}
+	}
+	return rcs, nil
+}
+
+// The receiver's watermark shows this sender's state went back, so the
+// stream starts a new epoch, which is a write. While the disk refuses it,
+// the stream resends in the old epoch after a backoff; at once, the same
+// DUPLICATE would come back and the stream would spin, one emission per
+// round trip (about 10,000 a second).
+func TestUnstoredNewEpochDefersTheStream(t *testing.T) {
+	d := &restoredPeer{}
+	r := newTestRelay(t, d)
+	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m"}}
+	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
+		t.Fatal(err)
+	}
+	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
+	defer restore()
+	r.Start()
+	testutil.WaitFor(t, 10*time.Second, "the stream deferred after its new epoch was refused", func() bool {
+		return hits() > 0 && r.Stats().Deferred > 0
+	})
+	restore()
+	testutil.WaitFor(t, 20*time.Second, "the message delivered in a new epoch once the disk takes writes", func() bool {
+		return r.Stats().Delivered == 1
+	})
+}

@@ -82,6 +82,9 @@ type Relay struct {
 	// time is stored.
 	sweepAt   atomic.Int64
 	sweepWake chan struct{}
+	// expireWait is the sweeper's wait after its give-ups were refused by
+	// the disk (0 after one that was not). Owned by the sweeper.
+	expireWait time.Duration
 
 	// committed carries SendAsync's commits to the complete goroutine.
 	committed commits
@@ -504,16 +507,27 @@ func (r *Relay) expireDue() time.Duration {
 		}
 		g.seqs = append(g.seqs, c.Seq)
 	}
+	refused := false
 	for k, g := range byKey {
 		rcpt, _, _ := strings.Cut(k, "\x00")
-		if _, err := r.store.Expire(rcpt, g.seqs, g.reason); err != nil && r.ctx.Err() == nil {
-			r.cfg.Logger.Warn("relay: expire", "recipient", rcpt, "err", err)
+		if _, err := r.store.Expire(rcpt, g.seqs, g.reason); err != nil {
+			refused = true
+			if r.ctx.Err() == nil {
+				r.cfg.Logger.Warn("relay: expire", "recipient", rcpt, "err", err)
+			}
 		}
 	}
 	if len(byKey) > 0 {
 		r.wakeAll()
 	}
+	if !refused {
+		r.expireWait = 0
+	}
 	switch {
+	case refused:
+		// The disk refused: looking again at once would meet it again.
+		r.expireWait = nextWriteRetry(r.expireWait)
+		return r.expireWait
 	case len(byKey) > 0 && !busy:
 		return 0 // more may be due at once (the next head of an old queue)
 	case busy:

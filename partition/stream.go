@@ -405,6 +405,7 @@ func (r *Relay) newEpoch(st *stream) {
 	epoch := binary.BigEndian.Uint64(b[:]) | 1
 	if err := r.store.SetEpoch(st.rcpt, epoch); err != nil {
 		r.cfg.Logger.Warn("relay: new epoch not stored; resending in the old one", "recipient", st.rcpt, "err", err)
+		r.unrecorded(st) // at once, it would meet the same answer and the same disk
 		return
 	}
 	st.mu.Lock()
@@ -490,7 +491,10 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	msgs, waitUntil, err := r.head(st, req)
 	if err != nil {
 		if r.ctx.Err() == nil {
+			// Head writes too (it gives up what ran out of TTL or age): a
+			// disk that refuses would make the stream due again at once.
 			r.cfg.Logger.Warn("relay: head failed", "recipient", st.rcpt, "err", err)
+			r.unrecorded(st)
 		}
 		return
 	}
