@@ -200,3 +200,51 @@ func TestKeyOfAnUnrecordedMessageIsRecordedWhenTheDiskRecovers(t *testing.T) {
 		return n.Spawn("w", k.handler())
 	})
 }
+
+// The receiver's disk refuses the watermark commit of a message that ran
+// under key K; its sender keeps getting CAPACITY until the message's TTL
+// runs out and gives it up ("outcome unknown", which is honest). The disk
+// then takes writes again, but nothing more comes on that stream. The
+// receiver commits again by itself (backing off while the disk refuses):
+// its watermark and K become durable and the idle stream can be evicted.
+// Past the key window, K is a new request and runs; held in memory for
+// good, it would be answered DUPLICATE and lost.
+func TestRefusedCommitIsRetriedWithoutACopy(t *testing.T) {
+	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
+	clk := outbox.NewManualClock(time.Now())
+	n0 := startNodeWith(t, "n0", dirs[0], func(cfg *node.Config) { cfg.Outbox.MaxClockSkew = 0 })
+	n1 := startNodeWith(t, "n1", dirs[1], func(cfg *node.Config) { cfg.Outbox.Clock = clk }, n0.GossipAddr())
+	waitAlive(t, []*node.Node{n0, n1}, 2)
+	var k keyRuns
+	to, err := n1.Spawn("w", k.handler())
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore, hits := faults.FailCommits(filepath.Join(dirs[1], "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if out, err := n0.TellReliable(ctx, to, wrapperspb.String("first"), node.WithIdempotencyKey("order-1"), node.WithTTL(time.Second)); err != nil || out == node.DeadLettered {
+		t.Fatalf("TellReliable(first) = %v, %v", out, err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the first message to run, its watermark commit refused, and its sender to give it up at its TTL", func() bool {
+		n, _ := k.get("order-1")
+		return n == 1 && hits() >= 1 && n0.Outbox().Stats().DLQDepth == 1
+	})
+	restore()
+	clk.Advance(2 * time.Second)
+	testutil.WaitFor(t, 20*time.Second, "the idle stream to be evicted once its state is durable", func() bool {
+		return n1.EvictIdleStreams(time.Second) > 0
+	})
+	clk.Advance(25 * time.Hour) // past the receiver's key window (24 h)
+	if out, err := n0.TellReliable(ctx, to, wrapperspb.String("a day later"), node.WithIdempotencyKey("order-1")); err != nil || out == node.DeadLettered {
+		t.Fatalf("TellReliable(a day later) = %v, %v", out, err)
+	}
+	testutil.WaitFor(t, 30*time.Second, "the second message to be settled", func() bool {
+		return n0.Outbox().Stats().Depth == 0
+	})
+	if n, vals := k.get("order-1"); n != 2 {
+		t.Fatalf("key order-1 sent again 25 h after it ran (window 24 h) ran %d times in all (%q), want 2", n, vals)
+	}
+}

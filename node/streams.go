@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/meshnode/meshnode/outbox"
 )
@@ -48,6 +49,11 @@ type inbound struct {
 	// and kept for the stream's next commit (keepKeys).
 	failedKeys map[*inStream][][]byte
 	anyFailed  atomic.Bool // len(failedKeys) > 0, read without mu by commit
+	// retries holds the streams whose last commit the disk refused, and
+	// their next (retryCommit); closed stops them (settle).
+	retries  map[*inStream]*commitRetry
+	anyRetry atomic.Bool // len(retries) > 0, read without mu by committed
+	closed   bool
 }
 
 // inStream is one stream's receiving state.
@@ -265,12 +271,77 @@ func (in *inbound) commit(st *inStream) {
 			st.pend = nil
 		}
 		st.cmu.Unlock()
-		if more {
+		switch {
+		case more:
 			// Not on the committer's goroutine: handing an op to the store
 			// may wait for room in its queue, which the committer empties.
 			in.wg.Go(func() { in.commit(st) })
+		case err != nil:
+			in.retryCommit(st)
+		default:
+			in.committed(st)
 		}
 	})
+}
+
+// commitRetry is a stream's next commit after one the disk refused.
+type commitRetry struct {
+	timer *time.Timer // nil while none is due
+	wait  time.Duration
+}
+
+// retryCommit makes st commit again after a wait that doubles from 100 ms
+// to 10 s while the disk refuses. The messages the refused commit covered
+// ran; if no copy came to start the next commit (its sender gave up),
+// their watermark and keys would stay in memory only, the keys held for
+// good, and the stream could never be evicted.
+func (in *inbound) retryCommit(st *inStream) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return
+	}
+	r := in.retries[st]
+	if r == nil {
+		if in.retries == nil {
+			in.retries = map[*inStream]*commitRetry{}
+		}
+		r = &commitRetry{}
+		in.retries[st] = r
+		in.anyRetry.Store(true)
+	}
+	if r.timer != nil {
+		return
+	}
+	r.wait = min(max(2*r.wait, 100*time.Millisecond), 10*time.Second)
+	r.timer = time.AfterFunc(r.wait, func() {
+		in.mu.Lock()
+		if in.closed || in.retries[st] != r {
+			in.mu.Unlock()
+			return
+		}
+		r.timer = nil
+		in.wg.Add(1) // under mu: settle's Wait starts after closed is set
+		in.mu.Unlock()
+		defer in.wg.Done()
+		in.afterDurable(st, st.w.Load(), func(error, uint64) {})
+	})
+}
+
+// committed forgets st's retry once a commit of it went through.
+func (in *inbound) committed(st *inStream) {
+	if !in.anyRetry.Load() {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if r := in.retries[st]; r != nil {
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+		delete(in.retries, st)
+		in.anyRetry.Store(len(in.retries) > 0)
+	}
 }
 
 // keepKeys keeps the keys of st's commit that failed (the disk refused
@@ -304,5 +375,17 @@ func (in *inbound) unrecordedKeys(st *inStream) [][]byte {
 }
 
 // settle waits until every commit under way has ended and answered its
-// waiters. Called once no actor runs, before the store closes.
-func (in *inbound) settle() { in.wg.Wait() }
+// waiters, and cancels the retries of refused commits. Called once no
+// actor runs, before the store closes.
+func (in *inbound) settle() {
+	in.mu.Lock()
+	in.closed = true
+	for _, r := range in.retries {
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+	}
+	in.retries = nil
+	in.mu.Unlock()
+	in.wg.Wait()
+}
