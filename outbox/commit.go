@@ -241,6 +241,13 @@ func (s *Store) gather(g *gathered) {
 
 // commit applies ops in one transaction.
 func (s *Store) commit(ops []*op) {
+	if len(s.unwritten) > 0 {
+		// Versions noted while the disk refused writes go first, so that
+		// nothing in this commit (a replay, an older version) is judged
+		// without them.
+		ops = append(s.unwritten, ops...)
+		s.unwritten = nil
+	}
 	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
@@ -280,6 +287,14 @@ func (s *Store) commit(ops []*op) {
 		}
 		s.forgetPendingKeys(ops)
 		s.finish(ops)
+		for _, o := range ops {
+			if o.kind == opVersion {
+				// Nobody waits for it, and the message it notes was
+				// delivered: it must not be lost with this commit.
+				o.err = nil
+				s.unwritten = append(s.unwritten, o)
+			}
+		}
 		return
 	}
 	s.fsyncs.Add(1)

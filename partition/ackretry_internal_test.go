@@ -393,3 +393,79 @@ func TestUnstoredNewEpochDefersTheStream(t *testing.T) {
 		return r.Stats().Delivered == 1
 	})
 }
+
+// orderDeliverer answers every message with answer and records the types
+// it answered PROCESSED, in order.
+type orderDeliverer struct {
+	mu     sync.Mutex
+	answer pb.Receipt_Code
+	ran    []string
+}
+
+func (d *orderDeliverer) Alive(string) bool { return true }
+
+func (d *orderDeliverer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rcs := make([]*pb.Receipt, len(envs))
+	for i, e := range envs {
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: d.answer, Message: "no", Watermark: e.GetSequence()}
+		if d.answer == pb.Receipt_PROCESSED {
+			d.ran = append(d.ran, e.GetType())
+		}
+	}
+	return rcs, nil
+}
+
+func (d *orderDeliverer) set(c pb.Receipt_Code) {
+	d.mu.Lock()
+	d.answer = c
+	d.mu.Unlock()
+}
+
+func (d *orderDeliverer) order() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.ran...)
+}
+
+// Version 1 of a coalesced state was refused (poison) and sits in the
+// dead-letter queue. The disk then refuses writes for a moment, and
+// version 2 of the same key goes through a direct attempt: the receiver
+// ran it, and nothing had to be stored, so the application is told
+// Delivered. The note that version 2 ran (RecordVersion, what keeps an
+// older version from being replayed over a newer one) is a write the disk
+// refuses: it is kept for the next commit. Once the disk takes writes
+// again, an operator replays the dead letters: version 1 stays in the
+// dead-letter queue as superseded; had the note been dropped, it would run
+// after version 2 and put the receiver's state back to version 1.
+func TestVersionNotedOnAFullDiskStillSupersedesAReplay(t *testing.T) {
+	d := &orderDeliverer{answer: pb.Receipt_REJECTED}
+	r := newTestRelay(t, d)
+	r.Start()
+	ctx := context.Background()
+	v1 := coalescedVersion("v1", 0)
+	if sent, err := r.Send(ctx, v1, true); err != nil || sent.Outcome != DeadLettered {
+		t.Fatalf("Send(v1) = %+v, %v; want DeadLettered", sent, err)
+	}
+	d.set(pb.Receipt_PROCESSED)
+
+	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
+	v2 := coalescedVersion("v2", 0)
+	sent, err := r.Send(ctx, v2, true)
+	if err != nil || sent.Outcome != Delivered {
+		restore()
+		t.Fatalf("Send(v2) = %+v, %v; want Delivered (a direct attempt writes nothing)", sent, err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the note of v2's version to meet the full disk", func() bool { return hits() > 0 })
+	restore()
+
+	n, err := r.store.Replay(outbox.DLQFilter{All: true})
+	if err != nil && !errors.Is(err, outbox.ErrSuperseded) {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool { return r.store.Pending("a@n1") == 0 })
+	if got := d.order(); n != 0 || len(got) != 1 {
+		t.Fatalf("replay after the disk recovered re-queued %d dead letters; the receiver ran %q in that order: v1 ran over the newer v2", n, got)
+	}
+}
