@@ -324,7 +324,13 @@ func (in *inbound) retryCommit(st *inStream) {
 		in.wg.Add(1) // under mu: settle's Wait starts after closed is set
 		in.mu.Unlock()
 		defer in.wg.Done()
-		in.afterDurable(st, st.w.Load(), func(error, uint64) {})
+		in.afterDurable(st, st.w.Load(), func(err error, _ uint64) {
+			if err == nil {
+				// Durable, by this commit or another one that ended
+				// while this timer waited: no retry is left to make.
+				in.committed(st)
+			}
+		})
 	})
 }
 

@@ -141,6 +141,9 @@ func (s *Store) run() {
 					g.reset()
 					s.gather(g)
 					if len(g.ops) == 0 {
+						if len(s.unwritten) > 0 {
+							s.commit(nil) // kept version notes: once more
+						}
 						return
 					}
 					s.commit(g.ops)
@@ -287,14 +290,7 @@ func (s *Store) commit(ops []*op) {
 		}
 		s.forgetPendingKeys(ops)
 		s.finish(ops)
-		for _, o := range ops {
-			if o.kind == opVersion {
-				// Nobody waits for it, and the message it notes was
-				// delivered: it must not be lost with this commit.
-				o.err = nil
-				s.unwritten = append(s.unwritten, o)
-			}
-		}
+		s.keepVersions(ops)
 		return
 	}
 	s.fsyncs.Add(1)
@@ -310,6 +306,33 @@ func (s *Store) commit(ops []*op) {
 				(*f)(r)
 			}
 		}
+	}
+}
+
+// keepVersions keeps the RecordVersion ops of a failed commit for the next:
+// nobody waits for them, and the messages they note were delivered. Only
+// the newest version of each (recipient, key) counts, so one op each is
+// kept, however many deliveries came while the disk refused writes.
+func (s *Store) keepVersions(ops []*op) {
+	newest := map[string]*op{}
+	var order []string
+	for _, o := range ops {
+		if o.kind != opVersion {
+			continue
+		}
+		k := o.recipient + "\x00" + o.reason
+		if prev, ok := newest[k]; !ok {
+			order = append(order, k)
+		} else if prev.seq > o.seq {
+			continue
+		}
+		newest[k] = o
+	}
+	s.unwritten = s.unwritten[:0]
+	for _, k := range order {
+		o := newest[k]
+		o.err = nil
+		s.unwritten = append(s.unwritten, o)
 	}
 }
 

@@ -352,7 +352,8 @@ func (s *Store) Defer(recipient string, atMs int64) {
 // older versions are refused from then on as if it had gone through the
 // queue: a replayed dead letter, or an older one enqueued late. It is
 // persisted asynchronously, like Defer; operations submitted after it see
-// it. A commit the disk refuses keeps it for the next one (until Close).
+// it. A commit the disk refuses keeps it (the newest per key) for the
+// next one, which Close makes if nothing else does.
 func (s *Store) RecordVersion(recipient, coalesceKey string, seq uint64) {
 	if coalesceKey == "" || len(coalesceKey) > MaxKeyLen || checkRecipient(recipient) != nil {
 		return
