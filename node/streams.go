@@ -354,7 +354,7 @@ func (in *inbound) committed(st *inStream) {
 // it): their messages ran, and the watermark covering them moved in
 // memory, so a copy sent again is answered from memory; a message under
 // the same key must be too. They stay held (seen) and go with the
-// stream's next commit, which a copy sent again starts.
+// stream's next commit, which a copy sent again or retryCommit starts.
 func (in *inbound) keepKeys(st *inStream, keys [][]byte) {
 	in.mu.Lock()
 	if in.failedKeys == nil {
