@@ -92,10 +92,7 @@ func TestReceiptedMessageWhoseAckFailedIsNotGivenUp(t *testing.T) {
 		return ack(rcpt, seqs)
 	}
 	r.Start()
-	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "ran", TtlMs: 1000}}
-	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, message("a@n1", "ran", 1000))
 	testutil.WaitFor(t, 10*time.Second, "the Ack of the receipted message to fail", func() bool { return failures.Load() > 0 })
 	failing.Store(false)
 	clk.Advance(time.Second + r.store.Config().MaxClockSkew + time.Millisecond) // TTL and skew both over
@@ -126,10 +123,7 @@ func TestFailingAcksDoNotResendProcessedMessages(t *testing.T) {
 	r := newTestRelay(t, d)
 	failing, failures := failingAcks(r)
 	r.Start()
-	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "ran"}}
-	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, message("a@n1", "ran", 0))
 	testutil.WaitFor(t, 10*time.Second, "four failed Acks", func() bool { return failures.Load() >= 4 })
 	if n := d.runs("ran"); n != 1 {
 		t.Fatalf("the receiver got the message %d times while its Ack failed %d times, want once", n, failures.Load())
@@ -149,8 +143,9 @@ func TestFailingAcksDoNotResendProcessedMessages(t *testing.T) {
 
 // coalescedVersion is an OVERWRITE message of coalesce key "state" for a@n1.
 func coalescedVersion(typ string, ttlMs int64) *pb.StoredMessage {
-	return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: typ,
-		Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "state", TtlMs: ttlMs}}
+	sm := message("a@n1", typ, ttlMs)
+	sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
+	return sm
 }
 
 // The receiver ran version 1 of a coalesced state; its Ack failed (the
@@ -165,13 +160,9 @@ func TestNewerVersionOfAMessageWhoseAckFailedIsSent(t *testing.T) {
 	r := newTestRelay(t, d)
 	_, failures := failingAcks(r) // the disk refuses every Ack until the test ends
 	r.Start()
-	if err := r.Store(context.Background(), []*pb.StoredMessage{coalescedVersion("v1", 0)})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, coalescedVersion("v1", 0))
 	testutil.WaitFor(t, 10*time.Second, "the Ack of v1 to fail", func() bool { return failures.Load() > 0 })
-	if err := r.Store(context.Background(), []*pb.StoredMessage{coalescedVersion("v2", 0)})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, coalescedVersion("v2", 0))
 	if n := r.store.Pending("a@n1"); n != 1 {
 		t.Fatalf("Pending = %d after v2 replaced v1, want 1", n)
 	}
@@ -195,14 +186,10 @@ func TestNewerVersionOfAMessageWhoseAckFailedIsNotExpired(t *testing.T) {
 	r := newTestRelayWith(t, d, func(c *outbox.Config) { c.Clock = clk })
 	_, failures := failingAcks(r)
 	r.Start()
-	if err := r.Store(context.Background(), []*pb.StoredMessage{coalescedVersion("v1", 0)})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, coalescedVersion("v1", 0))
 	testutil.WaitFor(t, 10*time.Second, "the Ack of v1 to fail", func() bool { return failures.Load() > 0 })
 	v2 := coalescedVersion("v2", 60_000)
-	if err := r.Store(context.Background(), []*pb.StoredMessage{v2})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, v2)
 	// Give the relay every chance to send v2: wait until a loop iteration
 	// that began after the store has ended (the next one began) with the
 	// stream not sending, or until v2 ran.
@@ -258,16 +245,9 @@ func TestOneFailingAckDoesNotHoldBackOthers(t *testing.T) {
 		return ack(rcpt, seqs)
 	}
 	r.Start()
-	store := func(rcpt, typ string) {
-		t.Helper()
-		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: typ}}
-		if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-			t.Fatal(err)
-		}
-	}
-	store("a@n1", "a1")
+	storeMsgs(t, r, message("a@n1", "a1", 0))
 	testutil.WaitFor(t, 10*time.Second, "a's Ack to fail", func() bool { return aFailures.Load() > 0 })
-	store("b@n2", "b1")
+	storeMsgs(t, r, message("b@n2", "b1", 0))
 	testutil.WaitFor(t, 10*time.Second, "b's Ack to fail", func() bool { return bFailures.Load() > 0 })
 	bFailing.Store(false) // b's Acks commit from now on
 	testutil.WaitFor(t, 25*time.Second, "b's receipted message to leave the queue (its Ack commits now)",
@@ -284,10 +264,7 @@ func TestUnrecordedVerdictDefersTheStream(t *testing.T) {
 		t.Run(code.String(), func(t *testing.T) {
 			d := &countingDeliverer{ran: map[string]int{}, answer: code}
 			r := newTestRelay(t, d)
-			sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m"}}
-			if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-				t.Fatal(err)
-			}
+			storeMsgs(t, r, message("a@n1", "m", 0))
 			restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
 			defer restore()
 			r.Start()
@@ -341,10 +318,7 @@ func expiredOnAFullDisk(t *testing.T, d Deliverer) (*Relay, func() int) {
 	t.Helper()
 	clk := outbox.NewManualClock(time.Now())
 	r := newTestRelayWith(t, d, func(c *outbox.Config) { c.Clock = clk })
-	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m", TtlMs: 1000}}
-	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, message("a@n1", "m", 1000))
 	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
 	t.Cleanup(restore)
 	clk.Advance(2 * time.Second) // never sent, so plainly expired
@@ -378,10 +352,7 @@ func (p *restoredPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope)
 func TestUnstoredNewEpochDefersTheStream(t *testing.T) {
 	d := &restoredPeer{}
 	r := newTestRelay(t, d)
-	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "m"}}
-	if err := r.Store(context.Background(), []*pb.StoredMessage{sm})[0]; err != nil {
-		t.Fatal(err)
-	}
+	storeMsgs(t, r, message("a@n1", "m", 0))
 	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
 	defer restore()
 	r.Start()
@@ -467,5 +438,22 @@ func TestVersionNotedOnAFullDiskStillSupersedesAReplay(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "the outbox to drain", func() bool { return r.store.Pending("a@n1") == 0 })
 	if got := d.order(); n != 0 || len(got) != 1 {
 		t.Fatalf("replay after the disk recovered re-queued %d dead letters; the receiver ran %q in that order: v1 ran over the newer v2", n, got)
+	}
+}
+
+// message is a stored message of type typ for rcpt from app@n0, with a
+// TTL of ttlMs (0: none).
+func message(rcpt, typ string, ttlMs int64) *pb.StoredMessage {
+	return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: typ, TtlMs: ttlMs}}
+}
+
+// storeMsgs stores sms through r (no direct attempt) and fails tb on an
+// error.
+func storeMsgs(tb testing.TB, r *Relay, sms ...*pb.StoredMessage) {
+	tb.Helper()
+	for i, err := range r.Store(context.Background(), sms) {
+		if err != nil {
+			tb.Fatalf("store %s: %v", sms[i].GetEnvelope().GetType(), err)
+		}
 	}
 }
