@@ -284,6 +284,12 @@ func (in *inbound) commit(st *inStream) {
 	})
 }
 
+// The waits before a stream commits again after the disk refused.
+const (
+	minCommitRetry = 100 * time.Millisecond
+	maxCommitRetry = 10 * time.Second
+)
+
 // commitRetry is a stream's next commit after one the disk refused.
 type commitRetry struct {
 	timer *time.Timer // nil while none is due
@@ -313,7 +319,7 @@ func (in *inbound) retryCommit(st *inStream) {
 	if r.timer != nil {
 		return
 	}
-	r.wait = min(max(2*r.wait, 100*time.Millisecond), 10*time.Second)
+	r.wait = min(max(2*r.wait, minCommitRetry), maxCommitRetry)
 	r.timer = time.AfterFunc(r.wait, func() {
 		in.mu.Lock()
 		if in.closed || in.retries[st] != r {
