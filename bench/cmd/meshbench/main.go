@@ -34,6 +34,7 @@ func run() error {
 	flag.DurationVar(&cfg.Duration, "duration", cfg.Duration, "time per throughput measurement (upper bound; -n may end it first)")
 	flag.IntVar(&cfg.Asks, "asks", cfg.Asks, "sequential round trips per latency measurement")
 	flag.IntVar(&cfg.Askers, "askers", cfg.Askers, "concurrent askers of the ask throughput measurement")
+	flag.IntVar(&cfg.Rounds, "rounds", cfg.Rounds, "interleaved rounds of the tell and ask comparisons (their rows report the medians)")
 	flag.StringVar(&senders, "senders", "1,8,64", "concurrent senders of the reliable phase, comma-separated")
 	flag.IntVar(&cfg.Backlog, "backlog", cfg.Backlog, "messages queued for the drain and rss phases")
 	flag.IntVar(&cfg.Actors, "actors", cfg.Actors, "idle actors spawned by the actors phase")

@@ -14,48 +14,69 @@ import (
 // askPhase measures sequential round trips (meshnode Ask, NATS
 // request-reply and a raw quic-go echo, each replying with the payload),
 // then the round trips per second of cfg.Askers concurrent askers sharing
-// one connection and one replier (meshnode and NATS).
+// one connection and one replier (meshnode and NATS), in cfg.Rounds
+// rounds that take turns; each row reports the medians over the rounds.
 func (e *env) askPhase() ([]Row, error) {
 	payload := make([]byte, e.cfg.Payload)
-	m, err := e.meshAsk(payload)
-	if err != nil {
-		return nil, err
+	var ms, ns []askFigures
+	var q50s, q99s []float64
+	for range e.cfg.Rounds {
+		m, err := e.meshAsk(payload)
+		if err != nil {
+			return nil, err
+		}
+		e.cfg.logf("ask: meshnode p50 %v p99 %v; %d askers %.0f/s", m.p50, m.p99, e.cfg.Askers, m.rate)
+		n, err := e.natsRequest(payload)
+		if err != nil {
+			return nil, err
+		}
+		e.cfg.logf("ask: NATS p50 %v p99 %v; %d askers %.0f/s", n.p50, n.p99, e.cfg.Askers, n.rate)
+		q50, q99, err := e.rawEcho(payload)
+		if err != nil {
+			return nil, err
+		}
+		e.cfg.logf("ask: raw quic-go p50 %v p99 %v", q50, q99)
+		ms, ns = append(ms, m), append(ns, n)
+		q50s, q99s = append(q50s, micros(q50)), append(q99s, micros(q99))
 	}
-	e.cfg.logf("ask: meshnode p50 %v p99 %v; %d askers %.0f/s", m.p50, m.p99, e.cfg.Askers, m.rate)
-	n, err := e.natsRequest(payload)
-	if err != nil {
-		return nil, err
+	// each picks one figure of every round, in µs or asks/s.
+	each := func(fs []askFigures, pick func(askFigures) float64) []float64 {
+		v := make([]float64, len(fs))
+		for i, f := range fs {
+			v[i] = pick(f)
+		}
+		return v
 	}
-	e.cfg.logf("ask: NATS p50 %v p99 %v; %d askers %.0f/s", n.p50, n.p99, e.cfg.Askers, n.rate)
-	q50, q99, err := e.rawEcho(payload)
-	if err != nil {
-		return nil, err
-	}
-	e.cfg.logf("ask: raw quic-go p50 %v p99 %v", q50, q99)
-	row := func(phase string, m, c time.Duration, name, target string) Row {
-		r := Row{Phase: phase, Meshnode: Figure{Value: micros(m), Unit: "µs"},
-			Comparison: &Figure{Name: name, Value: micros(c), Unit: "µs"}, Ratio: ratio(micros(m), micros(c)), Target: target}
+	p50 := func(f askFigures) float64 { return micros(f.p50) }
+	p99 := func(f askFigures) float64 { return micros(f.p99) }
+	row := func(phase string, m, c []float64, name, target string) Row {
+		r := Row{Phase: phase, Meshnode: Figure{Value: median(m), Unit: "µs"},
+			Comparison: &Figure{Name: name, Value: median(c), Unit: "µs"}, Ratio: ratio(median(m), median(c)),
+			Target: target, Note: roundsNote(m, c)}
 		if target != "" {
 			r.Met = yesNo(r.Ratio <= 1.0)
 		}
 		return r
 	}
-	note := fmt.Sprintf("%d sequential round trips", e.cfg.Asks)
 	rows := []Row{
-		row("ask p50 vs NATS request-reply", m.p50, n.p50, "NATS request-reply", "≤ 1.0×"),
-		row("ask p99 vs NATS request-reply", m.p99, n.p99, "NATS request-reply", "≤ 1.0×"),
-		row("ask p50 vs raw quic-go echo", m.p50, q50, "raw quic-go echo", ""),
-		row("ask p99 vs raw quic-go echo", m.p99, q99, "raw quic-go echo", ""),
+		row("ask p50 vs NATS request-reply", each(ms, p50), each(ns, p50), "NATS request-reply", "≤ 1.0×"),
+		row("ask p99 vs NATS request-reply", each(ms, p99), each(ns, p99), "NATS request-reply", "≤ 1.0×"),
+		row("ask p50 vs raw quic-go echo", each(ms, p50), q50s, "raw quic-go echo", ""),
+		row("ask p99 vs raw quic-go echo", each(ms, p99), q99s, "raw quic-go echo", ""),
 	}
-	rows[0].Note = note
+	rows[0].Note = joinNotes(rows[0].Note, fmt.Sprintf("%d sequential round trips per round", e.cfg.Asks))
+	rate := func(f askFigures) float64 { return f.rate }
+	cp50 := func(f askFigures) float64 { return micros(f.cp50) }
+	cp99 := func(f askFigures) float64 { return micros(f.cp99) }
+	mr, nr := each(ms, rate), each(ns, rate)
 	concurrent := Row{
 		Phase:      fmt.Sprintf("ask throughput, %d concurrent askers vs NATS request-reply", e.cfg.Askers),
-		Meshnode:   Figure{Value: m.rate, Unit: "asks/s"},
-		Comparison: &Figure{Name: "NATS request-reply", Value: n.rate, Unit: "asks/s"},
-		Ratio:      ratio(m.rate, n.rate),
+		Meshnode:   Figure{Value: median(mr), Unit: "asks/s"},
+		Comparison: &Figure{Name: "NATS request-reply", Value: median(nr), Unit: "asks/s"},
+		Ratio:      ratio(median(mr), median(nr)),
 		Target:     "≥ 1.0×",
-		Note: fmt.Sprintf("one connection, one replier; p50 / p99 under load: meshnode %.1f / %.1f µs, NATS %.1f / %.1f µs",
-			micros(m.cp50), micros(m.cp99), micros(n.cp50), micros(n.cp99)),
+		Note: joinNotes(roundsNote(mr, nr), fmt.Sprintf("one connection, one replier; p50 / p99 under load: meshnode %.1f / %.1f µs, NATS %.1f / %.1f µs",
+			median(each(ms, cp50)), median(each(ms, cp99)), median(each(ns, cp50)), median(each(ns, cp99)))),
 	}
 	concurrent.Met = yesNo(concurrent.Ratio >= 1.0)
 	return append(rows, concurrent), nil

@@ -29,6 +29,7 @@ type Config struct {
 	Duration   time.Duration // time per throughput measurement (upper bound; N may end it first)
 	Asks       int           // sequential round trips per latency measurement
 	Askers     int           // concurrent askers of the ask throughput measurement
+	Rounds     int           // interleaved rounds of the tell and ask comparisons; their rows report medians
 	Senders    []int         // concurrent senders of the durable-enqueue phase and of the curves' tells
 	Backlog    int           // messages queued for the drain and RSS phases
 	Actors     int           // idle actors spawned by the actors phase
@@ -50,6 +51,7 @@ func DefaultConfig() Config {
 		Duration: 2 * time.Second, // per measurement; long enough for a steady rate
 		Asks:     5000,            // round trips for p50/p99
 		Askers:   64,              // many callers sharing one connection and one replier
+		Rounds:   3,               // a median of three interleaved rounds outlasts a slow moment of the host
 		Senders:  []int{1, 8, 64}, // one, a few, and many concurrent senders
 		Backlog:  100_000,         // make bench size; 1_000_000 for the full figure
 		Actors:   100_000,         // the idle-actor memory figure is per actor of 100k
@@ -76,6 +78,8 @@ func (c Config) Validate() error {
 		return bad("asks %d must be positive", c.Asks)
 	case c.Askers < 1 || c.Askers > 4096:
 		return bad("askers %d must be in [1, 4096]", c.Askers)
+	case c.Rounds < 1 || c.Rounds > 100:
+		return bad("rounds %d must be in [1, 100]", c.Rounds)
 	case len(c.Senders) == 0:
 		return bad("senders: need at least one level")
 	case c.Backlog < 1:

@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,7 @@ func tinyConfig(tb testing.TB) Config {
 	cfg.Duration = 300 * time.Millisecond
 	cfg.Asks = 50
 	cfg.Askers = 8
+	cfg.Rounds = 2
 	cfg.Senders = []int{1, 4}
 	cfg.Backlog = 3000
 	cfg.Actors = 2000
@@ -60,6 +62,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no senders", func(c *Config) { c.Senders = nil }, false},
 		{"negative senders", func(c *Config) { c.Senders = []int{1, -1} }, false},
 		{"zero askers", func(c *Config) { c.Askers = 0 }, false},
+		{"zero rounds", func(c *Config) { c.Rounds = 0 }, false},
+		{"too many rounds", func(c *Config) { c.Rounds = 101 }, false},
 		{"zero backlog", func(c *Config) { c.Backlog = 0 }, false},
 		{"zero actors", func(c *Config) { c.Actors = 0 }, false},
 		{"no workdir", func(c *Config) { c.WorkDir = "" }, false},
@@ -125,6 +129,10 @@ func TestRunEveryPhase(t *testing.T) {
 		}
 		if r.Target != "" && r.Met == "" {
 			t.Errorf("%s: target %q without a verdict", r.Phase, r.Target)
+		}
+		if (strings.HasPrefix(r.Phase, "tell vs") || strings.HasPrefix(r.Phase, "ask ")) &&
+			!strings.Contains(r.Note, "median of 2 interleaved rounds") {
+			t.Errorf("%s: note %q does not say its figures are medians of the rounds", r.Phase, r.Note)
 		}
 	}
 	var tbl bytes.Buffer
@@ -194,6 +202,31 @@ func TestPercentile(t *testing.T) {
 				t.Fatalf("percentile = %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+func TestMedianAndRoundsNote(t *testing.T) {
+	for _, tt := range []struct {
+		xs   []float64
+		want float64
+	}{{nil, 0}, {[]float64{5}, 5}, {[]float64{3, 1, 2}, 2}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		in := slices.Clone(tt.xs)
+		if got := median(in); got != tt.want {
+			t.Errorf("median(%v) = %v, want %v", tt.xs, got, tt.want)
+		}
+		if !slices.Equal(in, tt.xs) {
+			t.Errorf("median reordered its input: %v, was %v", in, tt.xs)
+		}
+	}
+	if got := roundsNote([]float64{1}, []float64{2}); got != "" {
+		t.Errorf("one round: note %q, want none", got)
+	}
+	want := "median of 3 interleaved rounds (each round's ratio: 0.50× 2.00× 1.00×)"
+	if got := roundsNote([]float64{1, 4, 3}, []float64{2, 2, 3}); got != want {
+		t.Errorf("roundsNote = %q, want %q", got, want)
+	}
+	if got := joinNotes("", "a", "", "b"); got != "a; b" {
+		t.Errorf("joinNotes = %q, want %q", got, "a; b")
 	}
 }
 

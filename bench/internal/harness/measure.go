@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -143,4 +144,37 @@ func concurrentRoundTrips(cfg Config, what string, workers int, newRT func() fun
 	}
 	slices.Sort(all)
 	return float64(len(all)) / elapsed.Seconds(), percentile(all, 50), percentile(all, 99), nil
+}
+
+// median returns the middle value of xs (the mean of the two middle ones
+// for an even count); xs is not modified.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// roundsNote says a row's figures are medians of interleaved rounds and
+// lists the ratio of each round, so a reader sees how far one slow moment
+// of the host moved it. One round needs no note.
+func roundsNote(mesh, other []float64) string {
+	if len(mesh) < 2 {
+		return ""
+	}
+	rs := make([]string, len(mesh))
+	for i := range mesh {
+		rs[i] = fmt.Sprintf("%.2f×", ratio(mesh[i], other[i]))
+	}
+	return fmt.Sprintf("median of %d interleaved rounds (each round's ratio: %s)", len(mesh), strings.Join(rs, " "))
+}
+
+// joinNotes joins the non-empty notes with "; ".
+func joinNotes(notes ...string) string {
+	return strings.Join(slices.DeleteFunc(notes, func(s string) bool { return s == "" }), "; ")
 }

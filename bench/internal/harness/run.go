@@ -63,8 +63,8 @@ func (c Config) Flags() string {
 	for i, s := range c.Senders {
 		senders[i] = fmt.Sprint(s)
 	}
-	f := fmt.Sprintf("-payload %d -n %d -duration %v -asks %d -askers %d -senders %s -backlog %d -actors %d",
-		c.Payload, c.N, c.Duration, c.Asks, c.Askers, strings.Join(senders, ","), c.Backlog, c.Actors)
+	f := fmt.Sprintf("-payload %d -n %d -duration %v -asks %d -askers %d -rounds %d -senders %s -backlog %d -actors %d",
+		c.Payload, c.N, c.Duration, c.Asks, c.Askers, c.Rounds, strings.Join(senders, ","), c.Backlog, c.Actors)
 	if c.AIMDMax > 0 {
 		f += fmt.Sprintf(" -aimd-max %d", c.AIMDMax)
 	}
