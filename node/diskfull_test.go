@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -247,4 +248,47 @@ func TestRefusedCommitIsRetriedWithoutACopy(t *testing.T) {
 	if n, vals := k.get("order-1"); n != 2 {
 		t.Fatalf("key order-1 sent again 25 h after it ran (window 24 h) ran %d times in all (%q), want 2", n, vals)
 	}
+}
+
+// With both disks refusing writes, a direct attempt whose handler ran (the
+// receiver answers CAPACITY: it could not record the outcome) cannot be
+// stored at the sender either. The call fails, and its error must not read
+// as if nothing happened: the recipient may have run the message, so an
+// application retrying without an idempotency key could run it twice.
+func TestUnstoredAfterADirectAttemptSaysTheRecipientMayHaveRunIt(t *testing.T) {
+	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
+	n0 := startNode(t, "n0", dirs[0])
+	n1 := startNode(t, "n1", dirs[1], n0.GossipAddr())
+	waitAlive(t, []*node.Node{n0, n1}, 2)
+	var ran atomic.Int64
+	to, err := n1.Spawn("w", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		ran.Add(1)
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first send reserves a block of sequences on disk; the next ones
+	// take theirs from memory.
+	if out, err := n0.TellReliable(context.Background(), to, wrapperspb.String("first")); err != nil || out != node.Delivered {
+		t.Fatalf("first send: %v, %v; want Delivered", out, err)
+	}
+	ran.Store(0)
+	full := errors.New("no space left on device")
+	restore1, _ := faults.FailCommits(filepath.Join(dirs[1], "outbox.db"), full)
+	defer restore1()
+	restore0, _ := faults.FailCommits(filepath.Join(dirs[0], "outbox.db"), full)
+	defer restore0()
+
+	_, err = n0.TellReliable(context.Background(), to, wrapperspb.String("ran, unrecorded"))
+	if err == nil {
+		t.Fatal("TellReliable succeeded though neither disk takes writes")
+	}
+	if ran.Load() != 1 {
+		t.Fatalf("the handler ran %d times, want once (the direct attempt); err %v", ran.Load(), err)
+	}
+	if !strings.Contains(err.Error(), "may have run") {
+		t.Fatalf("error %q does not say the recipient may have run the message", err)
+	}
+	t.Logf("error: %v", err)
 }

@@ -111,7 +111,10 @@ func WithType(t string) SendOption { return func(o *sendOptions) { o.msgType = t
 // before anything is stored. A context that is done before the call stores
 // nothing; once storing has begun it is finished regardless. It returns an
 // error only when the message could not be stored either; then nothing was
-// stored.
+// stored, but if a direct attempt was made without a verdict (it timed out,
+// or the receiver ran the message and could not record that), the
+// recipient may have run it, and the error says so: a retry under the same
+// idempotency key (WithIdempotencyKey) cannot run it twice.
 func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, opts ...SendOption) (Outcome, error) {
 	if n.closed.Load() {
 		return 0, ErrClosed

@@ -178,8 +178,9 @@ type Sent struct {
 // and returns Delivered when the handler succeeded. Otherwise, or when that
 // attempt gives no final verdict, it stores the message and returns Queued
 // once fsynced. It returns an error only when the message could not be
-// stored either (then nothing was stored), or ctx ended before anything
-// was done.
+// stored either (then nothing was stored, though after a direct attempt
+// without a verdict the recipient may have run it, which the error says),
+// or ctx ended before anything was done.
 func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) (Sent, error) {
 	if r.ctx.Err() != nil {
 		return Sent{}, ErrClosed
@@ -285,7 +286,16 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 			}
 			return Sent{Outcome: DeadLettered, Reason: outbox.ReasonExpiredUnknown}, nil
 		}
-		return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+		// The attempt had no final verdict: the recipient may have run the
+		// message (a timeout, or a receiver that ran it but could not
+		// record that). Say so: "not stored" alone reads as "nothing
+		// happened", and a retry without an idempotency key would run it
+		// again.
+		why := ""
+		if v.reason != "" {
+			why = " (" + v.reason + ")"
+		}
+		return Sent{}, fmt.Errorf("partition: send to %s: not stored after a direct attempt without a verdict%s; the recipient may have run it: %w", rcpt, why, err)
 	}
 	r.apply(st, v, seq, false, int(sm.GetAttempts()))
 	return Sent{Outcome: Queued}, nil
