@@ -349,6 +349,9 @@ func (a *actor) handleStream(d *delivery) {
 	defer n.in.release(st)
 	positive := func(code pb.Receipt_Code) func(error, uint64) { return onDurable(rc, code) }
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
+	// A request whose handler ran on an earlier copy, its reply refused by
+	// the disk: what remains is storing that reply.
+	held := n.held.get(st.key, seq)
 	switch {
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
@@ -366,7 +369,7 @@ func (a *actor) handleStream(d *delivery) {
 		n.stats.outOfOrder.Add(1)
 		rc(&pb.Receipt{Code: pb.Receipt_OUT_OF_ORDER, Watermark: w})
 		return
-	case d.deadlineMs > 0 && n.store.ElapsedMs() >= d.deadlineMs:
+	case held == nil && d.deadlineMs > 0 && n.store.ElapsedMs() >= d.deadlineMs:
 		n.stats.expired.Add(1)
 		rc(&pb.Receipt{Code: pb.Receipt_EXPIRED, Message: "expired before processing"})
 		return
@@ -388,20 +391,9 @@ func (a *actor) handleStream(d *delivery) {
 		}
 		keys = [][]byte{scoped}
 	}
-	timeout := n.cfg.HandlerTimeout
-	if d.deadlineMs > 0 {
-		timeout = min(timeout, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
-	}
-	ctx := withLazyDeadline(n.ctx, time.Now().Add(timeout))
-	reply, herr := a.call(ctx, &d.Message)
-	ctx.release()
-	if isRequest(env) && (herr == nil || mailbox.IsPermanent(herr)) {
-		if err := a.storeReply(d, reply, herr); err != nil {
-			// Not the message's fault: it runs again later, and its reply
-			// is stored then (the requester runs one of the two).
-			rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: err.Error()})
-			return
-		}
+	herr, ok := a.runStream(d, st, held)
+	if !ok {
+		return
 	}
 	if herr == nil {
 		// A nil return is success, even after the deadline.
@@ -419,6 +411,51 @@ func (a *actor) handleStream(d *delivery) {
 		r.Code, r.RetryAfterMs = pb.Receipt_CAPACITY, max(ce.RetryAfter.Milliseconds(), 1)
 	}
 	rc(r)
+}
+
+// runStream runs the handler of the stream message d and, for a reliable
+// request, stores its reply (or, with held, stores the reply an earlier
+// copy's run made instead of running the handler again). It returns the
+// handler's error, and false when it answered d itself because the reply
+// could not be stored: that is not the message's fault, so the sender
+// waits without counting and sends it again.
+func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr error, ok bool) {
+	n, env, seq := a.n, d.env, d.env.GetSequence()
+	refused := func(err error) (error, bool) {
+		d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: err.Error()})
+		return nil, false
+	}
+	if held != nil {
+		if err := n.storeReply(held.sm); err != nil {
+			return refused(err)
+		}
+		n.held.drop(st.key, seq)
+		return held.herr, true
+	}
+	timeout := n.cfg.HandlerTimeout
+	if d.deadlineMs > 0 {
+		timeout = min(timeout, time.Duration(d.deadlineMs-n.store.ElapsedMs())*time.Millisecond)
+	}
+	ctx := withLazyDeadline(n.ctx, time.Now().Add(timeout))
+	reply, herr := a.call(ctx, &d.Message)
+	ctx.release()
+	if !isRequest(env) || (herr != nil && !mailbox.IsPermanent(herr)) {
+		return herr, true
+	}
+	sm := a.replyMessage(d, reply, herr)
+	if sm == nil {
+		return herr, true
+	}
+	if err := n.storeReply(sm); err != nil {
+		// Keep the reply, so that the copy the sender sends again stores
+		// it instead of running the handler a second time.
+		if !n.held.put(st.key, seq, sm, herr) {
+			n.log.Warn("reply not kept for the request's next copy (too many waiting for the disk): the handler will run again",
+				"actor", a.name, "sender", d.from, "msg", env.GetMsgId())
+		}
+		return refused(err)
+	}
+	return herr, true
 }
 
 // notDurableRetry is what a sender is told to wait when this node could

@@ -230,10 +230,14 @@
 //     message after sending it.
 //   - A reliable request's reply (WithReplyTo) goes only to an actor of the
 //     node that sent the request, as TLS verified it. It is stored in the
-//     responder's outbox before the request's watermark moves (a reply
-//     that cannot be stored makes the request run again), under an
+//     responder's outbox before the request's watermark moves, under an
 //     idempotency key made from the correlation id, so a request re-run in
-//     the crash window still gives one reply at the requester.
+//     the crash window still gives one reply at the requester. A reply the
+//     disk refuses (full) is kept in memory and the request is not
+//     acknowledged; the copy its sender sends again stores that reply
+//     instead of running the handler again. Kept replies are bounded
+//     (1,024, 16 MiB, an hour each) and lost on a restart: past a bound,
+//     or after a restart, the request runs again when it comes back.
 //   - Memory held for another node is bounded in bytes and charged to it:
 //     each mailbox holds at most MailboxBytes (WithMailboxBytes) besides its
 //     count, all mailboxes together at most PeerQueuedBytes of one peer's

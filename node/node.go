@@ -41,6 +41,7 @@ type Node struct {
 	store     *outbox.Store
 	relay     *partition.Relay
 	in        *inbound
+	held      heldReplies // replies of requests that ran, waiting for the disk (heldreply.go)
 	responses *mailbox.ResponseRegistry
 
 	ctx       context.Context // cancelled by Close: handlers and sends see it

@@ -77,12 +77,11 @@ func isRequest(env *pb.Envelope) bool {
 	return env.GetRpc().GetKind() == pb.RpcMeta_REQUEST && env.GetRpc().GetReplyTo() != ""
 }
 
-// storeReply stores the reply to the reliable request d (its handler's
-// reply, or its permanent error) in this node's outbox, from which the
-// relay delivers it. It runs on the actor's goroutine before the request's
-// watermark moves: a reply that could not be stored leaves the request to
-// run again, never acknowledged without its reply.
-func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
+// replyMessage makes the reply to the reliable request d (its handler's
+// reply, or its permanent error) as the outbox stores it, or returns nil
+// when none is sent (the request asks for it elsewhere than its sender's
+// node).
+func (a *actor) replyMessage(d *delivery, reply proto.Message, herr error) *pb.StoredMessage {
 	n, req := a.n, d.env
 	to, ok := parseLoose(req.GetRpc().GetReplyTo())
 	if !ok || to.Node != d.from || to.Validate() != nil {
@@ -130,9 +129,16 @@ func (a *actor) storeReply(d *delivery, reply proto.Message, herr error) error {
 		env.Body = nil
 		mailbox.SetError(env, &RemoteError{Code: mailbox.Internal, Message: fmt.Sprintf("reply too large for the wire: %v", err)})
 	}
-	sm := &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}
+	return &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}
+}
+
+// storeReply stores a reply made by replyMessage in this node's outbox,
+// from which the relay delivers it. It runs on the actor's goroutine
+// before the request's watermark moves: a request is never acknowledged
+// without its reply.
+func (n *Node) storeReply(sm *pb.StoredMessage) error {
 	if _, err := n.relay.Send(n.ctx, sm, false); err != nil {
-		return fmt.Errorf("node: store reply to %s: %w", to, n.mapRelayErr(err))
+		return fmt.Errorf("node: store reply to %s: %w", sm.GetEnvelope().GetRecipient(), n.mapRelayErr(err))
 	}
 	return nil
 }
