@@ -351,7 +351,7 @@ func (a *actor) handleStream(d *delivery) {
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
 	// A request whose handler ran on an earlier copy, its reply refused by
 	// the disk: what remains is storing that reply.
-	held := n.held.get(st.key, seq)
+	held := n.held.get(st.key, seq, env)
 	switch {
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
@@ -427,6 +427,7 @@ func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr erro
 	}
 	if held != nil {
 		if err := n.storeReply(held.sm); err != nil {
+			n.held.touch(held)
 			return refused(err)
 		}
 		n.held.drop(st.key, seq)
@@ -449,7 +450,7 @@ func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr erro
 	if err := n.storeReply(sm); err != nil {
 		// Keep the reply, so that the copy the sender sends again stores
 		// it instead of running the handler a second time.
-		if !n.held.put(st.key, seq, sm, herr) {
+		if !n.held.put(st.key, seq, env, sm, herr) {
 			n.log.Warn("reply not kept for the request's next copy (too many waiting for the disk): the handler will run again",
 				"actor", a.name, "sender", d.from, "msg", env.GetMsgId())
 		}

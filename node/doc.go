@@ -235,9 +235,11 @@
 //     the crash window still gives one reply at the requester. A reply the
 //     disk refuses (full) is kept in memory and the request is not
 //     acknowledged; the copy its sender sends again stores that reply
-//     instead of running the handler again. Kept replies are bounded
-//     (1,024, 16 MiB, an hour each) and lost on a restart: past a bound,
-//     or after a restart, the request runs again when it comes back.
+//     instead of running the handler again (only a copy of that request:
+//     another message at its place runs). Kept replies are bounded (1,024
+//     and 16 MiB in all, dropped when their request has not come back for
+//     an hour) and lost on a restart: past a bound, or after a restart,
+//     the request runs again when it comes back.
 //   - Memory held for another node is bounded in bytes and charged to it:
 //     each mailbox holds at most MailboxBytes (WithMailboxBytes) besides its
 //     count, all mailboxes together at most PeerQueuedBytes of one peer's

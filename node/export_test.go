@@ -95,3 +95,18 @@ func (n *Node) RoomState(name string) (streamsQueued, waitUntilMs, nowMs int64) 
 	}
 	return int64(a.streamsQueued.Load()), waitUntilMs, n.store.ElapsedMs()
 }
+
+// AgeHeldReplies makes d pass for the replies n keeps for the disk, as the
+// wall clock would: each was last wanted d earlier than it was, and the
+// next look drops what is past its TTL.
+func AgeHeldReplies(n *Node, d time.Duration) {
+	n.held.mu.Lock()
+	defer n.held.mu.Unlock()
+	for _, r := range n.held.m {
+		r.at = r.at.Add(-d)
+	}
+	n.held.swept = time.Time{}
+}
+
+// HeldReplies returns how many replies n keeps for the disk.
+func HeldReplies(n *Node) int { return int(n.held.n.Load()) }

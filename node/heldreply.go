@@ -1,6 +1,8 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,8 +21,8 @@ import (
 // They live in memory only: after a restart the request runs again, as any
 // message that ran but could not be recorded does. The count and bytes are
 // bounded; a reply that does not fit is not kept, and its request runs
-// again when it comes back. A reply kept longer than heldReplyTTL (its
-// sender gave the request up) is dropped.
+// again when it comes back. A reply whose request has not come back for
+// heldReplyTTL (its sender gave it up) is dropped.
 type heldReplies struct {
 	n     atomic.Int32 // len(m), read without the lock on every stream message
 	mu    sync.Mutex
@@ -37,6 +39,7 @@ type heldKey struct {
 
 // heldReply is a reply its handler made, waiting to be stored.
 type heldReply struct {
+	req  [sha256.Size]byte // requestDigest of its request: another message at its place must run
 	sm   *pb.StoredMessage
 	herr error // the handler's permanent error (the reply carries it), or nil
 	size int
@@ -51,36 +54,69 @@ const (
 	heldReplyOverheadB = 256 // a kept reply's bookkeeping, counted with its size
 )
 
-// get returns the reply kept for the request at seq of stream, or nil.
-func (h *heldReplies) get(stream string, seq uint64) *heldReply {
+// get returns the reply kept for the request env at seq of stream, or
+// nil. A reply kept for another message at that place is dropped: the
+// sender's state went back (a restored backup) and handed the sequence to
+// a new message, which must run.
+func (h *heldReplies) get(stream string, seq uint64, env *pb.Envelope) *heldReply {
 	if h.n.Load() == 0 {
 		return nil
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.expireLocked(time.Now())
-	return h.m[heldKey{stream, seq}]
+	k := heldKey{stream, seq}
+	r := h.m[k]
+	if r != nil && r.req != requestDigest(env) {
+		h.removeLocked(k)
+		return nil
+	}
+	return r
 }
 
-// put keeps r for the request at seq of stream and reports whether it fit.
-func (h *heldReplies) put(stream string, seq uint64, sm *pb.StoredMessage, herr error) bool {
+// requestDigest identifies a request across its copies, whose msg ids
+// differ (each emission makes its own): what its sender stored, the
+// creation time, correlation id, type and body.
+func requestDigest(env *pb.Envelope) [sha256.Size]byte {
+	h := sha256.New()
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(env.GetCreatedAtUnixMs()))
+	h.Write(b[:])
+	for _, f := range []string{env.GetRpc().GetCorrelationId(), env.GetType(), env.GetIdempotencyKey(), env.GetBody().GetTypeUrl()} {
+		binary.BigEndian.PutUint64(b[:], uint64(len(f)))
+		h.Write(b[:])
+		h.Write([]byte(f))
+	}
+	h.Write(env.GetBody().GetValue())
+	var sum [sha256.Size]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
+// touch marks r as wanted now: a copy of its request came, so its sender
+// has not given it up, and its hour starts again.
+func (h *heldReplies) touch(r *heldReply) {
+	h.mu.Lock()
+	r.at = time.Now()
+	h.mu.Unlock()
+}
+
+// put keeps the reply sm (and the handler's error herr) of the request
+// env at seq of stream, and reports whether it fit.
+func (h *heldReplies) put(stream string, seq uint64, env *pb.Envelope, sm *pb.StoredMessage, herr error) bool {
 	size := proto.Size(sm) + heldReplyOverheadB
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	now := time.Now()
-	h.expireLocked(now)
+	h.expireLocked(time.Now())
 	k := heldKey{stream, seq}
-	if old := h.m[k]; old != nil {
-		old.at = now // kept already (a copy met the full disk again)
-		return true
-	}
+	h.removeLocked(k) // another message's (get drops those; this is the handler's newer run)
 	if len(h.m) >= maxHeldReplies || h.bytes+size > maxHeldReplyBytes {
 		return false
 	}
 	if h.m == nil {
 		h.m = map[heldKey]*heldReply{}
 	}
-	h.m[k] = &heldReply{sm: sm, herr: herr, size: size, at: now}
+	h.m[k] = &heldReply{req: requestDigest(env), sm: sm, herr: herr, size: size, at: time.Now()}
 	h.bytes += size
 	h.n.Store(int32(len(h.m)))
 	return true
