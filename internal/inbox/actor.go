@@ -8,6 +8,7 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -55,7 +56,7 @@ func Handler(st *Store, name string) node.Handler {
 		if err != nil {
 			return nil, err
 		}
-		cur, err := st.Append(ctx, name, env)
+		cur, err := st.AppendMarked(ctx, name, env, markOf(m))
 		if err != nil {
 			return nil, backOff(err)
 		}
@@ -72,26 +73,36 @@ func Handler(st *Store, name string) node.Handler {
 func BatchHandler(st *Store, name string) node.BatchHandler {
 	return func(ctx context.Context, msgs []*node.Message) (int, error) {
 		envs := make([]*pb.Envelope, len(msgs))
+		marks := make([]Mark, len(msgs))
 		for i, m := range msgs {
 			env, err := envelopeOf(name, m)
 			if err != nil {
 				// Store the ones before it; it fails alone.
-				envs = envs[:i]
-				n, aerr := appendBatch(ctx, st, name, envs)
+				n, aerr := appendBatch(ctx, st, name, envs[:i], marks[:i])
 				if aerr != nil || n < i {
 					return n, aerr
 				}
 				return i, err
 			}
-			envs[i] = env
+			envs[i], marks[i] = env, markOf(m)
 		}
-		return appendBatch(ctx, st, name, envs)
+		return appendBatch(ctx, st, name, envs, marks)
 	}
 }
 
-func appendBatch(ctx context.Context, st *Store, name string, envs []*pb.Envelope) (int, error) {
-	_, n, err := st.AppendBatch(ctx, name, envs)
+func appendBatch(ctx context.Context, st *Store, name string, envs []*pb.Envelope, marks []Mark) (int, error) {
+	_, n, err := st.AppendBatchMarked(ctx, name, envs, marks)
 	return n, backOff(err)
+}
+
+// markOf places m in its reliable stream (a zero Mark for tell and ask),
+// so that a copy redelivered after a crash is not stored twice.
+func markOf(m *node.Message) Mark {
+	s := m.Stream()
+	if s == (node.StreamID{}) {
+		return Mark{}
+	}
+	return Mark{Stream: outbox.StreamKey(s.Node, s.Outbox, s.Epoch, s.Actor), Seq: m.Sequence()}
 }
 
 // backOff makes an inbox that cannot take more for now (full, or its disk

@@ -43,8 +43,13 @@
 //     each acknowledged only after it (node.WithBatch).
 //   - Group commit uses bbolt's DB.Batch (BatchDelay), so many concurrent
 //     deliveries share an fsync.
-//   - Duplicates: the inbox itself does not dedupe; the node's reliable
-//     delivery dedupes by idempotency key before the handler runs. A crash
-//     between Append's commit and the sender's receipt can store a message
-//     twice (at least once); programs dedupe by msg id or key if needed.
+//   - Duplicates: a reliable message is stored once. The node dedupes by
+//     its stream watermark and idempotency keys before the handler runs,
+//     but a receiver killed after an append's commit and before the
+//     watermark covering it is committed gets those messages again, under
+//     new msg ids. The inbox actor passes each message's stream and
+//     sequence (Mark); the store keeps each stream's last stored sequence
+//     in the same commit as the messages and does not store a copy again
+//     (the node's own rule for handlers that want exactly-once effects).
+//     Tells and asks carry no Mark and are stored as they come.
 package inbox

@@ -27,7 +27,38 @@ var (
 	prefixQueue   = "q/"              // q/<name>: big-endian cursor -> pb.Envelope (event_seq = cursor)
 	bucketMeta    = []byte("meta")    // keyStoreID -> 16 random bytes made with the file
 	keyStoreID    = []byte("store_id")
+	bucketStreams = []byte("streams") // stream key -> big-endian sequence and cursor of its last stored message (Mark)
 )
+
+// Mark places a reliable stream message: its stream's key
+// (outbox.StreamKey) and its sequence. The inbox keeps, in the same commit
+// as the messages, the highest sequence it stored of each stream, and
+// stores a marked message at or below it only once: a receiver that dies
+// after storing messages and before their watermark is committed gets
+// them again (under new msg ids), and they must not be stored a second
+// time, behind newer ones. A zero Mark (tell, ask) is stored as it comes.
+type Mark struct {
+	Stream []byte
+	Seq    uint64
+}
+
+// streamMark is a stream's record in bucketStreams.
+type streamMark struct{ seq, cursor uint64 }
+
+func readMark(b *bolt.Bucket, stream []byte) streamMark {
+	v := b.Get(stream)
+	if len(v) != 16 {
+		return streamMark{}
+	}
+	return streamMark{binary.BigEndian.Uint64(v[:8]), binary.BigEndian.Uint64(v[8:])}
+}
+
+func putMark(b *bolt.Bucket, stream []byte, m streamMark) error {
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], m.seq)
+	binary.BigEndian.PutUint64(v[8:], m.cursor)
+	return b.Put(stream, v[:])
+}
 
 // Store is the durable inbox of a daemon: named queues of envelopes with a
 // monotonic cursor each. All methods are safe for concurrent use.
@@ -104,6 +135,9 @@ func Open(cfg Config) (*Store, error) {
 			}
 		}
 		id = append([]byte(nil), id...)
+		if _, err := tx.CreateBucketIfNotExists(bucketStreams); err != nil {
+			return err
+		}
 		b, err := tx.CreateBucketIfNotExists(bucketInboxes)
 		if err != nil {
 			return err
@@ -245,6 +279,14 @@ func (s *Store) Stats() map[string]Stats {
 // its event_seq) and returns once it is fsynced; concurrent appends share
 // one commit. A full inbox gives ErrFull; nothing is stored then.
 func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint64, error) {
+	return s.AppendMarked(ctx, name, env, Mark{})
+}
+
+// AppendMarked is Append for a message placed by mark. A message its
+// stream already stored (its sequence at or below the stream's last) is
+// not stored again; the cursor is then the one the stream's last message
+// got if mark is that message, else 0.
+func (s *Store) AppendMarked(ctx context.Context, name string, env *pb.Envelope, mark Mark) (uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("inbox: append to %q: %w", name, err)
 	}
@@ -267,13 +309,25 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 
 	msg := proto.CloneOf(env)
 	var cursor uint64
+	var seen bool
 	err := s.db.Batch(func(tx *bolt.Tx) error {
+		cursor, seen = 0, false // Batch may run this again alone
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
 		}
 		q := tx.Bucket([]byte(prefixQueue + name))
 		if q == nil {
 			return ErrNoSuchInbox
+		}
+		sb := tx.Bucket(bucketStreams)
+		if mark.Stream != nil {
+			if m := readMark(sb, mark.Stream); mark.Seq <= m.seq {
+				if mark.Seq == m.seq {
+					cursor = m.cursor
+				}
+				seen = true
+				return nil
+			}
 		}
 		seq, err := q.NextSequence()
 		if err != nil {
@@ -285,13 +339,24 @@ func (s *Store) Append(ctx context.Context, name string, env *pb.Envelope) (uint
 			return encodeError{err}
 		}
 		cursor = seq
-		return q.Put(be(seq), data)
+		if err := q.Put(be(seq), data); err != nil {
+			return err
+		}
+		if mark.Stream != nil {
+			return putMark(sb, mark.Stream, streamMark{mark.Seq, seq})
+		}
+		return nil
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil {
+	if err != nil || seen {
 		b.count--
+	}
+	if err != nil {
 		return 0, appendError(name, err)
+	}
+	if seen {
+		return cursor, nil
 	}
 	if cursor > b.last {
 		b.last = cursor
@@ -329,6 +394,7 @@ func appendError(name string, err error) error {
 // first+n-1. When the inbox has room for only some, the first ones that fit
 // are stored and err is ErrFull for envs[n:]; on any other error nothing is
 // stored (n is 0). A program sees none of them before all are durable.
+// AppendBatchMarked does the same for stream messages.
 //
 // It is the daemon's inbox actor's path: the actor takes every message
 // waiting in its mailbox and hands them over at once, instead of paying a
@@ -340,6 +406,17 @@ func appendError(name string, err error) error {
 const appendFill = 1.0
 
 func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelope) (first uint64, n int, err error) {
+	return s.AppendBatchMarked(ctx, name, envs, nil)
+}
+
+// AppendBatchMarked is AppendBatch for messages placed by marks (one per
+// envelope; nil, or a zero Mark, for none). A message its stream already
+// stored is not stored again but counts in n as handled; the cursors of
+// those stored are first, first+1, ... (first is 0 when none was).
+func (s *Store) AppendBatchMarked(ctx context.Context, name string, envs []*pb.Envelope, marks []Mark) (first uint64, n int, err error) {
+	if marks != nil && len(marks) != len(envs) {
+		return 0, 0, fmt.Errorf("inbox: append to %q: %d marks for %d messages", name, len(marks), len(envs))
+	}
 	if len(envs) == 0 {
 		return 0, 0, nil
 	}
@@ -378,6 +455,7 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 	}
 	// One Update, not Batch: the caller already gathered the batch, so
 	// waiting BatchDelay for company would only add latency.
+	stored := 0
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
@@ -387,13 +465,41 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 			return ErrNoSuchInbox
 		}
 		q.FillPercent = appendFill
+		sb := tx.Bucket(bucketStreams)
+		var last map[string]streamMark // per stream in the batch: its last stored message
+		var moved map[string]bool      // the streams whose last moved in this batch
 		for i := range envs[:n] {
+			var mk Mark
+			if marks != nil {
+				mk = marks[i]
+			}
+			if mk.Stream != nil {
+				if last == nil {
+					last = map[string]streamMark{}
+				}
+				m, ok := last[string(mk.Stream)]
+				if !ok {
+					m = readMark(sb, mk.Stream)
+					last[string(mk.Stream)] = m
+				}
+				if mk.Seq <= m.seq {
+					continue // stored before a crash lost its watermark
+				}
+			}
 			seq, err := q.NextSequence()
 			if err != nil {
 				return err
 			}
-			if i == 0 {
+			if stored == 0 {
 				first = seq
+			}
+			stored++
+			if mk.Stream != nil {
+				if moved == nil {
+					moved = map[string]bool{}
+				}
+				last[string(mk.Stream)] = streamMark{mk.Seq, seq}
+				moved[string(mk.Stream)] = true
 			}
 			// Then event_seq = cursor: the last occurrence of a scalar
 			// field wins when it is read, so the caller's envelope is
@@ -401,6 +507,11 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 			v := protowire.AppendTag(data[i], eventSeqField, protowire.VarintType)
 			v = protowire.AppendVarint(v, seq)
 			if err := q.Put(be(seq), v); err != nil {
+				return err
+			}
+		}
+		for k := range moved {
+			if err := putMark(sb, []byte(k), last[k]); err != nil {
 				return err
 			}
 		}
@@ -412,7 +523,8 @@ func (s *Store) AppendBatch(ctx context.Context, name string, envs []*pb.Envelop
 		b.count -= n
 		return 0, 0, appendError(name, err)
 	}
-	if last := first + uint64(n) - 1; last > b.last {
+	b.count -= n - stored // the ones stored before are counted already
+	if last := first + uint64(stored) - 1; stored > 0 && last > b.last {
 		b.last = last
 		close(b.notify)
 		b.notify = make(chan struct{})
