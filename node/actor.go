@@ -24,6 +24,22 @@ type spawnOptions struct {
 	bytes    int64
 	batch    BatchHandler // WithBatch; nil: every message runs through the Handler
 	batchMax int
+	applied  func(StreamID) uint64 // WithApplied
+}
+
+// WithApplied is for a handler that stores Message.Stream() and
+// Message.Sequence() with its effects and skips what it has applied (the
+// way to exactly-once effects across a crash): applied returns the
+// highest sequence of a stream whose effects are durable (0: none). When
+// the node loads a stream, it takes the higher of its own watermark and
+// applied's. A crash between the handler's commit and the node's can leave
+// the handler ahead; a sender whose state went back (a restored backup)
+// learns from the watermark that those sequences ran, and starts a new
+// epoch instead of sending new messages under sequences the handler would
+// skip as copies. applied runs under the node's stream lock: it must be
+// quick and must not call the node.
+func WithApplied(applied func(StreamID) uint64) SpawnOption {
+	return func(o *spawnOptions) { o.applied = applied }
 }
 
 // WithMailbox sets the actor's mailbox capacity and overflow strategy.
@@ -43,6 +59,7 @@ type actor struct {
 
 	batch    BatchHandler // nil unless spawned WithBatch
 	batchMax int32
+	applied  func(StreamID) uint64 // nil unless spawned WithApplied
 
 	// Room kept for reliable messages (post). streamsQueued counts the
 	// reliable deliveries in the mailbox; waiting is set while one refused
@@ -101,7 +118,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: int32(min(o.batchMax, math.MaxInt32))}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: int32(min(o.batchMax, math.MaxInt32)), applied: o.applied}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		MaxBytes: o.bytes,
@@ -341,7 +358,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
 	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
-	st, err := n.in.acquire(d.stream)
+	st, err := n.in.acquire(d.stream, a.applied)
 	if err != nil {
 		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		return

@@ -122,7 +122,7 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	n, env := a.n, d.env
 	rc := func(r *pb.Receipt) { r.MsgId = env.GetMsgId(); d.receipt(r) }
-	st, err := n.in.acquire(d.stream)
+	st, err := n.in.acquire(d.stream, a.applied)
 	if err != nil {
 		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		d.uncharge()

@@ -30,7 +30,7 @@ func TestRetryOfADurableStreamIsForgotten(t *testing.T) {
 	defer s.Close()
 	in := newInbound(s)
 	defer in.settle()
-	st, err := in.acquire(StreamID{Node: "p", Outbox: [16]byte{'p'}, Actor: "a"})
+	st, err := in.acquire(StreamID{Node: "p", Outbox: [16]byte{'p'}, Actor: "a"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,6 +151,10 @@
 //     is exactly once only for handlers that store Message.Stream() and
 //     Message.Sequence() with their own effects (in the same transaction)
 //     and skip what they have seen, or whose effects die with the node.
+//     Such a handler should also be spawned WithApplied, so that the
+//     node's watermark includes what it applied: a sender restored from a
+//     backup then learns that those sequences ran, instead of sending new
+//     messages under sequences the handler would skip as copies.
 //   - A receiver restored from a backup keeps order (streams restart from
 //     their senders' frontiers and acknowledged messages are never resent)
 //     but loses the effects and the key window since the backup.

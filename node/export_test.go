@@ -43,7 +43,7 @@ func SetCarryHook(n *Node, f func(env *pb.Envelope) (forged *pb.Receipt)) { n.fw
 // them). It returns once that commit is durable; the caller kills the node
 // here, as a crash would.
 func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
-	st, err := n.in.acquire(id)
+	st, err := n.in.acquire(id, nil)
 	if err != nil {
 		return err
 	}

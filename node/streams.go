@@ -109,16 +109,20 @@ func newInbound(store *outbox.Store) *inbound {
 }
 
 // get returns the stream id names, loading its watermark from the store on
-// first use.
-func (in *inbound) get(id StreamID) (*inStream, error) { return in.lookup(id, false) }
+// first use (and from applied, the recipient actor's WithApplied, if set).
+func (in *inbound) get(id StreamID, applied func(StreamID) uint64) (*inStream, error) {
+	return in.lookup(id, false, applied)
+}
 
 // acquire is get for the stream's owner: the stream stays cached until
 // release, however long its handler runs.
-func (in *inbound) acquire(id StreamID) (*inStream, error) { return in.lookup(id, true) }
+func (in *inbound) acquire(id StreamID, applied func(StreamID) uint64) (*inStream, error) {
+	return in.lookup(id, true, applied)
+}
 
 // lookup is get and acquire: the use is counted under the same lock that
 // found the stream, so eviction cannot come in between.
-func (in *inbound) lookup(id StreamID, use bool) (*inStream, error) {
+func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) (*inStream, error) {
 	key := id.key()
 	now := in.store.ElapsedMs()
 	in.mu.Lock()
@@ -128,6 +132,14 @@ func (in *inbound) lookup(id StreamID, use bool) (*inStream, error) {
 		w, forgotten, err := in.store.Watermark(key)
 		if err != nil {
 			return nil, err
+		}
+		if applied != nil {
+			// The handler stores its effects with their sequences: what it
+			// applied ran, though a crash may have kept the watermark that
+			// says so off the disk. Answering it lets a sender whose state
+			// went back (a restored backup) find out, instead of its reused
+			// sequences being taken by the handler for copies.
+			w = max(w, applied(id))
 		}
 		st = &inStream{key: string(key), forgotten: forgotten}
 		st.w.Store(w)

@@ -54,7 +54,7 @@ func TestSettleWaitsForEveryCommit(t *testing.T) {
 	var answered, failed atomic.Int64
 	var owners sync.WaitGroup
 	for i := range streams {
-		st, err := in.acquire(StreamID{Node: "p", Outbox: [16]byte{'p', byte(i)}, Actor: "a"})
+		st, err := in.acquire(StreamID{Node: "p", Outbox: [16]byte{'p', byte(i)}, Actor: "a"}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

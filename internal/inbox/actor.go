@@ -95,6 +95,15 @@ func appendBatch(ctx context.Context, st *Store, name string, envs []*pb.Envelop
 	return n, backOff(err)
 }
 
+// Applied is the inbox actor's node.WithApplied: the highest sequence of
+// a stream the inbox stored, which the node's watermark may lack after a
+// crash.
+func Applied(st *Store) func(node.StreamID) uint64 {
+	return func(s node.StreamID) uint64 {
+		return st.Applied(outbox.StreamKey(s.Node, s.Outbox, s.Epoch, s.Actor))
+	}
+}
+
 // markOf places m in its reliable stream (a zero Mark for tell and ask),
 // so that a copy redelivered after a crash is not stored twice.
 func markOf(m *node.Message) Mark {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 )
 
 // marked returns envelopes named "<stream><seq>" for the sequences from..to
@@ -80,5 +82,29 @@ func TestMarkedCopiesAreStoredOnce(t *testing.T) {
 	}
 	if _, _, err := s.AppendBatchMarked(ctx, "box", []*pb.Envelope{env("y")}, []inbox.Mark{{}, {}}); err == nil {
 		t.Fatal("two marks for one message accepted")
+	}
+}
+
+// What the inbox stored of a stream is what its actor tells the node it
+// applied (node.WithApplied), under the stream key the actor marks with.
+func TestAppliedIsTheStreamsLastStoredSequence(t *testing.T) {
+	s := openStore(t, filepath.Join(t.TempDir(), "inbox.db"), nil)
+	if _, err := s.Declare("box"); err != nil {
+		t.Fatal(err)
+	}
+	id := node.StreamID{Node: "n0", Outbox: [16]byte{1}, Epoch: 3, Actor: "box"}
+	key := outbox.StreamKey(id.Node, id.Outbox, id.Epoch, id.Actor)
+	envs := []*pb.Envelope{env("a"), env("b")}
+	if _, _, err := s.AppendBatchMarked(context.Background(), "box", envs, []inbox.Mark{{Stream: key, Seq: 4}, {Stream: key, Seq: 9}}); err != nil {
+		t.Fatal(err)
+	}
+	applied := inbox.Applied(s)
+	if got := applied(id); got != 9 {
+		t.Fatalf("applied = %d, want 9", got)
+	}
+	other := id
+	other.Epoch = 4
+	if got := applied(other); got != 0 {
+		t.Fatalf("applied for another epoch = %d, want 0", got)
 	}
 }

@@ -42,6 +42,20 @@ type Mark struct {
 	Seq    uint64
 }
 
+// Applied returns the highest sequence of stream (its outbox.StreamKey)
+// stored in any inbox, 0 when none was or the file cannot be read (the
+// node's own watermark then stands).
+func (s *Store) Applied(stream []byte) uint64 {
+	var m streamMark
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketStreams); b != nil {
+			m = readMark(b, stream)
+		}
+		return nil
+	})
+	return m.seq
+}
+
 // streamMark is a stream's record in bucketStreams.
 type streamMark struct{ seq, cursor uint64 }
 

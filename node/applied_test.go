@@ -1,0 +1,62 @@
+package node_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+)
+
+// A handler that stores its effects with their sequences can be ahead of
+// the node's watermark after a crash. Spawned WithApplied, its progress is
+// the stream's watermark when the node loads the stream: a message at or
+// below it is a copy (DUPLICATE, carrying that watermark, so a sender
+// whose state went back learns what ran), and the next one runs.
+func TestAppliedSequencesAreTheWatermark(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir())
+	var ran atomic.Int64
+	var asked atomic.Int64
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) {
+		ran.Add(1)
+		return nil, nil
+	}, node.WithApplied(func(s node.StreamID) uint64 {
+		asked.Add(1)
+		if s.Node != "p" || s.Actor != "a" {
+			t.Errorf("applied asked for %v", s)
+		}
+		return 10
+	})); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	deliver := func(env *pb.Envelope) *pb.Receipt {
+		t.Helper()
+		id := env.GetMsgId()
+		n.DeliverIncoming(peerP, env, rs.reply(id))
+		testutil.WaitFor(t, 5*time.Second, "receipt of "+id, func() bool {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			return rs.got[id] != nil
+		})
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		return rs.got[id]
+	}
+	if rc := deliver(streamEnv("a", "n1", 5, 0)); rc.GetCode() != pb.Receipt_DUPLICATE || rc.GetWatermark() != 10 {
+		t.Fatalf("sequence 5 below the applied 10: %v watermark %d, want DUPLICATE and 10", rc.GetCode(), rc.GetWatermark())
+	}
+	if ran.Load() != 0 {
+		t.Fatal("the handler ran a sequence it had applied")
+	}
+	if rc := deliver(streamEnv("a", "n1", 11, 10)); rc.GetCode() != pb.Receipt_PROCESSED {
+		t.Fatalf("sequence 11 after the applied 10: %v, want PROCESSED", rc.GetCode())
+	}
+	if ran.Load() != 1 || asked.Load() != 1 {
+		t.Fatalf("handler ran %d times, applied asked %d times; want 1 and 1 (once, when the stream loaded)", ran.Load(), asked.Load())
+	}
+}
