@@ -1,0 +1,154 @@
+package testnet
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+)
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	src, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.Create(to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The daemon's outbox.db is lost and restored from a backup, as its open
+// error tells the operator to do; inbox.db was not lost and is kept. The
+// outbox's sequences go back to the backup's, and so does the watermark of
+// the node's stream to its own inbox (both live in outbox.db). New local
+// sends reuse sequences the inbox stored; taken for copies, they were told
+// Delivered and stored nowhere. The inbox's record of what it stored is
+// part of the stream's watermark when the node loads it, so the sender
+// finds out its state went back and starts a new epoch: every message
+// arrives.
+func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real meshnode daemon; runs without -short")
+	}
+	bin := buildMeshnode(t)
+	c := NewProcs(t, bin, 1, WithInboxes("box"))
+	to := "box@" + c.Name(0)
+	send := func(tag string) string {
+		out, err := c.Send(0, to, map[string]any{"tag": tag}, "")
+		if err != nil {
+			t.Fatalf("send %s: %v", tag, err)
+		}
+		return out
+	}
+	var sent []string
+	for _, tag := range []string{"a1", "a2"} {
+		t.Logf("%s: %s", tag, send(tag))
+		sent = append(sent, tag)
+	}
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	ob := filepath.Join(c.DataDir(0), "outbox.db")
+	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
+	copyFile(t, ob, backup) // the operator's backup of outbox.db
+
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"a3", "a4", "a5"} {
+		t.Logf("%s: %s", tag, send(tag))
+		sent = append(sent, tag)
+	}
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, backup, ob) // outbox.db lost; restored from the backup, inbox.db kept
+
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"b1", "b2", "b3"} {
+		t.Logf("%s: %s", tag, send(tag))
+		sent = append(sent, tag)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitDrained(ctx); err != nil { // the b's may have been Queued
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range pullAll(t, c, 0, "box") {
+		var body struct{ Tag string }
+		if err := json.Unmarshal(m.Body, &body); err != nil {
+			t.Fatalf("cursor %d: %v", m.Cursor, err)
+		}
+		got = append(got, body.Tag)
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("inbox holds %v; sent (each told Delivered or Queued) %v", got, sent)
+	}
+}
+
+// outbox.db lost and forgotten (doctor --forget) instead of restored: a
+// new outbox id makes new local streams, which the inbox takes in full.
+func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real meshnode daemon; runs without -short")
+	}
+	bin := buildMeshnode(t)
+	c := NewProcs(t, bin, 1, WithInboxes("box"))
+	to := "box@" + c.Name(0)
+	var sent []string
+	send := func(tag string) {
+		if _, err := c.Send(0, to, map[string]any{"tag": tag}, ""); err != nil {
+			t.Fatalf("send %s: %v", tag, err)
+		}
+		sent = append(sent, tag)
+	}
+	send("a1")
+	send("a2")
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(c.DataDir(0), "outbox.db")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "doctor", "--data-dir", c.DataDir(0), "--forget").CombinedOutput(); err != nil {
+		t.Fatalf("doctor: %v\n%s", err, out)
+	}
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	send("b1")
+	send("b2")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range pullAll(t, c, 0, "box") {
+		var body struct{ Tag string }
+		if err := json.Unmarshal(m.Body, &body); err != nil {
+			t.Fatalf("cursor %d: %v", m.Cursor, err)
+		}
+		got = append(got, body.Tag)
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("inbox holds %v; sent %v", got, sent)
+	}
+}
