@@ -30,14 +30,17 @@ type spawnOptions struct {
 // WithApplied is for a handler that stores Message.Stream() and
 // Message.Sequence() with its effects and skips what it has applied (the
 // way to exactly-once effects across a crash): applied returns the
-// highest sequence of a stream whose effects are durable (0: none). When
-// the node loads a stream, it takes the higher of its own watermark and
-// applied's. A crash between the handler's commit and the node's can leave
-// the handler ahead; a sender whose state went back (a restored backup)
-// learns from the watermark that those sequences ran, and starts a new
-// epoch instead of sending new messages under sequences the handler would
-// skip as copies. applied runs under the node's stream lock: it must be
-// quick and must not call the node.
+// highest sequence of a stream whose effects are durable (0: none). A
+// crash between the handler's commit and the node's can leave the handler
+// ahead of the stream's watermark; so can outbox.db restored from a backup.
+// When the node loads a stream and applied is ahead, the stream's receipts
+// report applied's sequence until the watermark passes it. The messages
+// still run (the handler skips those it applied; their keys and replies
+// are recorded as for any other), but a sender whose state went back (a
+// restored backup) learns that it is sending new messages under
+// sequences the handler has taken, and starts a new epoch instead of
+// having them skipped as copies. applied runs under the node's stream
+// lock: it must be quick and must not call the node.
 func WithApplied(applied func(StreamID) uint64) SpawnOption {
 	return func(o *spawnOptions) { o.applied = applied }
 }
@@ -364,7 +367,7 @@ func (a *actor) handleStream(d *delivery) {
 		return
 	}
 	defer n.in.release(st)
-	positive := func(code pb.Receipt_Code) func(error, uint64) { return onDurable(rc, code) }
+	positive := func(code pb.Receipt_Code) func(error, uint64) { return n.in.onDurable(st, rc, code) }
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
 	// A request whose handler ran on an earlier copy, its reply refused by
 	// the disk: what remains is storing that reply.
@@ -489,13 +492,13 @@ const notDurableRetry = time.Second
 // a message whose handler succeeded while the disk stays full. A copy sent
 // again is recognised from the watermark in memory and answered once the
 // disk takes the commit.
-func onDurable(rc func(*pb.Receipt), code pb.Receipt_Code) func(error, uint64) {
+func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt_Code) func(error, uint64) {
 	return func(err error, w uint64) {
 		if err != nil {
 			rc(&pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(), Message: "watermark not durable: " + err.Error()})
 			return
 		}
-		rc(&pb.Receipt{Code: code, Watermark: w})
+		rc(&pb.Receipt{Code: code, Watermark: in.reported(st, w)})
 	}
 }
 

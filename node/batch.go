@@ -153,7 +153,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		}
 	} else {
 		w := st.w.Load()
-		positive := func(code pb.Receipt_Code) func(error, uint64) { return onDurable(rc, code) }
+		positive := func(code pb.Receipt_Code) func(error, uint64) { return n.in.onDurable(st, rc, code) }
 		answered := true
 		switch {
 		case seq <= w:
@@ -263,7 +263,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 		switch {
 		case i < done:
-			n.in.advance(st, seq, it.keys, onDurable(rc, pb.Receipt_PROCESSED))
+			n.in.advance(st, seq, it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
 		case i == done && err != nil:
 			r := &pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: err.Error()}
 			var ce *CapacityError

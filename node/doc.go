@@ -152,7 +152,7 @@
 //     Message.Sequence() with their own effects (in the same transaction)
 //     and skip what they have seen, or whose effects die with the node.
 //     Such a handler should also be spawned WithApplied, so that the
-//     node's watermark includes what it applied: a sender restored from a
+//     stream's receipts report what it applied: a sender restored from a
 //     backup then learns that those sequences ran, instead of sending new
 //     messages under sequences the handler would skip as copies.
 //   - A receiver restored from a backup keeps order (streams restart from

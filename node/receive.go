@@ -131,7 +131,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		}
 		if w := st.durable.Load(); env.GetSequence() <= w {
 			n.stats.dedupeHits.Add(1)
-			receipt(pb.Receipt_DUPLICATE, "", 0, w)
+			receipt(pb.Receipt_DUPLICATE, "", 0, n.in.reported(st, w))
 			return
 		}
 	}

@@ -42,6 +42,13 @@ type inbound struct {
 	// zero can race with settle's Wait once the actors have stopped.
 	wg sync.WaitGroup
 
+	// ahead holds, per stream key, what its handler applied (WithApplied)
+	// above its watermark when it was loaded, until the watermark catches
+	// up (reported). nAhead is len(ahead), read without the lock.
+	aheadMu sync.Mutex
+	ahead   map[string]uint64
+	nAhead  atomic.Int32
+
 	// mu guards the fields below.
 	mu      sync.Mutex
 	streams map[string]*inStream // by string(StreamID.key())
@@ -133,15 +140,15 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 		if err != nil {
 			return nil, err
 		}
-		if applied != nil {
-			// The handler stores its effects with their sequences: what it
-			// applied ran, though a crash may have kept the watermark that
-			// says so off the disk. Answering it lets a sender whose state
-			// went back (a restored backup) find out, instead of its reused
-			// sequences being taken by the handler for copies.
-			w = max(w, applied(id))
-		}
 		st = &inStream{key: string(key), forgotten: forgotten}
+		if applied != nil {
+			if a := applied(id); a > w {
+				// The handler applied more than the watermark on disk says
+				// (a crash came between their commits, or outbox.db was
+				// restored from a backup): the receipts say so.
+				in.noteAhead(st, a)
+			}
+		}
 		st.w.Store(w)
 		st.durable.Store(w)
 		in.streams[st.key] = st
@@ -151,6 +158,42 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 		st.users++
 	}
 	return st, nil
+}
+
+// noteAhead records that the handler of st applied sequences up to a,
+// above its watermark. Called with in.mu held.
+func (in *inbound) noteAhead(st *inStream, a uint64) {
+	in.aheadMu.Lock()
+	defer in.aheadMu.Unlock()
+	if in.ahead == nil {
+		in.ahead = map[string]uint64{}
+	}
+	in.ahead[st.key] = a
+	in.nAhead.Store(int32(len(in.ahead)))
+}
+
+// reported is the watermark a receipt of st gives its sender: w, or what
+// st's handler applied (WithApplied) while that is higher. The messages up
+// to it still run (the handler skips those it applied, and keys and
+// replies are recorded as for any other), but a sender whose state went
+// back (a restored backup) learns from it that it is sending new messages
+// under sequences the handler has taken, and starts a new epoch.
+func (in *inbound) reported(st *inStream, w uint64) uint64 {
+	if in.nAhead.Load() == 0 {
+		return w
+	}
+	in.aheadMu.Lock()
+	defer in.aheadMu.Unlock()
+	a, ok := in.ahead[st.key]
+	switch {
+	case !ok:
+		return w
+	case w >= a:
+		delete(in.ahead, st.key) // the watermark caught up
+		in.nAhead.Store(int32(len(in.ahead)))
+		return w
+	}
+	return a
 }
 
 // release ends an acquire.

@@ -707,6 +707,12 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
 	switch rc.GetCode() {
 	case pb.Receipt_PROCESSED:
+		if restored() {
+			// The receiver's handler had applied this sequence for
+			// another message (it records what it applied, and skipped
+			// this one as a copy): this sender's sequences went back.
+			return verdict{kind: vRestored}
+		}
 		lim.OnSuccess()
 		st.resetDeferrals()
 		return verdict{kind: vPositive}

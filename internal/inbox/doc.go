@@ -52,9 +52,9 @@
 //     in the same commit as the messages and does not store a copy again
 //     (the node's own rule for handlers that want exactly-once effects).
 //     Tells and asks carry no Mark and are stored as they come. The actor
-//     is spawned with node.WithApplied(Applied(store)), so the node's
-//     watermark of a stream, loaded after a crash, includes what the inbox
-//     stored: a sender restored from a backup learns that those sequences
-//     ran, and does not send new messages under them (the inbox would skip
-//     them as copies).
+//     is spawned with node.WithApplied(Applied(store)), so the receipts of
+//     a stream loaded after a crash (or after outbox.db was restored from a
+//     backup) report what the inbox stored: a sender restored from a
+//     backup learns that those sequences ran, and does not send new
+//     messages under them (the inbox would skip them as copies).
 package inbox

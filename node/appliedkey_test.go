@@ -1,0 +1,71 @@
+package node_test
+
+import (
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// A reliable send with idempotency key k reaches a daemon inbox (spawned
+// as the daemon does): the inbox stores it, but the commit of its
+// watermark and key does not reach the disk (refused here, as a crash
+// would lose it) and the node stops. Back up, it gets the copy, which must
+// run (the inbox skips it) so that k is recorded with its watermark; the
+// application's retry under k is then a duplicate. Had the inbox's record
+// been taken as the watermark, the copy would be answered DUPLICATE, k
+// never recorded, and the retry stored a second time.
+func TestKeyOfAMessageStoredBeforeACrashStillDedupes(t *testing.T) {
+	dir := t.TempDir()
+	n0 := startNode(t, "n0", filepath.Join(dir, "n0"))
+	st, err := inbox.Open(inbox.DefaultConfig(filepath.Join(dir, "inbox.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Declare("box"); err != nil {
+		t.Fatal(err)
+	}
+	start1 := func() *node.Node {
+		t.Helper()
+		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n0.GossipAddr())
+		if _, err := n1.Spawn("box", inbox.Handler(st, "box"), node.WithBatch(inbox.BatchHandler(st, "box"), inbox.ActorBatch), node.WithApplied(inbox.Applied(st))); err != nil {
+			t.Fatal(err)
+		}
+		waitAlive(t, []*node.Node{n0, n1}, 2)
+		return n1
+	}
+	n1 := start1()
+	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("order 7"), node.WithIdempotencyKey("k")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "the message stored and its watermark commit refused", func() bool {
+		return st.Stats()["box"].Depth == 1 && hits() >= 1
+	})
+	if err := n1.Close(); err != nil {
+		t.Logf("close n1: %v", err)
+	}
+	restore()
+	n1 = start1()
+	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the copy acknowledged)", func() bool {
+		return n0.Outbox().Stats().Depth == 0
+	})
+	// The application's own retry, under the same key.
+	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("order 7"), node.WithIdempotencyKey("k")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "the retry acknowledged", func() bool {
+		return n0.Outbox().Stats().Depth == 0
+	})
+	if d := st.Stats()["box"].Depth; d != 1 {
+		t.Fatalf("inbox holds %d messages for one key sent twice; want 1 (the key took effect with the first)", d)
+	}
+}

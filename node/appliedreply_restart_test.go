@@ -1,0 +1,80 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"google.golang.org/protobuf/proto"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// A reliable request to a daemon inbox (spawned as the daemon does, with
+// WithApplied(inbox.Applied)): the inbox stored it, then the responder went
+// down before its reply was stored (its disk refused the reply, kept only
+// in memory, and the node stopped). When it comes back the requester sends
+// the request again: the handler runs again, the inbox skips the copy, and
+// the reply is made and stored. Had the inbox's record been taken as the
+// watermark, the copy would be answered DUPLICATE without running: the
+// request acknowledged and its reply never sent.
+func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
+	dir := t.TempDir()
+	var l heldLog
+	var runs atomic.Int64
+	n0 := startNode(t, "n0", filepath.Join(dir, "n0"))
+	if _, err := n0.Spawn("rx", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		l.add(&l.replies, m.CorrelationID())
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := inbox.DefaultConfig(filepath.Join(dir, "inbox.db"))
+	st, err := inbox.Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	if _, err := st.Declare("box"); err != nil {
+		t.Fatal(err)
+	}
+	start1 := func() *node.Node {
+		t.Helper()
+		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n0.GossipAddr())
+		h := inbox.Handler(st, "box")
+		if _, err := n1.Spawn("box", func(ctx context.Context, m *node.Message) (proto.Message, error) { runs.Add(1); return h(ctx, m) }, node.WithBatch(inbox.BatchHandler(st, "box"), inbox.ActorBatch), node.WithApplied(inbox.Applied(st))); err != nil {
+			t.Fatal(err)
+		}
+		waitAlive(t, []*node.Node{n0, n1}, 2)
+		return n1
+	}
+	n1 := start1()
+	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("A"),
+		node.WithReplyTo(node.Addr("rx", "n0")), node.WithCorrelationID("A")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "A stored in the inbox and its reply refused", func() bool {
+		return st.Stats()["box"].Depth == 1 && hits() >= 1
+	})
+	if err := n1.Close(); err != nil {
+		t.Logf("close n1: %v", err)
+	}
+	restore()
+	n1 = start1()
+	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the request acknowledged)", func() bool {
+		return n0.Outbox().Stats().Depth == 0
+	})
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("the reply to A at the requester (request acknowledged; handler runs %d, inbox depth %d)", runs.Load(), st.Stats()["box"].Depth), func() bool {
+		_, replies := l.snapshot()
+		return len(replies) == 1
+	})
+}
