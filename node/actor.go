@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -60,16 +59,38 @@ type actor struct {
 	handler Handler
 	mb      *mailbox.Mailbox[*delivery]
 
-	batch    BatchHandler // nil unless spawned WithBatch
-	batchMax int32
-	applied  func(StreamID) uint64 // nil unless spawned WithApplied
+	// opts is nil unless spawned WithBatch or WithApplied: most actors
+	// have neither, and the struct stays within 64 bytes.
+	opts *streamOpts
 
 	// Room kept for reliable messages (post). streamsQueued counts the
 	// reliable deliveries in the mailbox; waiting is set while one refused
-	// or dropped for room is expected back (nil: none). Beside batchMax,
-	// the struct stays within 64 bytes.
+	// or dropped for room is expected back (nil: none).
 	streamsQueued atomic.Int32
 	waiting       atomic.Pointer[roomWait]
+}
+
+// streamOpts are an actor's options for its reliable streams.
+type streamOpts struct {
+	batch    BatchHandler // nil unless spawned WithBatch
+	batchMax int
+	applied  func(StreamID) uint64 // nil unless spawned WithApplied
+}
+
+// batch returns the actor's BatchHandler, or nil.
+func (a *actor) batch() BatchHandler {
+	if a.opts == nil {
+		return nil
+	}
+	return a.opts.batch
+}
+
+// applied returns the actor's WithApplied function, or nil.
+func (a *actor) applied() func(StreamID) uint64 {
+	if a.opts == nil {
+		return nil
+	}
+	return a.opts.applied
 }
 
 // roomWait is how long reliable messages refused for room are expected
@@ -121,7 +142,10 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h), batch: o.batch, batchMax: int32(min(o.batchMax, math.MaxInt32)), applied: o.applied}
+	a := &actor{n: n, name: name, handler: chainServer(n.serverInterceptors, h)}
+	if o.batch != nil || o.applied != nil {
+		a.opts = &streamOpts{batch: o.batch, batchMax: o.batchMax, applied: o.applied}
+	}
 	mb, err := mailbox.New(mailbox.Config[*delivery]{
 		Capacity: o.capacity,
 		MaxBytes: o.bytes,
@@ -302,7 +326,7 @@ func (a *actor) handle(d *delivery) {
 		return
 	}
 	if d.receipt != nil {
-		if a.batch != nil && batchable(d) {
+		if a.batch() != nil && batchable(d) {
 			a.handleBatch(d)
 			return
 		}
@@ -361,7 +385,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
 	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
-	st, err := n.in.acquire(d.stream, a.applied)
+	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
 		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		return

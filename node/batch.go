@@ -105,7 +105,7 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 		} else if a.add(b, d) {
 			return d
 		}
-		if len(b.items) >= int(a.batchMax) {
+		if len(b.items) >= a.opts.batchMax {
 			return nil
 		}
 		next, ok := a.mb.TakeIf(batchable)
@@ -122,7 +122,7 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	n, env := a.n, d.env
 	rc := func(r *pb.Receipt) { r.MsgId = env.GetMsgId(); d.receipt(r) }
-	st, err := n.in.acquire(d.stream, a.applied)
+	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
 		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		d.uncharge()
@@ -301,6 +301,6 @@ func (a *actor) callBatch(ctx context.Context, msgs []*Message) (done int, err e
 			done, err, panicked = 0, Permanent(fmt.Errorf("node: batch handler of %q panicked: %v", a.name, r)), true
 		}
 	}()
-	done, err = a.batch(ctx, msgs)
+	done, err = a.opts.batch(ctx, msgs)
 	return done, err, false
 }

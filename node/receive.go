@@ -123,7 +123,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			return
 		}
 		d.stream = StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
-		st, err := n.in.get(d.stream, a.applied)
+		st, err := n.in.get(d.stream, a.applied())
 		if err != nil {
 			// The store is closing: nobody's verdict; the sender waits.
 			receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
