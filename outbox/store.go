@@ -196,7 +196,7 @@ func check(cfg Config) error {
 		return fmt.Errorf("outbox: open %s: %w: do not start on it; stop the node and run `meshnode doctor --data-dir %s --salvage` to copy what is readable into a new file (the damaged one is kept beside it)",
 			cfg.Path, err, dir)
 	case errors.Is(err, storecheck.ErrLost):
-		return fmt.Errorf("outbox: open %s: %w: its queued messages would be gone; restore the file from a backup, or run `meshnode doctor --data-dir %s --forget` to start with an empty outbox",
+		return fmt.Errorf("outbox: open %s: %w: its queued messages would be gone; run `meshnode doctor --data-dir %s --forget` to start with an empty outbox (new streams at every peer), or restore the file from a backup (its queued messages come back, but a peer that ran messages sent after the backup may take new ones for copies of them and drop them)",
 			cfg.Path, err, dir)
 	case err != nil:
 		return fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
