@@ -75,8 +75,8 @@ func (h *heldReplies) get(stream string, seq uint64, env *pb.Envelope) *heldRepl
 }
 
 // requestDigest identifies a request across its copies, whose msg ids
-// differ (each emission makes its own): what its sender stored, the
-// creation time, correlation id, type and body.
+// differ (each emission makes its own), by what its sender stored: the
+// creation time, correlation id, type, idempotency key and body.
 func requestDigest(env *pb.Envelope) [sha256.Size]byte {
 	h := sha256.New()
 	var b [8]byte
@@ -140,8 +140,8 @@ func (h *heldReplies) removeLocked(k heldKey) {
 	}
 }
 
-// expireLocked drops the replies kept longer than heldReplyTTL, looking
-// at most once a minute.
+// expireLocked drops the replies whose request has not come back for
+// heldReplyTTL, looking at most once a minute.
 func (h *heldReplies) expireLocked(now time.Time) {
 	if now.Sub(h.swept) < time.Minute {
 		return
