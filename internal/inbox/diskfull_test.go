@@ -64,7 +64,12 @@ func TestInboxDiskFullIsNotChargedToTheMessages(t *testing.T) {
 		t.Fatalf("the daemon's full disk dead-lettered %d healthy messages, first: %s", len(dl), dl[0].Reason)
 	}
 	restore()
-	testutil.WaitFor(t, 60*time.Second, "the three messages in the inbox", func() bool { return st.Stats()["box"].Depth == 3 })
+	// Depth counts an append under way from its start; the last cursor
+	// moves at its commit.
+	testutil.WaitFor(t, 60*time.Second, "the three messages in the inbox", func() bool {
+		s := st.Stats()["box"]
+		return s.Depth == 3 && s.LastCursor == 3
+	})
 	msgs, err := st.Pull(ctx, "box", 0, 10, 0)
 	if err != nil {
 		t.Fatal(err)
