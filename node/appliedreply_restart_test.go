@@ -69,7 +69,7 @@ func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
 		t.Logf("close n1: %v", err)
 	}
 	restore()
-	n1 = start1()
+	start1() // the node back on its data directory (closed by the test's cleanup)
 	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the request acknowledged)", func() bool {
 		return n0.Outbox().Stats().Depth == 0
 	})
