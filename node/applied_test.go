@@ -4,9 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/proto"
@@ -35,19 +33,7 @@ func TestAppliedSequencesAreTheWatermark(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rs receipts
-	deliver := func(env *pb.Envelope) *pb.Receipt {
-		t.Helper()
-		id := env.GetMsgId()
-		n.DeliverIncoming(peerP, env, rs.reply(id))
-		testutil.WaitFor(t, 5*time.Second, "receipt of "+id, func() bool {
-			rs.mu.Lock()
-			defer rs.mu.Unlock()
-			return rs.got[id] != nil
-		})
-		rs.mu.Lock()
-		defer rs.mu.Unlock()
-		return rs.got[id]
-	}
+	deliver := func(env *pb.Envelope) *pb.Receipt { t.Helper(); return rs.deliverWait(t, n, env) }
 	if rc := deliver(streamEnv("a", "n1", 5, 0)); rc.GetCode() != pb.Receipt_PROCESSED || rc.GetWatermark() != 10 {
 		t.Fatalf("sequence 5 below the applied 10: %v watermark %d, want PROCESSED reporting 10", rc.GetCode(), rc.GetWatermark())
 	}

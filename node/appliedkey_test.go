@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/faults"
-	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -24,23 +23,8 @@ import (
 func TestKeyOfAMessageStoredBeforeACrashStillDedupes(t *testing.T) {
 	dir := t.TempDir()
 	n0 := startNode(t, "n0", filepath.Join(dir, "n0"))
-	st, err := inbox.Open(inbox.DefaultConfig(filepath.Join(dir, "inbox.db")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Declare("box"); err != nil {
-		t.Fatal(err)
-	}
-	start1 := func() *node.Node {
-		t.Helper()
-		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n0.GossipAddr())
-		if _, err := n1.Spawn("box", inbox.Handler(st, "box"), node.WithBatch(inbox.BatchHandler(st, "box"), inbox.ActorBatch), node.WithApplied(inbox.Applied(st))); err != nil {
-			t.Fatal(err)
-		}
-		waitAlive(t, []*node.Node{n0, n1}, 2)
-		return n1
-	}
+	st := openBox(t, filepath.Join(dir, "inbox.db"))
+	start1 := boxResponder(t, dir, n0, st)
 	n1 := start1()
 	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()

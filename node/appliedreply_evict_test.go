@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/faults"
-	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
@@ -24,17 +23,8 @@ import (
 func TestKeptReplyOfAnInboxRequestSurvivesEviction(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "n1")
 	n := startNode(t, "n1", dir)
-	st, err := inbox.Open(inbox.DefaultConfig(filepath.Join(t.TempDir(), "inbox.db")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Declare("box"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := n.Spawn("box", inbox.Handler(st, "box"), node.WithBatch(inbox.BatchHandler(st, "box"), inbox.ActorBatch), node.WithApplied(inbox.Applied(st))); err != nil {
-		t.Fatal(err)
-	}
+	st := openBox(t, filepath.Join(t.TempDir(), "inbox.db"))
+	spawnBox(t, n, st)
 	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()
 	var rs receipts
@@ -43,13 +33,7 @@ func TestKeptReplyOfAnInboxRequestSurvivesEviction(t *testing.T) {
 		env := streamEnv("box", "n1", 1, 0)
 		env.MsgId = id
 		env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "c1"}
-		n.DeliverIncoming(peerP, env, rs.reply(id))
-		testutil.WaitFor(t, 5*time.Second, "receipt of "+id, func() bool {
-			rs.mu.Lock()
-			defer rs.mu.Unlock()
-			return rs.got[id] != nil
-		})
-		return rs.code(id)
+		return rs.deliverWait(t, n, env).GetCode()
 	}
 	if c := copyOf("copy-0"); c != pb.Receipt_NO_SUCH_ACTOR || node.HeldReplies(n) != 1 || st.Stats()["box"].Depth != 1 {
 		t.Fatalf("first copy: %v, %d replies kept, inbox depth %d; want NO_SUCH_ACTOR, 1, 1", c, node.HeldReplies(n), st.Stats()["box"].Depth)

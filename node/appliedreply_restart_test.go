@@ -3,15 +3,12 @@ package node_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"google.golang.org/protobuf/proto"
 	"path/filepath"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/faults"
-	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -28,7 +25,6 @@ import (
 func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
 	dir := t.TempDir()
 	var l heldLog
-	var runs atomic.Int64
 	n0 := startNode(t, "n0", filepath.Join(dir, "n0"))
 	if _, err := n0.Spawn("rx", func(_ context.Context, m *node.Message) (proto.Message, error) {
 		l.add(&l.replies, m.CorrelationID())
@@ -36,25 +32,8 @@ func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := inbox.DefaultConfig(filepath.Join(dir, "inbox.db"))
-	st, err := inbox.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
-	if _, err := st.Declare("box"); err != nil {
-		t.Fatal(err)
-	}
-	start1 := func() *node.Node {
-		t.Helper()
-		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries, n0.GossipAddr())
-		h := inbox.Handler(st, "box")
-		if _, err := n1.Spawn("box", func(ctx context.Context, m *node.Message) (proto.Message, error) { runs.Add(1); return h(ctx, m) }, node.WithBatch(inbox.BatchHandler(st, "box"), inbox.ActorBatch), node.WithApplied(inbox.Applied(st))); err != nil {
-			t.Fatal(err)
-		}
-		waitAlive(t, []*node.Node{n0, n1}, 2)
-		return n1
-	}
+	st := openBox(t, filepath.Join(dir, "inbox.db"))
+	start1 := boxResponder(t, dir, n0, st)
 	n1 := start1()
 	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()
@@ -73,7 +52,7 @@ func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
 	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the request acknowledged)", func() bool {
 		return n0.Outbox().Stats().Depth == 0
 	})
-	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("the reply to A at the requester (request acknowledged; handler runs %d, inbox depth %d)", runs.Load(), st.Stats()["box"].Depth), func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the reply to A at the requester (the request was acknowledged)", func() bool {
 		_, replies := l.snapshot()
 		return len(replies) == 1
 	})

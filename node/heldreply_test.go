@@ -227,13 +227,7 @@ func TestKeptReplyOfASenderStillResendingOutlivesAnHour(t *testing.T) {
 		env := streamEnv("svc", "n1", 1, 0)
 		env.MsgId = id
 		env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "c1"}
-		n.DeliverIncoming(peerP, env, rs.reply(id))
-		testutil.WaitFor(t, 5*time.Second, "receipt of "+id, func() bool {
-			rs.mu.Lock()
-			defer rs.mu.Unlock()
-			return rs.got[id] != nil
-		})
-		if c := rs.code(id); c != pb.Receipt_NO_SUCH_ACTOR {
+		if c := rs.deliverWait(t, n, env).GetCode(); c != pb.Receipt_NO_SUCH_ACTOR {
 			t.Fatalf("%s: receipt %v, want NO_SUCH_ACTOR (the disk refuses the reply)", id, c)
 		}
 	}
@@ -269,17 +263,7 @@ func TestKeptReplyIsNotGivenToATellAtItsSequence(t *testing.T) {
 	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()
 	var rs receipts
-	deliver := func(env *pb.Envelope) pb.Receipt_Code {
-		t.Helper()
-		id := env.GetMsgId()
-		n.DeliverIncoming(peerP, env, rs.reply(id))
-		testutil.WaitFor(t, 5*time.Second, "receipt of "+id, func() bool {
-			rs.mu.Lock()
-			defer rs.mu.Unlock()
-			return rs.got[id] != nil
-		})
-		return rs.code(id)
-	}
+	deliver := func(env *pb.Envelope) pb.Receipt_Code { t.Helper(); return rs.deliverWait(t, n, env).GetCode() }
 	req := streamEnv("svc", "n1", 1, 0)
 	req.MsgId = "request-A"
 	req.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "A"}

@@ -47,6 +47,21 @@ func (r *receipts) len() int {
 	return len(r.got)
 }
 
+// deliverWait hands env to n as peer p's and waits for its receipt.
+func (r *receipts) deliverWait(tb testing.TB, n *node.Node, env *pb.Envelope) *pb.Receipt {
+	tb.Helper()
+	id := env.GetMsgId()
+	n.DeliverIncoming(peerP, env, r.reply(id))
+	testutil.WaitFor(tb, 5*time.Second, "receipt of "+id, func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.got[id] != nil
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[id]
+}
+
 func (r *receipts) code(id string) pb.Receipt_Code {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -31,6 +31,26 @@ func copyFile(t *testing.T, from, to string) {
 	}
 }
 
+// drainedTags waits until no outbox of c holds a message, then returns the
+// "tag" of every message in daemon i's inbox box, in cursor order.
+func drainedTags(t *testing.T, c *ProcCluster, i int, box string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var tags []string
+	for _, m := range pullAll(t, c, i, box) {
+		var body struct{ Tag string }
+		if err := json.Unmarshal(m.Body, &body); err != nil {
+			t.Fatalf("cursor %d: %v", m.Cursor, err)
+		}
+		tags = append(tags, body.Tag)
+	}
+	return tags
+}
+
 // The daemon's outbox.db is lost and restored from a backup, as its open
 // error tells the operator to do; inbox.db was not lost and is kept. The
 // outbox's sequences go back to the backup's, and so does the watermark of
@@ -85,20 +105,7 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 		t.Logf("%s: %s", tag, send(tag))
 		sent = append(sent, tag)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := c.WaitDrained(ctx); err != nil { // the b's may have been Queued
-		t.Fatal(err)
-	}
-	var got []string
-	for _, m := range pullAll(t, c, 0, "box") {
-		var body struct{ Tag string }
-		if err := json.Unmarshal(m.Body, &body); err != nil {
-			t.Fatalf("cursor %d: %v", m.Cursor, err)
-		}
-		got = append(got, body.Tag)
-	}
-	if !slices.Equal(got, sent) {
+	if got := drainedTags(t, c, 0, "box"); !slices.Equal(got, sent) { // the b's may have been Queued
 		t.Fatalf("inbox holds %v; sent (each told Delivered or Queued) %v", got, sent)
 	}
 }
@@ -135,20 +142,7 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
 	}
 	send("b1")
 	send("b2")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := c.WaitDrained(ctx); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, m := range pullAll(t, c, 0, "box") {
-		var body struct{ Tag string }
-		if err := json.Unmarshal(m.Body, &body); err != nil {
-			t.Fatalf("cursor %d: %v", m.Cursor, err)
-		}
-		got = append(got, body.Tag)
-	}
-	if !slices.Equal(got, sent) {
+	if got := drainedTags(t, c, 0, "box"); !slices.Equal(got, sent) {
 		t.Fatalf("inbox holds %v; sent %v", got, sent)
 	}
 }

@@ -313,7 +313,7 @@ func (d *daemonInbox) Declare(name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if _, err := d.n.Spawn(name, inbox.Handler(d.Store, name), node.WithBatch(inbox.BatchHandler(d.Store, name), inbox.ActorBatch), node.WithApplied(inbox.Applied(d.Store))); err != nil && !errors.Is(err, node.ErrActorExists) {
+	if _, err := d.n.Spawn(name, inbox.Handler(d.Store, name), inbox.SpawnOptions(d.Store, name)...); err != nil && !errors.Is(err, node.ErrActorExists) {
 		return created, fmt.Errorf("spawn inbox actor %q: %w", name, err)
 	}
 	if created {

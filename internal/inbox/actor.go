@@ -95,6 +95,13 @@ func appendBatch(ctx context.Context, st *Store, name string, envs []*pb.Envelop
 	return n, backOff(err)
 }
 
+// SpawnOptions are the options an inbox actor is spawned with beside its
+// Handler: its reliable messages stored in batches (BatchHandler), and what
+// it stored reported to its senders (Applied).
+func SpawnOptions(st *Store, name string) []node.SpawnOption {
+	return []node.SpawnOption{node.WithBatch(BatchHandler(st, name), ActorBatch), node.WithApplied(Applied(st))}
+}
+
 // Applied is the inbox actor's node.WithApplied: the highest sequence of
 // a stream the inbox stored, which the node's watermark may lack after a
 // crash.
