@@ -397,16 +397,20 @@ func (a *actor) handleStream(d *delivery) {
 	// the disk: what remains is storing that reply.
 	held := n.held.get(st.key, seq, env)
 	switch {
+	case n.in.divergent(st, env):
+		n.stats.diverged.Add(1)
+		rc(divergedReceipt(st))
+		return
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
 		n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		return
-	case w == 0 && seq <= st.forgotten:
+	case w == 0 && seq <= st.horizon():
 		// This node forgot the stream (idle past its retention) and the
 		// message is older than what it forgot: it may have run. Its
 		// sender undercounted its age; it gives it up.
 		n.stats.forgotten.Add(1)
-		rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.forgotten,
+		rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.horizon(),
 			Message: "this node forgot the stream (idle past its retention) and the message is older than what it forgot"})
 		return
 	case prev != 0 && prev != w:
@@ -430,7 +434,7 @@ func (a *actor) handleStream(d *delivery) {
 			// The application sent this key before (a retry of its own):
 			// it took effect then. W moves on as for a success.
 			n.stats.dedupeHits.Add(1)
-			n.in.advance(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+			n.in.advance(st, seq, streamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
 			return
 		}
 		keys = [][]byte{scoped}
@@ -441,7 +445,7 @@ func (a *actor) handleStream(d *delivery) {
 	}
 	if herr == nil {
 		// A nil return is success, even after the deadline.
-		n.in.advance(st, seq, keys, positive(pb.Receipt_PROCESSED))
+		n.in.advance(st, seq, streamDigest(env), keys, positive(pb.Receipt_PROCESSED))
 		return
 	}
 	r := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}

@@ -156,12 +156,15 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		positive := func(code pb.Receipt_Code) func(error, uint64) { return n.in.onDurable(st, rc, code) }
 		answered := true
 		switch {
+		case n.in.divergent(st, env):
+			n.stats.diverged.Add(1)
+			rc(divergedReceipt(st))
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
 			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
-		case w == 0 && seq <= st.forgotten:
+		case w == 0 && seq <= st.horizon():
 			n.stats.forgotten.Add(1)
-			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.forgotten,
+			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.horizon(),
 				Message: "this node forgot the stream (idle past its retention) and the message is older than what it forgot"})
 		case prev != 0 && prev != w:
 			n.stats.outOfOrder.Add(1)
@@ -177,7 +180,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			case seen:
 				// Sent before under this key: it took effect then.
 				n.stats.dedupeHits.Add(1)
-				n.in.advance(st, seq, nil, positive(pb.Receipt_DUPLICATE))
+				n.in.advance(st, seq, streamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
 			default:
 				answered = false
 			}
@@ -263,7 +266,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 		switch {
 		case i < done:
-			n.in.advance(st, seq, it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
+			n.in.advance(st, seq, streamDigest(d.env), it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
 		case i == done && err != nil:
 			r := &pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: err.Error()}
 			var ce *CapacityError

@@ -37,7 +37,7 @@ func TestRetryOfADurableStreamIsForgotten(t *testing.T) {
 	diskFull := errors.New("write outbox.db: no space left on device")
 	restore, _ := faults.FailCommits(path, diskFull)
 	errs := make(chan error, 4)
-	in.advance(st, 1, nil, func(err error, _ uint64) { errs <- err }) // commit A: refused, retry due in 100 ms
+	in.advance(st, 1, 0, nil, func(err error, _ uint64) { errs <- err }) // commit A: refused, retry due in 100 ms
 	if err := <-errs; err == nil {
 		t.Fatal("commit A went through a full disk")
 	}
@@ -47,7 +47,7 @@ func TestRetryOfADurableStreamIsForgotten(t *testing.T) {
 		errs <- err
 		// A waiter that read durable (0) just before C's success joins
 		// C's pend; and the disk is full again for the follow-up D.
-		in.wait(st, 1, nil, false, func(err error, _ uint64) { errs <- err })
+		in.wait(st, 1, 0, nil, false, func(err error, _ uint64) { errs <- err })
 		restore2, _ = faults.FailCommits(path, diskFull)
 	})
 	if err := <-errs; err != nil {

@@ -158,16 +158,22 @@
 //   - A receiver restored from a backup keeps order (streams restart from
 //     their senders' frontiers and acknowledged messages are never resent)
 //     but loses the effects and the key window since the backup.
-//   - A sender restored from a backup finds out from the receiver's
-//     watermark and starts a new epoch of the stream; messages it had sent
-//     after the backup and that ran are unknown to it, and anything still
-//     queued in the backup runs again. The watermark tells only when it is
-//     above everything the stream sent since the restore: while the
-//     restored sender's reused sequences are at or below it, their new
-//     messages are answered DUPLICATE and counted delivered without
-//     running. Rather than restore an outbox from a backup, start the
-//     node with an empty one: a new outbox id begins new streams at every
-//     peer, and nothing is mistaken for a duplicate.
+//   - A sender restored from a backup finds out from the receiver and
+//     starts a new epoch of the stream; messages it had sent after the
+//     backup and that ran are unknown to it, and anything still queued in
+//     the backup runs again. The receiver's watermark tells when it is
+//     above everything the stream sent since the restore; when an
+//     emission reaches past it, the message under the watermark's sequence
+//     does: the receiver keeps a digest of the message at its watermark
+//     and answers another message there DIVERGED (Stats.Diverged), not
+//     run, with every later one of the stream. Not found out: an emission
+//     that skips the watermark's sequence (the restored outbox replaced or
+//     dead-lettered that message), or a restore on top of a handler record
+//     ahead of the watermark; their reused sequences at or below it are
+//     answered DUPLICATE and counted delivered without running. Rather
+//     than restore an outbox from a backup, start the node with an empty
+//     one: a new outbox id begins new streams at every peer, and nothing
+//     is mistaken for a duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".

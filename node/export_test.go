@@ -52,7 +52,7 @@ func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 	st.pend = &pending{} // the commit under way
 	st.cmu.Unlock()
 	done := make(chan error, 1)
-	n.in.advance(st, 6, [][]byte{kb}, func(err error, _ uint64) { done <- err })
+	n.in.advance(st, 6, 0, [][]byte{kb}, func(err error, _ uint64) { done <- err })
 	n.in.commit(st) // the follow-up commit's goroutine, while the owner handles 7
 	return <-done
 }

@@ -129,7 +129,10 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
 			return
 		}
-		if w := st.durable.Load(); env.GetSequence() <= w {
+		// Below the durable watermark: a copy, answered here without
+		// taking a mailbox slot. At it, the owner decides: it may be
+		// another message under that sequence (divergent).
+		if w := st.durable.Load(); env.GetSequence() < w {
 			n.stats.dedupeHits.Add(1)
 			receipt(pb.Receipt_DUPLICATE, "", 0, n.in.reported(st, w))
 			return

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -8,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
 
@@ -49,6 +51,14 @@ type inbound struct {
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
 
+	// diverged holds the streams whose sender showed another history than
+	// this node's (divergent): nothing more of them runs, their sender
+	// moves to a new epoch. nDiverged is len(diverged), read without the
+	// lock. Kept until the node stops: one entry per outbox that went back.
+	divMu     sync.Mutex
+	diverged  map[string]struct{}
+	nDiverged atomic.Int32
+
 	// mu guards the fields below.
 	mu      sync.Mutex
 	streams map[string]*inStream // by string(StreamID.key())
@@ -77,11 +87,14 @@ type inStream struct {
 	w atomic.Uint64
 	// durable is the highest watermark known to be committed.
 	durable atomic.Uint64
-	// forgotten is, for a stream loaded without a record, the horizon of
-	// forgotten streams of its sender outbox and epoch (outbox.Watermark):
-	// while w is 0, a message at or below it may have run before this
-	// node forgot the stream, and is refused. Set at load, then read-only.
-	forgotten uint64
+	// past holds, while w is 0, the horizon of forgotten streams of the
+	// stream's sender outbox and epoch (outbox.Watermark), set at load: a
+	// message at or below it may have run before this node forgot the
+	// stream, and is refused. From the first move of w on it holds the
+	// digest of the message at w (streamDigest; 0 if unknown), moved with
+	// w under cmu. One field for both keeps the struct at 64 bytes; read
+	// them through horizon and digest.
+	past atomic.Uint64
 	// users counts actors deciding on or running a message of the stream
 	// now (acquire/release); a stream in use is never evicted. Guarded by
 	// inbound.mu.
@@ -97,6 +110,32 @@ type inStream struct {
 	// pend. pend is nil while nothing waits, so an idle stream stays small.
 	cmu  sync.Mutex
 	pend *pending
+}
+
+// horizon is the forgotten horizon (see past): 0 once w moved.
+func (st *inStream) horizon() uint64 {
+	if st.w.Load() != 0 {
+		return 0
+	}
+	return st.past.Load()
+}
+
+// digest is the digest of the message at w (see past), 0 if unknown.
+func (st *inStream) digest() uint64 {
+	if st.w.Load() == 0 {
+		return 0
+	}
+	return st.past.Load()
+}
+
+// streamDigest is what a receiver keeps of the message at a stream's
+// watermark: enough of what its sender stored (requestDigest) to tell a
+// copy, which differs only in msg id and TTL, from another message sent
+// under the same sequence by a sender whose outbox went back. Never 0,
+// which stands for unknown.
+func streamDigest(env *pb.Envelope) uint64 {
+	d := requestDigest(env)
+	return max(binary.BigEndian.Uint64(d[:8]), 1)
 }
 
 // pending is a stream's commit bookkeeping while one is under way.
@@ -136,11 +175,13 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 	defer in.mu.Unlock()
 	st := in.streams[string(key)]
 	if st == nil {
-		w, forgotten, err := in.store.Watermark(key)
+		rec, err := in.store.StreamRecord(key)
 		if err != nil {
 			return nil, err
 		}
-		st = &inStream{key: string(key), forgotten: forgotten}
+		w := rec.Watermark
+		st = &inStream{key: string(key)}
+		st.past.Store(max(rec.Forgotten, rec.Digest)) // one of them is 0
 		if applied != nil {
 			if a := applied(id); a > w {
 				// The handler applied more than the watermark on disk says
@@ -158,6 +199,47 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 		st.users++
 	}
 	return st, nil
+}
+
+// divergent reports whether env, a message of st about to be decided by
+// its owner, shows that the stream's sender has another history than this
+// node: it carries the watermark's sequence with other contents than the
+// message that moved the watermark there (a copy differs only in msg id
+// and TTL), or the stream was found so before. A sender whose outbox went
+// back (restored from a backup) sends new messages under sequences this
+// node has seen; those at or below the watermark would otherwise be taken
+// for copies and acknowledged without running. The stream is then marked:
+// the messages after env in the same emission must not run either, since
+// the sender, told DIVERGED, sends them again in a new epoch.
+func (in *inbound) divergent(st *inStream, env *pb.Envelope) bool {
+	if in.nDiverged.Load() > 0 {
+		in.divMu.Lock()
+		_, marked := in.diverged[st.key]
+		in.divMu.Unlock()
+		if marked {
+			return true
+		}
+	}
+	if env.GetSequence() != st.w.Load() {
+		return false
+	}
+	if d := st.digest(); d == 0 || d == streamDigest(env) {
+		return false
+	}
+	in.divMu.Lock()
+	defer in.divMu.Unlock()
+	if in.diverged == nil {
+		in.diverged = map[string]struct{}{}
+	}
+	in.diverged[st.key] = struct{}{}
+	in.nDiverged.Store(int32(len(in.diverged)))
+	return true
+}
+
+// divergedReceipt answers a message of a stream found divergent.
+func divergedReceipt(st *inStream) *pb.Receipt {
+	return &pb.Receipt{Code: pb.Receipt_DIVERGED, Watermark: st.w.Load(),
+		Message: "the sender's history of this stream differs from this node's (its outbox went back, e.g. restored from a backup): start a new epoch"}
 }
 
 // noteAhead records that the handler of st applied sequences up to a,
@@ -253,19 +335,20 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, fn func(err error, wat
 		fn(nil, st.durable.Load())
 		return
 	}
-	in.wait(st, seq, nil, false, fn)
+	in.wait(st, seq, 0, nil, false, fn)
 }
 
 // advance moves the watermark to seq (the owner only: seq ran, or its key
-// was seen) and calls fn as afterDurable does. keys are idempotency keys
-// that took effect with seq: they are registered for the next commit in
-// the same step that moves the watermark, under cmu, where commit reads
-// both, so no commit makes seq's watermark durable without them.
-func (in *inbound) advance(st *inStream, seq uint64, keys [][]byte, fn func(err error, watermark uint64)) {
-	in.wait(st, seq, keys, true, fn)
+// was seen), recording digest (streamDigest) as the message's at it, and
+// calls fn as afterDurable does. keys are idempotency keys that took
+// effect with seq: they are registered for the next commit in the same
+// step that moves the watermark, under cmu, where commit reads both, so
+// no commit makes seq's watermark durable without them.
+func (in *inbound) advance(st *inStream, seq, digest uint64, keys [][]byte, fn func(err error, watermark uint64)) {
+	in.wait(st, seq, digest, keys, true, fn)
 }
 
-func (in *inbound) wait(st *inStream, seq uint64, keys [][]byte, move bool, fn func(err error, watermark uint64)) {
+func (in *inbound) wait(st *inStream, seq, digest uint64, keys [][]byte, move bool, fn func(err error, watermark uint64)) {
 	if len(keys) > 0 {
 		// Seen from now on, though the commit that records them may start
 		// only after the one under way: a repeat right behind must not run.
@@ -280,6 +363,7 @@ func (in *inbound) wait(st *inStream, seq uint64, keys [][]byte, move bool, fn f
 	st.pend.nextKeys = append(st.pend.nextKeys, keys...)
 	if move {
 		st.w.Store(seq)
+		st.past.Store(digest)
 	}
 	st.cmu.Unlock()
 	if start {
@@ -296,10 +380,11 @@ func (in *inbound) commit(st *inStream) {
 	waiters, keys := st.pend.next, st.pend.nextKeys
 	st.pend.next, st.pend.nextKeys = nil, nil
 	w := st.w.Load() // under cmu: the keys of every sequence up to w are in keys or committed
+	digest := st.digest()
 	st.cmu.Unlock()
 	keys = append(in.unrecordedKeys(st), keys...)
 	in.wg.Add(1)
-	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Keys: keys}, func(err error) {
+	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Digest: digest, Keys: keys}, func(err error) {
 		defer in.wg.Done()
 		if err == nil && w > st.durable.Load() {
 			st.durable.Store(w)

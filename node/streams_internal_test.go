@@ -61,7 +61,7 @@ func TestSettleWaitsForEveryCommit(t *testing.T) {
 		owners.Go(func() { // the stream's owner: one goroutine moves w
 			defer in.release(st)
 			for seq := uint64(1); seq <= perStream; seq++ {
-				in.advance(st, seq, nil, func(err error, _ uint64) {
+				in.advance(st, seq, seq, nil, func(err error, _ uint64) {
 					if err != nil {
 						failed.Add(1)
 					}

@@ -29,6 +29,7 @@ var (
 	bucketCoalesce = []byte("coalesce")
 	bucketDLQ      = []byte("dlq")
 	bucketIn       = []byte("in")
+	bucketInDigest = []byte("indigest")
 	bucketKeys     = []byte("keys")
 	bucketKeyAge   = []byte("keyage")
 	bucketForgot   = []byte("forgot")
@@ -236,7 +237,7 @@ func (s *Store) load() error {
 			return fmt.Errorf("%w: format %d is newer than this meshnode's %d: run the newer meshnode, or move the data directory aside to start empty",
 				ErrFormat, format, formatVersion)
 		}
-		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketKeys, bucketKeyAge, bucketForgot} {
+		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketInDigest, bucketKeys, bucketKeyAge, bucketForgot} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}

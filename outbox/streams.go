@@ -59,25 +59,45 @@ func senderOf(key []byte) []byte {
 // stream at or below it is older than what was forgotten, so it may have
 // run before its stream was.
 func (s *Store) Watermark(streamKey []byte) (w, forgotten uint64, err error) {
+	r, err := s.StreamRecord(streamKey)
+	return r.Watermark, r.Forgotten, err
+}
+
+// StreamRecord is what a receiver's store knows of one stream.
+type StreamRecord struct {
+	Watermark uint64 // as Watermark returns it
+	Forgotten uint64 // as Watermark returns it
+	// Digest is the digest of the message at the watermark (StreamCommit's),
+	// 0 if none was recorded with it.
+	Digest uint64
+}
+
+// StreamRecord returns a stream's watermark, with the forgotten horizon
+// and the digest of the message at the watermark.
+func (s *Store) StreamRecord(streamKey []byte) (StreamRecord, error) {
+	var r StreamRecord
 	if err := s.closedErr(); err != nil {
-		return 0, 0, err
+		return r, err
 	}
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketIn).Get(streamKey); len(v) == 16 {
-			w = binary.BigEndian.Uint64(v[:8])
+			r.Watermark = binary.BigEndian.Uint64(v[:8])
+			if d := tx.Bucket(bucketInDigest).Get(streamKey); len(d) == 8 {
+				r.Digest = binary.BigEndian.Uint64(d)
+			}
 			return nil
 		}
 		if sender := senderOf(streamKey); sender != nil {
 			if v := tx.Bucket(bucketForgot).Get(sender); len(v) == 8 {
-				forgotten = binary.BigEndian.Uint64(v)
+				r.Forgotten = binary.BigEndian.Uint64(v)
 			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("outbox: watermark: %w", err)
+		return StreamRecord{}, fmt.Errorf("outbox: watermark: %w", err)
 	}
-	return w, forgotten, nil
+	return r, nil
 }
 
 // StreamCommit is one durable update of a receiver's stream: its new
@@ -85,6 +105,7 @@ func (s *Store) Watermark(streamKey []byte) (w, forgotten uint64, err error) {
 type StreamCommit struct {
 	Stream    []byte   // StreamKey
 	Watermark uint64   // the new watermark (never lower than the stored one)
+	Digest    uint64   // of the message at Watermark (0: unknown); kept only if Watermark is stored
 	Keys      [][]byte // ScopedKeys recorded with it
 }
 
@@ -193,6 +214,11 @@ func (s *Store) applyStream(tx *bolt.Tx, b *batch, c *StreamCommit) error {
 	if err := in.Put(c.Stream, v[:]); err != nil {
 		return err
 	}
+	if w == c.Watermark {
+		if err := putDigest(tx.Bucket(bucketInDigest), c.Stream, c.Digest); err != nil {
+			return err
+		}
+	}
 	keys, age := tx.Bucket(bucketKeys), tx.Bucket(bucketKeyAge)
 	for _, k := range c.Keys {
 		if old := keys.Get(k); len(old) == 8 {
@@ -209,6 +235,15 @@ func (s *Store) applyStream(tx *bolt.Tx, b *batch, c *StreamCommit) error {
 		}
 	}
 	return nil
+}
+
+// putDigest records d as the digest of the message at stream's watermark,
+// or removes the record of an older one when d is unknown (0).
+func putDigest(bk *bolt.Bucket, stream []byte, d uint64) error {
+	if d == 0 {
+		return bk.Delete(stream)
+	}
+	return bk.Put(stream, u64(d))
 }
 
 // Housekeeping bounds: how many records one commit may prune or look at.
@@ -245,6 +280,7 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 	var err error
 	retain := b.nowMs - s.cfg.StreamRetention.Milliseconds()
 	horizon := make(map[string]uint64) // sender part of a StreamKey -> highest watermark forgotten
+	var forgot [][]byte
 	s.hkIn, err = pruneScan(tx.Bucket(bucketIn), s.hkIn, func(k, v []byte) bool {
 		if len(v) != 16 || int64(binary.BigEndian.Uint64(v[8:])) >= retain {
 			return false
@@ -252,10 +288,16 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 		if sender := senderOf(k); sender != nil {
 			horizon[string(sender)] = max(horizon[string(sender)], binary.BigEndian.Uint64(v[:8]))
 		}
+		forgot = append(forgot, bytes.Clone(k))
 		return true
 	})
 	if err != nil {
 		return err
+	}
+	for _, k := range forgot {
+		if err := tx.Bucket(bucketInDigest).Delete(k); err != nil {
+			return err
+		}
 	}
 	if err := raiseHorizons(tx.Bucket(bucketForgot), horizon); err != nil {
 		return err

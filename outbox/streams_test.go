@@ -168,6 +168,36 @@ func TestCommitStreamPendingThenDurable(t *testing.T) {
 	}
 }
 
+// A stream's record keeps the digest of the message at its watermark: it
+// moves with the watermark, stays when a lower watermark is committed
+// (the watermark stays too), goes when a commit does not know it, and
+// survives a restart.
+func TestStreamDigestMovesWithItsWatermark(t *testing.T) {
+	e := open(t, nil)
+	sk := outbox.StreamKey("n2", [16]byte{9}, 1, "actor")
+	steps := []struct {
+		w, digest uint64
+		want      outbox.StreamRecord
+	}{
+		{5, 0xab, outbox.StreamRecord{Watermark: 5, Digest: 0xab}},
+		{3, 0xcd, outbox.StreamRecord{Watermark: 5, Digest: 0xab}},
+		{6, 0, outbox.StreamRecord{Watermark: 6}},
+		{7, 0xef, outbox.StreamRecord{Watermark: 7, Digest: 0xef}},
+	}
+	for _, st := range steps {
+		if err := commitStream(t, e.Store, &outbox.StreamCommit{Stream: sk, Watermark: st.w, Digest: st.digest}); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := e.StreamRecord(sk); err != nil || r != st.want {
+			t.Fatalf("after committing %d with digest %#x: %+v (%v), want %+v", st.w, st.digest, r, err, st.want)
+		}
+	}
+	e.reopen(t, nil)
+	if r, err := e.StreamRecord(sk); err != nil || r != steps[len(steps)-1].want {
+		t.Fatalf("after a restart: %+v (%v), want %+v", r, err, steps[len(steps)-1].want)
+	}
+}
+
 func keysOnDisk(tb testing.TB, s *outbox.Store) (keys, ages int) {
 	tb.Helper()
 	k, err := outbox.BucketStats(s, "keys")
@@ -240,7 +270,7 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	const n = 600
 	for i := range n {
 		sk := outbox.StreamKey("n2", [16]byte{}, 1, fmt.Sprint("old", i))
-		e.CommitStream(&outbox.StreamCommit{Stream: sk, Watermark: 7 + uint64(i%3)}, func(error) {})
+		e.CommitStream(&outbox.StreamCommit{Stream: sk, Watermark: 7 + uint64(i%3), Digest: 1 + uint64(i)}, func(error) {})
 	}
 	others := map[string]uint64{"epoch 2": 4, "node n3": 11}
 	e.CommitStream(&outbox.StreamCommit{Stream: outbox.StreamKey("n2", [16]byte{}, 2, "old"), Watermark: others["epoch 2"]}, func(error) {})
@@ -248,7 +278,7 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	sync_(t, e.Store) // committed before the clock moves
 	e.clk.Advance(5 * time.Hour)
 	young := outbox.StreamKey("n2", [16]byte{}, 1, "young")
-	if err := commitStream(t, e.Store, &outbox.StreamCommit{Stream: young, Watermark: 3}); err != nil {
+	if err := commitStream(t, e.Store, &outbox.StreamCommit{Stream: young, Watermark: 3, Digest: 42}); err != nil {
 		t.Fatal(err)
 	}
 	e.clk.Advance(5*time.Hour + time.Millisecond)
@@ -271,6 +301,12 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	}
 	if c := count(); c != 1 {
 		t.Fatalf("%d stream records left, want only the young one", c)
+	}
+	if st, err := outbox.BucketStats(e.Store, "indigest"); err != nil || st.KeyN != 1 {
+		t.Fatalf("%d digests left (%v), want only the young stream's", st.KeyN, err)
+	}
+	if r, err := e.StreamRecord(young); err != nil || r.Digest != 42 {
+		t.Fatalf("young stream's record %+v (%v), want digest 42", r, err)
 	}
 	for _, c := range []struct {
 		what      string

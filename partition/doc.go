@@ -50,6 +50,9 @@
 //     the stream emitted before and the message itself means this sender's
 //     state went back (a restored backup): the stream starts a new random
 //     epoch (Stats.Restores) and nothing more of that emission is acked.
+//     So does DIVERGED anywhere in an emission (the receiver ran another
+//     message under the sequence of its watermark): then nothing of the
+//     emission is acked but what came back PROCESSED.
 //   - FORGOTTEN (the receiver forgot the stream, idle past its retention,
 //     and the message is older than what it forgot) dead-letters a message
 //     that was on the wire before with outbox.ReasonForgotten: it may have

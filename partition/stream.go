@@ -422,7 +422,7 @@ func (r *Relay) newEpoch(st *stream) {
 	st.epoch = epoch
 	st.mu.Unlock()
 	r.restores.Add(1)
-	r.cfg.Logger.Warn("relay: the receiver has seen sequences this outbox never sent: its state went back (restored from a backup?); starting a new epoch of the stream",
+	r.cfg.Logger.Warn("relay: the receiver has seen sequences this outbox never sent, or other messages under them: its state went back (restored from a backup?); starting a new epoch of the stream",
 		"recipient", st.rcpt, "epoch", epoch)
 }
 
@@ -606,6 +606,20 @@ func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelop
 			r.Limiter(st.node).OnCapacity()
 		}
 	}()
+	if slices.ContainsFunc(receipts, func(rc *pb.Receipt) bool { return rc.GetCode() == pb.Receipt_DIVERGED }) {
+		// The receiver holds other messages under this stream's sequences
+		// than this sender sent: the emission's DUPLICATEs speak of a
+		// history this sender no longer has, and its messages must go
+		// again in a new epoch. Only what ran (PROCESSED) is acked.
+		for i, rc := range receipts {
+			if rc.GetCode() == pb.Receipt_PROCESSED && i < len(envs) {
+				acks = append(acks, envs[i].GetSequence())
+			}
+		}
+		r.failed.Add(1)
+		r.newEpoch(st)
+		return acks, false
+	}
 	for i, e := range envs {
 		var rc *pb.Receipt
 		if i < len(receipts) {
@@ -729,6 +743,11 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 			return verdict{kind: vRestored}
 		}
 		return verdict{kind: vResend, reason: "out of order"}
+	case pb.Receipt_DIVERGED:
+		// The receiver ran another message under this sequence (or under
+		// one before it in this emission): this sender's sequences went
+		// back.
+		return verdict{kind: vRestored}
 	case pb.Receipt_FORGOTTEN:
 		if e.GetSequence() > seen {
 			// Never on the wire before, so it never ran: the receiver's

@@ -582,3 +582,48 @@ func TestCongestedHintRepeatedBacksOff(t *testing.T) {
 		t.Fatalf("dead letters: %v", dl)
 	}
 }
+
+// A receiver that finds other contents under the sequence of its watermark
+// answers DIVERGED: this sender's outbox went back and reused sequences
+// the receiver has seen, so the emission's DUPLICATEs before it are not
+// about these messages. Nothing of the emission is acked; the stream
+// starts a new epoch, where every message runs.
+func TestDivergedEmissionIsSentAgainInANewEpoch(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	var w uint64 // the receiver's watermark: the first emission's second sequence, run there for another message
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if envs[0].GetStreamEpoch() != 0 {
+				return nil, nil, false
+			}
+			if n == 0 {
+				w = envs[1].GetSequence()
+			}
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				code := pb.Receipt_DIVERGED
+				if e.GetSequence() < w {
+					code = pb.Receipt_DUPLICATE
+				}
+				rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: code, Watermark: w}
+			}
+			return rcs, nil, true
+		}
+	})
+	msgs := names("m", 4)
+	rg.queue(t, "a@n1", msgs...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if st := rg.relay.Stats(); st.Restores != 1 {
+		t.Fatalf("restores %d, want 1", st.Restores)
+	}
+	if e, _, _ := rg.store.StreamState("a@n1"); e == 0 {
+		t.Fatal("no new epoch")
+	}
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
+		t.Fatalf("ran %v, want %v", got, msgs)
+	}
+	if dl, _ := rg.store.DeadLetters(outbox.DLQFilter{}); len(dl) != 0 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+}

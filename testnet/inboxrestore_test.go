@@ -3,6 +3,7 @@ package testnet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -144,5 +145,89 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
 	send("b2")
 	if got := drainedTags(t, c, 0, "box"); !slices.Equal(got, sent) {
 		t.Fatalf("inbox holds %v; sent %v", got, sent)
+	}
+}
+
+// A remote sender n0 is restored from a backup of its outbox.db; the
+// receiver n1 (inbox box) keeps its state. n0's new messages reuse the
+// sequences of messages n1 stored after the backup. Queued while n1 is
+// down (killed), they go out in one emission that reaches past n1's
+// watermark, so the watermark alone does not give the restore away: the
+// message under the watermark's sequence does (other contents than the
+// one stored there), and the sender starts a new epoch. Every message is
+// stored once, in order.
+func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real daemons")
+	}
+	bin := buildMeshnode(t)
+	c := NewProcs(t, bin, 2, WithInboxes("box"))
+	to := "box@" + c.Name(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var sent []string
+	send := func(tag string) string {
+		out, err := c.Send(0, to, map[string]any{"tag": tag}, "")
+		if err != nil {
+			t.Fatalf("send %s: %v", tag, err)
+		}
+		sent = append(sent, tag)
+		return out
+	}
+	send("a1")
+	send("a2")
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	ob := filepath.Join(c.DataDir(0), "outbox.db")
+	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
+	copyFile(t, ob, backup)
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, tag := range []string{"a3", "a4", "a5"} {
+		t.Logf("%s: %s", tag, send(tag))
+	}
+	if err := c.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, backup, ob) // n0's outbox.db restored from the backup
+	if err := c.Kill(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 6; i++ {
+		t.Logf("b%d: %s", i, send(fmt.Sprint("b", i)))
+	}
+	if err := c.Restart(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDrained(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range pullAll(t, c, 1, "box") {
+		var body struct{ Tag string }
+		if err := json.Unmarshal(m.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, body.Tag)
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("inbox holds %v; sent (each told Delivered or Queued) %v", got, sent)
 	}
 }

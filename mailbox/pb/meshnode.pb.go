@@ -198,6 +198,7 @@ const (
 	Receipt_TRANSIENT        Receipt_Code = 8  // the handler failed (older receivers: or its watermark could not be made durable): retry with backoff
 	Receipt_OUT_OF_ORDER     Receipt_Code = 9  // prev_sequence is neither 0 nor the watermark: not run; resend from the frontier (not counted)
 	Receipt_FORGOTTEN        Receipt_Code = 10 // the receiver has no record of the stream, having forgotten streams of this sender outbox and epoch (idle past its retention), and the sequence is at or below the highest watermark it forgot: the message is older than that, may have run, and is not run again; watermark carries that horizon
+	Receipt_DIVERGED         Receipt_Code = 11 // the sender's history of the stream differs from the receiver's: the message at the watermark came with other contents (the sender's outbox went back, e.g. restored from a backup), or an earlier message of the emission did; not run; watermark carries the receiver's; the sender starts a new epoch and acks nothing of the emission
 )
 
 // Enum value maps for Receipt_Code.
@@ -214,6 +215,7 @@ var (
 		8:  "TRANSIENT",
 		9:  "OUT_OF_ORDER",
 		10: "FORGOTTEN",
+		11: "DIVERGED",
 	}
 	Receipt_Code_value = map[string]int32{
 		"CODE_UNSPECIFIED": 0,
@@ -227,6 +229,7 @@ var (
 		"TRANSIENT":        8,
 		"OUT_OF_ORDER":     9,
 		"FORGOTTEN":        10,
+		"DIVERGED":         11,
 	}
 )
 
@@ -693,7 +696,7 @@ type Receipt struct {
 	Code         Receipt_Code           `protobuf:"varint,2,opt,name=code,proto3,enum=meshnode.v1.Receipt_Code" json:"code,omitempty"`
 	RetryAfterMs int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	Message      string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Watermark    uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER and PROCESSED; the forgotten horizon on FORGOTTEN
+	Watermark    uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER, DIVERGED and PROCESSED; the forgotten horizon on FORGOTTEN
 	// signature is set only on a receipt for a forwarded envelope (one with
 	// origin): the recipient's word on it, which the forwarder carrying it
 	// back can neither forge nor alter. A sender trusts no receipt that came
@@ -1406,14 +1409,14 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xa1\x03\n" +
+	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xaf\x03\n" +
 	"\aReceipt\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\x12-\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x19.meshnode.v1.Receipt.CodeR\x04code\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
 	"\twatermark\x18\x05 \x01(\x04R\twatermark\x12;\n" +
-	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\"\xb4\x01\n" +
+	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\"\xc2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACCEPTED\x10\x01\x12\r\n" +
@@ -1426,7 +1429,8 @@ const file_meshnode_proto_rawDesc = "" +
 	"\tTRANSIENT\x10\b\x12\x10\n" +
 	"\fOUT_OF_ORDER\x10\t\x12\r\n" +
 	"\tFORGOTTEN\x10\n" +
-	"\"f\n" +
+	"\x12\f\n" +
+	"\bDIVERGED\x10\v\"f\n" +
 	"\x10ReceiptSignature\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
