@@ -498,8 +498,8 @@ func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr erro
 	if err := n.storeReply(sm); err != nil {
 		// Keep the reply, so that the copy the sender sends again stores
 		// it instead of running the handler a second time.
-		if !n.held.put(st.key, seq, env, sm, herr) {
-			n.log.Warn("reply not kept for the request's next copy (too many waiting for the disk): the handler will run again",
+		if !n.held.put(d.from, st.key, seq, env, sm, herr) {
+			n.log.Warn("reply not kept for the request's next copy (too many waiting for the disk, from this sender or in all): the handler will run again",
 				"actor", a.name, "sender", d.from, "msg", env.GetMsgId())
 		}
 		return refused(err)

@@ -247,8 +247,8 @@
 //     acknowledged; the copy its sender sends again stores that reply
 //     instead of running the handler again (only a copy of that request:
 //     another message at its place runs). Kept replies are bounded (1,024
-//     and 16 MiB in all, dropped when their request has not come back for
-//     an hour) and lost on a restart: past a bound, or after a restart,
+//     and 16 MiB in all, a quarter of each per requesting node, dropped
+//     when their request has not come back for an hour) and lost on a restart: past a bound, or after a restart,
 //     the request runs again when it comes back.
 //   - Memory held for another node is bounded in bytes and charged to it:
 //     each mailbox holds at most MailboxBytes (WithMailboxBytes) besides its

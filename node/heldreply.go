@@ -20,16 +20,21 @@ import (
 //
 // They live in memory only: after a restart the request runs again, as any
 // message that ran but could not be recorded does. The count and bytes are
-// bounded; a reply that does not fit is not kept, and its request runs
-// again when it comes back. A reply whose request has not come back for
-// heldReplyTTL (its sender gave it up) is dropped.
+// bounded, in all and per requesting node (so that one requester cannot
+// take every slot from the others); a reply that does not fit is not kept,
+// and its request runs again when it comes back. A reply whose request has
+// not come back for heldReplyTTL (its sender gave it up) is dropped.
 type heldReplies struct {
 	n     atomic.Int32 // len(m), read without the lock on every stream message
 	mu    sync.Mutex
 	m     map[heldKey]*heldReply
 	bytes int
-	swept time.Time // the last look for expired replies
+	peers map[string]heldUse // per requesting node; no entry while it has none kept
+	swept time.Time          // the last look for expired replies
 }
+
+// heldUse is what one requesting node's kept replies take.
+type heldUse struct{ n, bytes int }
 
 // heldKey is a request's place: its stream's key and its sequence.
 type heldKey struct {
@@ -40,6 +45,7 @@ type heldKey struct {
 // heldReply is a reply its handler made, waiting to be stored.
 type heldReply struct {
 	req  [sha256.Size]byte // requestDigest of its request: another message at its place must run
+	peer string            // the requesting node
 	sm   *pb.StoredMessage
 	herr error // the handler's permanent error (the reply carries it), or nil
 	size int
@@ -50,6 +56,8 @@ type heldReply struct {
 const (
 	maxHeldReplies     = 1024
 	maxHeldReplyBytes  = 16 << 20
+	maxHeldPerPeer     = maxHeldReplies / 4 // a quarter of either bound per requesting node
+	maxHeldPerPeerB    = maxHeldReplyBytes / 4
 	heldReplyTTL       = time.Hour
 	heldReplyOverheadB = 256 // a kept reply's bookkeeping, counted with its size
 )
@@ -102,22 +110,25 @@ func (h *heldReplies) touch(r *heldReply) {
 }
 
 // put keeps the reply sm (and the handler's error herr) of the request
-// env at seq of stream, and reports whether it fit.
-func (h *heldReplies) put(stream string, seq uint64, env *pb.Envelope, sm *pb.StoredMessage, herr error) bool {
+// env from node peer at seq of stream, and reports whether it fit.
+func (h *heldReplies) put(peer, stream string, seq uint64, env *pb.Envelope, sm *pb.StoredMessage, herr error) bool {
 	size := proto.Size(sm) + heldReplyOverheadB
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.expireLocked(time.Now())
 	k := heldKey{stream, seq}
 	h.removeLocked(k) // another message's (get drops those; this is the handler's newer run)
-	if len(h.m) >= maxHeldReplies || h.bytes+size > maxHeldReplyBytes {
+	use := h.peers[peer]
+	if len(h.m) >= maxHeldReplies || h.bytes+size > maxHeldReplyBytes ||
+		use.n >= maxHeldPerPeer || use.bytes+size > maxHeldPerPeerB {
 		return false
 	}
 	if h.m == nil {
-		h.m = map[heldKey]*heldReply{}
+		h.m, h.peers = map[heldKey]*heldReply{}, map[string]heldUse{}
 	}
-	h.m[k] = &heldReply{req: requestDigest(env), sm: sm, herr: herr, size: size, at: time.Now()}
+	h.m[k] = &heldReply{req: requestDigest(env), peer: peer, sm: sm, herr: herr, size: size, at: time.Now()}
 	h.bytes += size
+	h.peers[peer] = heldUse{use.n + 1, use.bytes + size}
 	h.n.Store(int32(len(h.m)))
 	return true
 }
@@ -136,6 +147,11 @@ func (h *heldReplies) removeLocked(k heldKey) {
 	if r := h.m[k]; r != nil {
 		delete(h.m, k)
 		h.bytes -= r.size
+		if use := h.peers[r.peer]; use.n > 1 {
+			h.peers[r.peer] = heldUse{use.n - 1, use.bytes - r.size}
+		} else {
+			delete(h.peers, r.peer)
+		}
 		h.n.Store(int32(len(h.m)))
 	}
 }
