@@ -80,8 +80,8 @@ func (e *env) drainPhase() ([]Row, error) {
 			if _, err := st.Declare("w"); err != nil {
 				return closeStore, fmt.Errorf("bench: drain: declare inbox: %w", err)
 			}
-			// The daemon's own handlers (cmd/meshnode Declare); the sink
-			// counts what the inbox stored, after the commit.
+			// The daemon's own handlers and options (inbox.SpawnOptions);
+			// the sink counts what the inbox stored, after the commit.
 			batch := inbox.BatchHandler(st, "w")
 			_, err = rcv.Spawn("w", inbox.Handler(st, "w"), node.WithBatch(func(ctx context.Context, msgs []*node.Message) (int, error) {
 				done, err := batch(ctx, msgs)
@@ -90,7 +90,7 @@ func (e *env) drainPhase() ([]Row, error) {
 				}
 				s.add(int64(done))
 				return done, err
-			}, inbox.ActorBatch))
+			}, inbox.ActorBatch), node.WithApplied(inbox.Applied(st)))
 			return closeStore, err
 		})
 	if err != nil {
