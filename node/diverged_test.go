@@ -1,17 +1,25 @@
 package node_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 )
 
 // A sender restored from a backup of its outbox reuses sequences its
@@ -106,5 +114,110 @@ func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
 				t.Fatalf("dead letters %+v", dl)
 			}
 		})
+	}
+}
+
+// A release from before digests opens the same outbox file (its format did
+// not change) and moves watermarks without a digest. After a rollback and
+// a new upgrade, the digest on disk belongs to an older watermark: it must
+// not be taken for the current one's, or a copy of the message at the
+// current watermark (its receipt lost while the older release ran) would
+// be answered DIVERGED and run again in a new epoch.
+func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
+	dir := t.TempDir()
+	n := newNode(t, "n1", dir, func(*node.Config) {})
+	var s sink
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(seq, prev uint64, v string) *pb.Envelope {
+		env := streamEnv("sink", "n1", seq, prev)
+		env.CreatedAtUnixMs = int64(1000 + seq)
+		body, err := anypb.New(wrapperspb.String(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.Body = body
+		return env
+	}
+	var rs receipts
+	if rc := rs.deliverWait(t, n, msg(1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
+		t.Fatalf("a: %v", rc.GetCode())
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The older release runs message 2 "b" and moves the watermark to 2;
+	// its receipt is lost. It writes the "in" record only.
+	key := outbox.StreamKey(peerP.Name, peerP.OutboxID, 0, "sink")
+	db, err := bolt.Open(filepath.Join(dir, "outbox.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		in := tx.Bucket([]byte("in"))
+		v := bytes.Clone(in.Get(key))
+		if len(v) != 16 {
+			return fmt.Errorf("no stream record (%d bytes)", len(v))
+		}
+		binary.BigEndian.PutUint64(v[:8], 2)
+		return in.Put(key, v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	n = newNode(t, "n1", dir, func(*node.Config) {}) // this release again
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	cp := msg(2, 0, "b") // the sender's copy of b, in a new emission
+	cp.MsgId += "-copy"
+	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE {
+		t.Fatalf("a copy of b, the message at the watermark: %v (%q), want DUPLICATE; Stats.Diverged=%d",
+			rc.GetCode(), rc.GetMessage(), n.Stats().Diverged)
+	}
+}
+
+// A member chooses the epochs of its streams: for each it can send one
+// message and then another under the same sequence, which marks the stream
+// diverged. The marks go with their streams when idle streams are
+// evicted; they must not pile up, one per epoch made up.
+func TestDivergedMarksGoWithTheirStreams(t *testing.T) {
+	n := newNode(t, "n1", t.TempDir(), func(*node.Config) {})
+	if _, err := n.Spawn("sink", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	const epochs, chunk = 1000, 200
+	var rs receipts
+	body := func(v string) *anypb.Any {
+		a, _ := anypb.New(wrapperspb.String(v))
+		return a
+	}
+	sent := 0
+	for e := 1; e <= epochs; e += chunk {
+		for i := e; i < e+chunk; i++ {
+			for _, v := range []string{"a", "b"} {
+				env := streamEnv("sink", "n1", 1, 0)
+				env.MsgId = fmt.Sprintf("e%d-%s", i, v)
+				env.StreamEpoch = uint64(i)
+				env.Body = body(v)
+				n.DeliverIncoming(peerP, env, rs.reply(env.MsgId))
+				sent++
+			}
+		}
+		testutil.WaitFor(t, 20*time.Second, "receipts", func() bool { return rs.len() == sent })
+	}
+	if d := n.Stats().Diverged; d != epochs {
+		t.Fatalf("Diverged %d, want %d", d, epochs)
+	}
+	testutil.WaitFor(t, 10*time.Second, "every stream evicted", func() bool {
+		n.EvictIdleStreams(0)
+		return n.Stats().Streams == 0
+	})
+	if m := n.DivergedMarks(); m != 0 {
+		t.Fatalf("no stream cached, %d diverged marks kept after %d epochs", m, epochs)
 	}
 }

@@ -167,9 +167,10 @@
 //     does: the receiver keeps a digest of the message at its watermark
 //     and answers another message there DIVERGED (Stats.Diverged), not
 //     run, with every later one of the stream. Not found out: an emission
-//     that skips the watermark's sequence (the restored outbox replaced or
-//     dead-lettered that message), or a restore on top of a handler record
-//     ahead of the watermark; their reused sequences at or below it are
+//     that skips the watermark's sequence (sequences are the outbox's, not
+//     the stream's: the restored outbox may have given it to a message to
+//     another actor, or replaced or dead-lettered its message), or a
+//     restore on top of a handler record ahead of the watermark; their reused sequences at or below it are
 //     answered DUPLICATE and counted delivered without running. Rather
 //     than restore an outbox from a backup, start the node with an empty
 //     one: a new outbox id begins new streams at every peer, and nothing

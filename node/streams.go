@@ -51,10 +51,12 @@ type inbound struct {
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
 
-	// diverged holds the streams whose sender showed another history than
-	// this node's (divergent): nothing more of them runs, their sender
-	// moves to a new epoch. nDiverged is len(diverged), read without the
-	// lock. Kept until the node stops: one entry per outbox that went back.
+	// diverged holds the cached streams whose sender showed another
+	// history than this node's (divergent): nothing more of them runs,
+	// their sender moves to a new epoch. An entry goes with its stream's
+	// eviction (by then the sender has long moved on; a copy at the
+	// watermark would be found out again), so there are never more than
+	// cached streams. nDiverged is len(diverged), read without the lock.
 	divMu     sync.Mutex
 	diverged  map[string]struct{}
 	nDiverged atomic.Int32
@@ -307,10 +309,22 @@ func (in *inbound) evictIdle(idleMs int64) int {
 		st.cmu.Unlock()
 		if !busy {
 			delete(in.streams, k)
+			in.undiverge(k)
 			n++
 		}
 	}
 	return n
+}
+
+// undiverge drops the diverged mark of the stream key k, if any.
+func (in *inbound) undiverge(k string) {
+	if in.nDiverged.Load() == 0 {
+		return
+	}
+	in.divMu.Lock()
+	defer in.divMu.Unlock()
+	delete(in.diverged, k)
+	in.nDiverged.Store(int32(len(in.diverged)))
 }
 
 // elapsedSeconds is an elapsed-clock reading in ms as whole seconds,

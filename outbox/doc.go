@@ -66,7 +66,7 @@
 //	coalesce          recipient NUL coalesce key -> newest version's sequence | last change ms
 //	dlq               8-byte id -> StoredMessage with the dead-letter fields set
 //	in                StreamKey -> watermark | last change ms
-//	indigest          StreamKey -> digest of the message at the watermark (8 bytes; absent: unknown)
+//	indigest          StreamKey -> watermark | digest of the message at it (absent, or another watermark: unknown)
 //	forgot            sender part of a StreamKey (node, outbox id, epoch) -> highest watermark forgotten
 //	keys              ScopedKey -> recorded ms;  keyage: recorded ms | ScopedKey -> nothing
 //

@@ -82,8 +82,10 @@ func (s *Store) StreamRecord(streamKey []byte) (StreamRecord, error) {
 	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketIn).Get(streamKey); len(v) == 16 {
 			r.Watermark = binary.BigEndian.Uint64(v[:8])
-			if d := tx.Bucket(bucketInDigest).Get(streamKey); len(d) == 8 {
-				r.Digest = binary.BigEndian.Uint64(d)
+			// Only the digest recorded with this very watermark: a release
+			// before digests moves the watermark without one.
+			if d := tx.Bucket(bucketInDigest).Get(streamKey); len(d) == 16 && bytes.Equal(d[:8], v[:8]) {
+				r.Digest = binary.BigEndian.Uint64(d[8:])
 			}
 			return nil
 		}
@@ -215,7 +217,7 @@ func (s *Store) applyStream(tx *bolt.Tx, b *batch, c *StreamCommit) error {
 		return err
 	}
 	if w == c.Watermark {
-		if err := putDigest(tx.Bucket(bucketInDigest), c.Stream, c.Digest); err != nil {
+		if err := putDigest(tx.Bucket(bucketInDigest), c.Stream, w, c.Digest); err != nil {
 			return err
 		}
 	}
@@ -237,13 +239,18 @@ func (s *Store) applyStream(tx *bolt.Tx, b *batch, c *StreamCommit) error {
 	return nil
 }
 
-// putDigest records d as the digest of the message at stream's watermark,
-// or removes the record of an older one when d is unknown (0).
-func putDigest(bk *bolt.Bucket, stream []byte, d uint64) error {
+// putDigest records d as the digest of the message at stream's watermark
+// w, or removes the record of an older one when d is unknown (0). The
+// record names its watermark, so that one left behind by a release that
+// moves watermarks without digests is not taken for the current one's.
+func putDigest(bk *bolt.Bucket, stream []byte, w, d uint64) error {
 	if d == 0 {
 		return bk.Delete(stream)
 	}
-	return bk.Put(stream, u64(d))
+	var v [16]byte
+	binary.BigEndian.PutUint64(v[:8], w)
+	binary.BigEndian.PutUint64(v[8:], d)
+	return bk.Put(stream, v[:])
 }
 
 // Housekeeping bounds: how many records one commit may prune or look at.
