@@ -221,3 +221,86 @@ func TestDivergedMarksGoWithTheirStreams(t *testing.T) {
 		t.Fatalf("no stream cached, %d diverged marks kept after %d epochs", m, epochs)
 	}
 }
+
+// Sequences belong to the whole outbox, so a restored sender that also
+// writes to another actor may give the sequence of the sink's watermark to
+// that actor's message: the sink's burst then skips the watermark's
+// sequence, and no digest can tell its messages below the watermark from
+// copies. When only outbox.db was restored from the backup (the data
+// directory's other files kept, as after losing that one file), the
+// sequence high-water recorded beside it keeps the restored outbox from
+// handing out sequences again: every message runs.
+func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1 }
+	var s, o sink
+	spawn := func(n *node.Node) {
+		t.Helper()
+		if _, err := n.Spawn("sink", s.handler); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Spawn("other", o.handler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n2 := newNode(t, "n2", d2, func(*node.Config) {})
+	spawn(n2)
+	n1 := newNode(t, "n1", d1, edit, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send := func(to, v string) node.Outcome {
+		t.Helper()
+		out, err := n1.TellReliable(ctxT(t), node.Addr(to, "n2"), wrapperspb.String(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	send("sink", "a")
+	s.waitLen(t, 1)
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ob := filepath.Join(d1, "outbox.db")
+	backup := filepath.Join(dir, "outbox.db.backup")
+	copyFile(t, ob, backup)
+	n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send("sink", "b")
+	send("sink", "c")
+	s.waitLen(t, 3)
+	testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	for _, n := range []*node.Node{n1, n2} {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, backup, ob) // outbox.db alone goes back to before b and c
+
+	n1 = newNode(t, "n1", d1, edit)
+	for _, m := range []struct{ to, v string }{{"sink", "w"}, {"other", "o"}, {"sink", "x"}, {"sink", "y"}} {
+		if out := send(m.to, m.v); out != node.Queued {
+			t.Fatalf("%s with its receiver down: %v, want Queued", m.v, out)
+		}
+	}
+	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	spawn(n2)
+	testutil.WaitFor(t, 15*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	if got, want := s.values(), []string{"a", "b", "c", "w", "x", "y"}; !slices.Equal(got, want) {
+		t.Fatalf("sink ran %v, want %v", got, want)
+	}
+	if got := o.values(); !slices.Equal(got, []string{"o"}) {
+		t.Fatalf("other ran %v, want [o]", got)
+	}
+}
+
+func copyFile(tb testing.TB, from, to string) {
+	tb.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+}

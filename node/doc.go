@@ -158,8 +158,13 @@
 //   - A receiver restored from a backup keeps order (streams restart from
 //     their senders' frontiers and acknowledged messages are never resent)
 //     but loses the effects and the key window since the backup.
-//   - A sender restored from a backup finds out from the receiver and
-//     starts a new epoch of the stream; messages it had sent after the
+//   - A sender whose outbox.db alone was restored from a backup hands out
+//     no sequence again: outbox.db.seq beside the file records the
+//     highest one reserved, and the restored file continues above it;
+//     messages queued in the backup and delivered after it may run again.
+//     A sender restored with an older outbox.db.seq (the whole data
+//     directory from a backup) reuses sequences: it finds out from the
+//     receiver and starts a new epoch of the stream; messages it had sent after the
 //     backup and that ran are unknown to it, and anything still queued in
 //     the backup runs again. The receiver's watermark tells when it is
 //     above everything the stream sent since the restore; when an

@@ -21,7 +21,11 @@
 //   - ReserveSequence returns sequences above every sequence this file
 //     ever handed out, across crashes and whatever the wall clock does:
 //     the high-water is reserved durably in blocks of SequenceBlock before
-//     any of a block is returned.
+//     any of a block is returned. It is recorded beside the file too
+//     (outbox.db.seq, before the file's own record), so a file restored
+//     from a backup continues above what it handed out since, as long as
+//     that record was kept: no sequence peers may have run goes to
+//     another message.
 //   - A message is stored at its envelope's sequence and never renumbered;
 //     a queue is ordered by sequence, also when a lower sequence is stored
 //     after a higher one. It leaves its queue only by Ack, by replacement

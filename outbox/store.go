@@ -197,8 +197,8 @@ func check(cfg Config) error {
 		return fmt.Errorf("outbox: open %s: %w: do not start on it; stop the node and run `meshnode doctor --data-dir %s --salvage` to copy what is readable into a new file (the damaged one is kept beside it)",
 			cfg.Path, err, dir)
 	case errors.Is(err, storecheck.ErrLost):
-		return fmt.Errorf("outbox: open %s: %w: its queued messages would be gone; run `meshnode doctor --data-dir %s --forget` to start with an empty outbox (new streams at every peer), or restore the file from a backup (its queued messages come back, but a peer that ran messages sent after the backup may take new ones for copies of them and drop them)",
-			cfg.Path, err, dir)
+		return fmt.Errorf("outbox: open %s: %w: its queued messages would be gone; run `meshnode doctor --data-dir %s --forget` to start with an empty outbox (new streams at every peer), or restore the file alone from a backup, keeping %s (its queued messages come back, and those delivered after the backup may run again; with an older %s, a peer may take new messages for copies of ones sent after the backup and drop them)",
+			cfg.Path, err, dir, storecheck.HighPath(cfg.Path), filepath.Base(storecheck.HighPath(cfg.Path)))
 	case err != nil:
 		return fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
 	}
@@ -272,6 +272,18 @@ func (s *Store) load() error {
 		}
 		if err := s.loadQueues(tx, &high); err != nil {
 			return err
+		}
+		// The record beside the file survives the file's restore from a
+		// backup: sequences handed out since the backup, which peers may
+		// have run, are not handed out again for other messages.
+		beside, err := storecheck.ReadHigh(s.cfg.Path)
+		if err != nil {
+			return err
+		}
+		if beside > high {
+			s.cfg.Logger.Info("outbox: continuing sequences above the high-water recorded beside the file, which is above the file's own (a crash while reserving, or the file was restored from a backup)",
+				"file", high, "beside", beside)
+			high = beside
 		}
 		// Sequences handed out before a crash may have been used up to the
 		// reserved high-water: start above it.
@@ -377,9 +389,11 @@ func (s *Store) shut(clean bool) error {
 }
 
 // ReserveSequence returns a new sequence: greater than every sequence this
-// outbox handed out before, across restarts, whatever the clocks do. The
-// high-water covering it is durable before it is returned (reserved in
-// blocks of Config.SequenceBlock, so one fsync serves many calls).
+// outbox handed out before, across restarts, whatever the clocks do, and
+// across a restore of its file from a backup while outbox.db.seq beside it
+// is kept. The high-water covering it is durable, in the file and beside
+// it, before it is returned (reserved in blocks of Config.SequenceBlock,
+// so one fsync serves many calls).
 func (s *Store) ReserveSequence() (uint64, error) {
 	if err := s.closedErr(); err != nil {
 		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
@@ -388,6 +402,11 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	defer s.seqMu.Unlock()
 	if s.nextSeq > s.reservedSeq {
 		o := &op{kind: opReserve, seq: s.nextSeq + s.cfg.SequenceBlock - 1}
+		// Beside the file first: a high-water recorded there and not in
+		// the file only skips a block.
+		if err := storecheck.RecordHigh(s.cfg.Path, o.seq); err != nil {
+			return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
+		}
 		if err := s.submit(context.Background(), o); err != nil {
 			return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
 		}

@@ -52,9 +52,10 @@ func drainedTags(t *testing.T, c *ProcCluster, i int, box string) []string {
 	return tags
 }
 
-// The daemon's outbox.db is lost and restored from a backup, as its open
-// error tells the operator to do; inbox.db was not lost and is kept. The
-// outbox's sequences go back to the backup's, and so does the watermark of
+// The daemon's outbox.db is lost and restored from a backup together with
+// outbox.db.seq (the whole store as it was; restoring outbox.db alone, as
+// its open error says, hands out no sequence again); inbox.db was not lost
+// and is kept. The outbox's sequences go back to the backup's, and so does the watermark of
 // the node's stream to its own inbox (both live in outbox.db). New local
 // sends reuse sequences the inbox stored; taken for copies, they were told
 // Delivered and stored nowhere. The inbox's record of what it stored is
@@ -85,7 +86,8 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 	}
 	ob := filepath.Join(c.DataDir(0), "outbox.db")
 	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
-	copyFile(t, ob, backup) // the operator's backup of outbox.db
+	copyFile(t, ob, backup)               // the operator's backup of outbox.db
+	copyFile(t, ob+".seq", backup+".seq") // and of the sequence record beside it
 
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
@@ -98,6 +100,7 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 		t.Fatal(err)
 	}
 	copyFile(t, backup, ob) // outbox.db lost; restored from the backup, inbox.db kept
+	copyFile(t, backup+".seq", ob+".seq")
 
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
@@ -148,19 +151,31 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
 	}
 }
 
-// A remote sender n0 is restored from a backup of its outbox.db; the
-// receiver n1 (inbox box) keeps its state. n0's new messages reuse the
-// sequences of messages n1 stored after the backup. Queued while n1 is
-// down (killed), they go out in one emission that reaches past n1's
-// watermark, so the watermark alone does not give the restore away: the
-// message under the watermark's sequence does (other contents than the
-// one stored there), and the sender starts a new epoch. Every message is
-// stored once, in order.
+// A remote sender n0's outbox.db is restored from a backup; the receiver
+// n1 (inbox box) keeps its state. n0's new messages are queued while n1 is
+// down (killed) and go out in one emission that reaches past n1's
+// watermark. Restored alone, the outbox continues above the sequence
+// record beside it, and its new messages have sequences of their own.
+// Restored with that record's backup too, they reuse the sequences of
+// messages n1 stored after the backup, and the watermark alone does not
+// give the restore away: the message under the watermark's sequence does
+// (other contents than the one stored there), and the sender starts a new
+// epoch. Either way every message is stored once, in order.
 func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real daemons")
 	}
 	bin := buildMeshnode(t)
+	for _, withRecord := range []bool{false, true} {
+		name := "outbox.db alone"
+		if withRecord {
+			name = "with its sequence record"
+		}
+		t.Run(name, func(t *testing.T) { restoredBurst(t, bin, withRecord) })
+	}
+}
+
+func restoredBurst(t *testing.T, bin string, withRecord bool) {
 	c := NewProcs(t, bin, 2, WithInboxes("box"))
 	to := "box@" + c.Name(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -182,6 +197,9 @@ func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
 	ob := filepath.Join(c.DataDir(0), "outbox.db")
 	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
 	copyFile(t, ob, backup)
+	if withRecord {
+		copyFile(t, ob+".seq", backup+".seq")
+	}
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
 	}
@@ -198,6 +216,9 @@ func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
 		t.Fatal(err)
 	}
 	copyFile(t, backup, ob) // n0's outbox.db restored from the backup
+	if withRecord {
+		copyFile(t, backup+".seq", ob+".seq")
+	}
 	if err := c.Kill(1); err != nil {
 		t.Fatal(err)
 	}

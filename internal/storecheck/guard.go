@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -16,6 +17,7 @@ import (
 const (
 	cleanSuffix = ".clean" // written after a clean close; removed at open
 	idSuffix    = ".id"    // the store's identity, hex, written once
+	highSuffix  = ".seq"   // the highest sequence reserved, decimal (RecordHigh)
 )
 
 // CleanPath and IDPath name the marker files of the store at path.
@@ -23,6 +25,34 @@ func CleanPath(path string) string { return path + cleanSuffix }
 
 // IDPath names the file that records the identity of the store at path.
 func IDPath(path string) string { return path + idSuffix }
+
+// HighPath names the file that records the sequence high-water of the
+// store at path.
+func HighPath(path string) string { return path + highSuffix }
+
+// RecordHigh records high as the highest sequence the store at path has
+// reserved, beside the file: a store file restored from a backup goes back
+// with its own record, not with this one (ReadHigh).
+func RecordHigh(path string, high uint64) error {
+	return writeSynced(HighPath(path), []byte(strconv.FormatUint(high, 10)+"\n"))
+}
+
+// ReadHigh returns what RecordHigh last recorded for the store at path, 0
+// if nothing was.
+func ReadHigh(path string) (uint64, error) {
+	b, err := os.ReadFile(HighPath(path))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("storecheck: %w", err)
+	}
+	high, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("storecheck: %s does not hold a sequence (%q): put back its own copy, or remove it (sequences then continue from the store file's own record, which a restored file may have from before sequences it handed out)", HighPath(path), bytes.TrimSpace(b))
+	}
+	return high, nil
+}
 
 // Opened says what Before found.
 type Opened struct {

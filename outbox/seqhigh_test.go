@@ -1,0 +1,72 @@
+package outbox_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/meshnode/meshnode/internal/storecheck"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// An outbox file restored from a backup goes back to the sequence
+// high-water it had then; the record beside it does not, so sequences
+// handed out since the backup (which peers may have run) are not handed
+// out again. Without the record (the whole directory restored) sequences
+// continue from the file's own; a damaged record is refused.
+func TestRestoredFileHandsOutNoSequenceAgain(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.SequenceBlock = 2 })
+	reserve := func(n int) (last uint64) {
+		t.Helper()
+		for range n {
+			seq, err := e.ReserveSequence()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if seq <= last {
+				t.Fatalf("sequence %d after %d", seq, last)
+			}
+			last = seq
+		}
+		return last
+	}
+	reserve(3)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := os.ReadFile(e.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Store = mustOpen(t, config(e.path, e.clk, e.mut))
+	before := reserve(5)
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.path, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.Store = mustOpen(t, config(e.path, e.clk, e.mut))
+	if seq := reserve(1); seq <= before {
+		t.Fatalf("after the restore: sequence %d, at or below %d handed out since the backup", seq, before)
+	}
+
+	// A record that is not a sequence is refused, saying what to do.
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(storecheck.HighPath(e.path), []byte("x1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = outbox.Open(config(e.path, e.clk, e.mut))
+	if err == nil || !strings.Contains(err.Error(), "does not hold a sequence") {
+		t.Fatalf("open with a damaged sequence record: %v", err)
+	}
+	if err := os.Remove(storecheck.HighPath(e.path)); err != nil {
+		t.Fatal(err)
+	}
+	e.Store = mustOpen(t, config(e.path, e.clk, e.mut))
+	if seq := reserve(1); seq <= before {
+		t.Fatalf("without the record: sequence %d, at or below %d (the file's own record covers it now)", seq, before)
+	}
+}
