@@ -51,16 +51,19 @@ func TestRestoredFileHandsOutNoSequenceAgain(t *testing.T) {
 		t.Fatalf("after the restore: sequence %d, at or below %d handed out since the backup", seq, before)
 	}
 
-	// A record that is not a sequence is refused, saying what to do.
+	// A record that is not a sequence, or one no store reaches (sequences
+	// would wrap), is refused, saying what to do.
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(storecheck.HighPath(e.path), []byte("x1\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	_, err = outbox.Open(config(e.path, e.clk, e.mut))
-	if err == nil || !strings.Contains(err.Error(), "does not hold a sequence") {
-		t.Fatalf("open with a damaged sequence record: %v", err)
+	for _, bad := range []string{"x1\n", "18446744073709551615\n", "-3"} {
+		if err := os.WriteFile(storecheck.HighPath(e.path), []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err = outbox.Open(config(e.path, e.clk, e.mut))
+		if err == nil || !strings.Contains(err.Error(), "does not hold a sequence") {
+			t.Fatalf("open with the sequence record %q: %v", bad, err)
+		}
 	}
 	if err := os.Remove(storecheck.HighPath(e.path)); err != nil {
 		t.Fatal(err)

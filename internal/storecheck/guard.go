@@ -26,6 +26,10 @@ func CleanPath(path string) string { return path + cleanSuffix }
 // IDPath names the file that records the identity of the store at path.
 func IDPath(path string) string { return path + idSuffix }
 
+// maxHigh bounds a sequence record: 2^62 sequences take a store over a
+// million years at a million a second.
+const maxHigh = 1 << 62
+
 // HighPath names the file that records the sequence high-water of the
 // store at path.
 func HighPath(path string) string { return path + highSuffix }
@@ -48,6 +52,9 @@ func ReadHigh(path string) (uint64, error) {
 		return 0, fmt.Errorf("storecheck: %w", err)
 	}
 	high, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err == nil && high >= maxHigh {
+		err = strconv.ErrRange // no store gets there: a damaged record, which would make sequences wrap
+	}
 	if err != nil {
 		return 0, fmt.Errorf("storecheck: %s does not hold a sequence (%q): put back its own copy, or remove it (sequences then continue from the store file's own record, which a restored file may have from before sequences it handed out)", HighPath(path), bytes.TrimSpace(b))
 	}
