@@ -266,13 +266,10 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 		switch {
 		case i < done:
-			// The digest is kept only for the message the watermark ends
-			// at; one of a run of the same stream's is not worth hashing.
-			var digest uint64
-			if i == done-1 || b.items[i+1].st != st {
-				digest = streamDigest(d.env)
-			}
-			n.in.advance(st, seq, digest, it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
+			// Each message's digest, also in a run of one stream's: a
+			// commit may start at any of them (the first starts at once)
+			// and record its watermark.
+			n.in.advance(st, seq, streamDigest(d.env), it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
 		case i == done && err != nil:
 			r := &pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: err.Error()}
 			var ce *CapacityError

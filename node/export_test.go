@@ -110,6 +110,3 @@ func AgeHeldReplies(n *Node, d time.Duration) {
 
 // HeldReplies returns how many replies n keeps for the disk.
 func HeldReplies(n *Node) int { return int(n.held.n.Load()) }
-
-// DivergedMarks returns how many streams are marked diverged.
-func (n *Node) DivergedMarks() int { return int(n.in.nDiverged.Load()) }

@@ -51,16 +51,6 @@ type inbound struct {
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
 
-	// diverged holds the cached streams whose sender showed another
-	// history than this node's (divergent): nothing more of them runs,
-	// their sender moves to a new epoch. An entry goes with its stream's
-	// eviction (by then the sender has long moved on; a copy at the
-	// watermark would be found out again), so there are never more than
-	// cached streams. nDiverged is len(diverged), read without the lock.
-	divMu     sync.Mutex
-	diverged  map[string]struct{}
-	nDiverged atomic.Int32
-
 	// mu guards the fields below.
 	mu      sync.Mutex
 	streams map[string]*inStream // by string(StreamID.key())
@@ -94,8 +84,8 @@ type inStream struct {
 	// message at or below it may have run before this node forgot the
 	// stream, and is refused. From the first move of w on it holds the
 	// digest of the message at w (streamDigest; 0 if unknown), moved with
-	// w under cmu. One field for both keeps the struct at 64 bytes; read
-	// them through horizon and digest.
+	// w under cmu, or divergedMark. One field for both keeps the struct at
+	// 64 bytes; read them through horizon and digest.
 	past atomic.Uint64
 	// users counts actors deciding on or running a message of the stream
 	// now (acquire/release); a stream in use is never evicted. Guarded by
@@ -134,11 +124,17 @@ func (st *inStream) digest() uint64 {
 // watermark: enough of what its sender stored (requestDigest) to tell a
 // copy, which differs only in msg id and TTL, from another message sent
 // under the same sequence by a sender whose outbox went back. Never 0,
-// which stands for unknown.
+// which stands for unknown, nor divergedMark.
 func streamDigest(env *pb.Envelope) uint64 {
 	d := requestDigest(env)
-	return max(binary.BigEndian.Uint64(d[:8]), 1)
+	return min(max(binary.BigEndian.Uint64(d[:8]), 1), divergedMark-1)
 }
+
+// divergedMark takes the place of a stream's digest once its sender showed
+// another history (divergent). It is committed with the watermark like a
+// digest, so the mark outlives the stream's eviction from the cache and a
+// restart while messages of the emission that found it out still wait.
+const divergedMark = math.MaxUint64
 
 // pending is a stream's commit bookkeeping while one is under way.
 type pending struct {
@@ -210,31 +206,21 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 // and TTL), or the stream was found so before. A sender whose outbox went
 // back (restored from a backup) sends new messages under sequences this
 // node has seen; those at or below the watermark would otherwise be taken
-// for copies and acknowledged without running. The stream is then marked:
-// the messages after env in the same emission must not run either, since
-// the sender, told DIVERGED, sends them again in a new epoch.
+// for copies and acknowledged without running. The stream is then marked
+// (divergedMark, committed with its watermark): the messages after env in
+// the same emission must not run either, since the sender, told DIVERGED,
+// sends them again in a new epoch, and the old epoch has nothing more to
+// run.
 func (in *inbound) divergent(st *inStream, env *pb.Envelope) bool {
-	if in.nDiverged.Load() > 0 {
-		in.divMu.Lock()
-		_, marked := in.diverged[st.key]
-		in.divMu.Unlock()
-		if marked {
-			return true
-		}
+	d := st.digest()
+	if d == divergedMark {
+		return true
 	}
-	if env.GetSequence() != st.w.Load() {
+	w := st.w.Load()
+	if env.GetSequence() != w || d == 0 || d == streamDigest(env) {
 		return false
 	}
-	if d := st.digest(); d == 0 || d == streamDigest(env) {
-		return false
-	}
-	in.divMu.Lock()
-	defer in.divMu.Unlock()
-	if in.diverged == nil {
-		in.diverged = map[string]struct{}{}
-	}
-	in.diverged[st.key] = struct{}{}
-	in.nDiverged.Store(int32(len(in.diverged)))
+	in.advance(st, w, divergedMark, nil, func(error, uint64) {})
 	return true
 }
 
@@ -309,22 +295,10 @@ func (in *inbound) evictIdle(idleMs int64) int {
 		st.cmu.Unlock()
 		if !busy {
 			delete(in.streams, k)
-			in.undiverge(k)
 			n++
 		}
 	}
 	return n
-}
-
-// undiverge drops the diverged mark of the stream key k, if any.
-func (in *inbound) undiverge(k string) {
-	if in.nDiverged.Load() == 0 {
-		return
-	}
-	in.divMu.Lock()
-	defer in.divMu.Unlock()
-	delete(in.diverged, k)
-	in.nDiverged.Store(int32(len(in.diverged)))
 }
 
 // elapsedSeconds is an elapsed-clock reading in ms as whole seconds,

@@ -46,6 +46,10 @@ type Config struct {
 	Logger *slog.Logger // logs under component=outbox; nil discards them
 }
 
+// maxSequenceBlock bounds Config.SequenceBlock: a reservation skips at most
+// this many sequences at every start, far below what would wrap them.
+const maxSequenceBlock = 1 << 32
+
 // DefaultConfig returns a Config for the bbolt file at path with every field
 // set.
 func DefaultConfig(path string) Config {
@@ -101,8 +105,8 @@ func (c Config) Validate() error {
 		return bad("QueueSize must be >= 1")
 	case c.CommitLinger < 0 || c.CommitLinger > time.Second:
 		return bad("CommitLinger must be in [0, 1s]")
-	case c.SequenceBlock < 1:
-		return bad("SequenceBlock must be >= 1")
+	case c.SequenceBlock < 1 || c.SequenceBlock > maxSequenceBlock:
+		return bad("SequenceBlock must be between 1 and %d", uint64(maxSequenceBlock))
 	case c.Clock == nil:
 		return bad("Clock is nil")
 	}

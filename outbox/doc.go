@@ -25,7 +25,7 @@
 //     (outbox.db.seq, before the file's own record), so a file restored
 //     from a backup continues above what it handed out since, as long as
 //     that record was kept: no sequence peers may have run goes to
-//     another message.
+//     another message. A record the disk refuses is logged, not fatal.
 //   - A message is stored at its envelope's sequence and never renumbered;
 //     a queue is ordered by sequence, also when a lower sequence is stored
 //     after a higher one. It leaves its queue only by Ack, by replacement

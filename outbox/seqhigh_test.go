@@ -73,3 +73,27 @@ func TestRestoredFileHandsOutNoSequenceAgain(t *testing.T) {
 		t.Fatalf("without the record: sequence %d, at or below %d (the file's own record covers it now)", seq, before)
 	}
 }
+
+// A sequence record that cannot be written stops no send: the store
+// reserves from its file and says so; the next reservation writes it.
+func TestUnwritableSequenceRecordStopsNoSend(t *testing.T) {
+	e := open(t, func(c *outbox.Config) { c.SequenceBlock = 1 })
+	tmp := storecheck.HighPath(e.path) + ".tmp"
+	if err := os.Mkdir(tmp, 0o700); err != nil { // the record's temporary file cannot be made
+		t.Fatal(err)
+	}
+	first, err := e.ReserveSequence()
+	if err != nil {
+		t.Fatalf("reserve with the record unwritable: %v", err)
+	}
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	second, err := e.ReserveSequence()
+	if err != nil || second <= first {
+		t.Fatalf("reserve after: %d, %v (first %d)", second, err, first)
+	}
+	if h, err := storecheck.ReadHigh(e.path); err != nil || h != second {
+		t.Fatalf("record %d (%v), want %d", h, err, second)
+	}
+}

@@ -403,9 +403,12 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	if s.nextSeq > s.reservedSeq {
 		o := &op{kind: opReserve, seq: s.nextSeq + s.cfg.SequenceBlock - 1}
 		// Beside the file first: a high-water recorded there and not in
-		// the file only skips a block.
+		// the file only skips a block. A record that cannot be written
+		// (a full disk can refuse a new file where bbolt still finds free
+		// pages) stops no send: only a restore of the file from a backup
+		// taken before this block could then hand out its sequences again.
 		if err := storecheck.RecordHigh(s.cfg.Path, o.seq); err != nil {
-			return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
+			s.cfg.Logger.Warn("outbox: sequence high-water not recorded beside the file; a restore of outbox.db from a backup could reuse this block's sequences", "high", o.seq, "err", err)
 		}
 		if err := s.submit(context.Background(), o); err != nil {
 			return 0, fmt.Errorf("outbox: reserve sequences: %w", err)

@@ -44,6 +44,8 @@ func TestConfigValidate(t *testing.T) {
 		{"huge linger", func(c *outbox.Config) { c.CommitLinger = time.Hour }, false},
 		{"no linger", func(c *outbox.Config) { c.CommitLinger = 0 }, true},
 		{"no sequence block", func(c *outbox.Config) { c.SequenceBlock = 0 }, false},
+		{"largest sequence block", func(c *outbox.Config) { c.SequenceBlock = 1 << 32 }, true},
+		{"sequence block that wraps the sequence record in a few starts", func(c *outbox.Config) { c.SequenceBlock = 1 << 61 }, false},
 		{"no clock", func(c *outbox.Config) { c.Clock = nil }, false},
 		{"no logger", func(c *outbox.Config) { c.Logger = nil }, true}, // nil discards
 	}

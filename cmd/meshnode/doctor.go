@@ -127,6 +127,10 @@ func doctor(path string, sf storeFile, salvage, forget bool) DoctorResult {
 	switch {
 	case err == nil:
 		r.State = "ok"
+		if _, herr := storecheck.ReadHigh(path); herr != nil {
+			// The store refuses to open on it.
+			r.State, r.Note = "damaged", herr.Error()
+		}
 		return r
 	case !errors.Is(err, storecheck.ErrDamaged):
 		r.State, r.Note = "busy", err.Error()+" (stop the node first)"

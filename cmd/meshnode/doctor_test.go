@@ -55,6 +55,22 @@ func TestDoctor(t *testing.T) {
 		t.Fatalf("healthy: %v\n%s", err, out)
 	}
 	path := filepath.Join(dir, "outbox.db")
+	// The sequence record beside it, which the store refuses to open on
+	// when damaged.
+	high, err := os.ReadFile(path + ".seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+".seq", []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := cli(t, "", "doctor", "--data-dir", dir)
+	if exitOf(err) != exitFailure || !strings.Contains(out, "outbox.db: damaged") || !strings.Contains(out, "does not hold a sequence") {
+		t.Fatalf("damaged sequence record: exit %d\n%s", exitOf(err), out)
+	}
+	if err := os.WriteFile(path+".seq", high, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +85,7 @@ func TestDoctor(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	out, _, err := cli(t, "", "doctor", "--data-dir", dir)
+	out, _, err = cli(t, "", "doctor", "--data-dir", dir)
 	if exitOf(err) != exitFailure || !strings.Contains(out, "outbox.db: damaged") || !strings.Contains(out, "says it is page 0") {
 		t.Fatalf("damaged: exit %d\n%s", exitOf(err), out)
 	}
