@@ -276,8 +276,8 @@ func (in *inbound) release(st *inStream) {
 }
 
 // evictIdle forgets cached streams unused for idleMs, in use by no actor,
-// whose watermark is durable and that wait for nothing: their state is on
-// disk.
+// whose watermark is durable and that wait for nothing, no commit nor a
+// retry of one: their state is on disk.
 func (in *inbound) evictIdle(idleMs int64) int {
 	// lastUse is rounded down to the second, so a stream is kept while
 	// lastUse >= the cutoff's second: never evicted before idleMs has
@@ -287,8 +287,8 @@ func (in *inbound) evictIdle(idleMs int64) int {
 	defer in.mu.Unlock()
 	n := 0
 	for k, st := range in.streams {
-		if st.users > 0 || int64(st.lastUse) >= cutoff || st.durable.Load() != st.w.Load() {
-			continue
+		if st.users > 0 || int64(st.lastUse) >= cutoff || st.durable.Load() != st.w.Load() || in.retries[st] != nil {
+			continue // in use, recent, or with something not yet on disk
 		}
 		st.cmu.Lock()
 		busy := st.pend != nil
@@ -458,7 +458,10 @@ func (in *inbound) retryCommit(st *inStream) {
 		in.wg.Add(1) // under mu: settle's Wait starts after closed is set
 		in.mu.Unlock()
 		defer in.wg.Done()
-		in.afterDurable(st, st.w.Load(), func(err error, _ uint64) {
+		// A commit, not afterDurable: what failed may have left the
+		// watermark where it was (a diverged mark, kept keys), which
+		// afterDurable would take for done.
+		in.wait(st, st.w.Load(), 0, nil, false, func(err error, _ uint64) {
 			if err == nil {
 				// Durable, by this commit or another one that ended
 				// while this timer waited: no retry is left to make.
