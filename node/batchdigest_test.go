@@ -3,14 +3,11 @@ package node_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
@@ -67,34 +64,23 @@ func batchDigest(t *testing.T, batch bool) {
 			t.Fatal(err)
 		}
 	}
-	msg := func(seq, prev uint64, v string) *pb.Envelope {
-		env := streamEnv("sink", "n1", seq, prev)
-		env.MsgId = fmt.Sprintf("%s-%d", v, seq)
-		env.CreatedAtUnixMs = 1000
-		body, err := anypb.New(wrapperspb.String(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.Body = body
-		return env
-	}
 	n := newNode(t, "n1", dir, func(*node.Config) {})
 	spawn(n, true)
 	var rs receipts
 	restore := func() {}
 	defer func() { restore() }()
-	other := msg(1, 0, "a") // another stream of p's (epoch 7): blocks the actor
+	other := stringEnv(t, 1, 0, "a") // another stream of p's (epoch 7): blocks the actor
 	other.StreamEpoch = 7
 	n.DeliverIncoming(peerP, other, rs.reply("a-1"))
 	<-started
 	// 2 and 3 wait in the mailbox behind it: one batch (or two handler runs).
-	n.DeliverIncoming(peerP, msg(2, 0, "b"), func(rc *pb.Receipt) {
+	n.DeliverIncoming(peerP, stringEnv(t, 2, 0, "b"), func(rc *pb.Receipt) {
 		// On the committer, after the commit that made watermark 2
 		// durable and before the next one: the disk fills up now.
 		restore, _ = faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
 		rs.reply("b-2")(rc)
 	})
-	n.DeliverIncoming(peerP, msg(3, 2, "c"), rs.reply("c-3"))
+	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c-3"))
 	close(gate)
 	testutil.WaitFor(t, 10*time.Second, "receipts of 1, 2, 3", func() bool { return rs.len() == 3 })
 	t.Logf("receipts: a %v, b %v, c %v", rs.code("a-1"), rs.code("b-2"), rs.code("c-3"))
@@ -106,7 +92,7 @@ func batchDigest(t *testing.T, batch bool) {
 
 	n = newNode(t, "n1", dir, func(*node.Config) {})
 	spawn(n, false)
-	x := msg(2, 0, "x") // a restored sender's new message under sequence 2
+	x := stringEnv(t, 2, 0, "x") // a restored sender's new message under sequence 2
 	rc := rs.deliverWait(t, n, x)
 	if rc.GetCode() != pb.Receipt_DIVERGED {
 		t.Fatalf("another message under the durable watermark's sequence 2: %v (watermark %d), want DIVERGED: it is acked unrun and lost",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
@@ -131,18 +133,8 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 	if _, err := n.Spawn("sink", s.handler); err != nil {
 		t.Fatal(err)
 	}
-	msg := func(seq, prev uint64, v string) *pb.Envelope {
-		env := streamEnv("sink", "n1", seq, prev)
-		env.CreatedAtUnixMs = int64(1000 + seq)
-		body, err := anypb.New(wrapperspb.String(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.Body = body
-		return env
-	}
 	var rs receipts
-	if rc := rs.deliverWait(t, n, msg(1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
+	if rc := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
 		t.Fatalf("a: %v", rc.GetCode())
 	}
 	if err := n.Close(); err != nil {
@@ -174,7 +166,7 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 	if _, err := n.Spawn("sink", s.handler); err != nil {
 		t.Fatal(err)
 	}
-	cp := msg(2, 0, "b") // the sender's copy of b, in a new emission
+	cp := stringEnv(t, 2, 0, "b") // the sender's copy of b, in a new emission
 	cp.MsgId += "-copy"
 	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE {
 		t.Fatalf("a copy of b, the message at the watermark: %v (%q), want DUPLICATE; Stats.Diverged=%d",
@@ -223,7 +215,7 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 	}
 	ob := filepath.Join(d1, "outbox.db")
 	backup := filepath.Join(dir, "outbox.db.backup")
-	copyFile(t, ob, backup)
+	testutil.CopyFile(t, ob, backup)
 	n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
 	send("sink", "b")
@@ -235,7 +227,7 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	copyFile(t, backup, ob) // outbox.db alone goes back to before b and c
+	testutil.CopyFile(t, backup, ob) // outbox.db alone goes back to before b and c
 
 	n1 = newNode(t, "n1", d1, edit)
 	for _, m := range []struct{ to, v string }{{"sink", "w"}, {"other", "o"}, {"sink", "x"}, {"sink", "y"}} {
@@ -254,26 +246,29 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 	}
 }
 
-func copyFile(tb testing.TB, from, to string) {
-	tb.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		tb.Fatal(err)
-	}
-}
-
 // A restored sender's emission [w (another message under the watermark's
 // sequence 1), x (2, chained to 1)] reaches a receiver whose actor is
 // backlogged: w is answered DIVERGED and marks the stream, x waits in the
 // mailbox behind other work, and the stream is evicted from the cache
 // meanwhile (nothing acquired it). The sender, told DIVERGED, sends both
 // again in a new epoch, so x must not run in the old one: the mark is
-// committed with the watermark and comes back with the stream.
+// committed with the watermark and comes back with the stream. When the
+// disk refuses the mark's commit for a moment, the mark (which does not
+// move the watermark) is committed by the retry, and the stream stays
+// cached until then.
 func TestDivergedMarkOutlivesTheStreamsEviction(t *testing.T) {
-	n := newNode(t, "n1", t.TempDir(), func(*node.Config) {})
+	for _, refuse := range []bool{false, true} {
+		name := "evicted"
+		if refuse {
+			name = "evicted after a refused commit"
+		}
+		t.Run(name, func(t *testing.T) { divergedMarkEvicted(t, refuse) })
+	}
+}
+
+func divergedMarkEvicted(t *testing.T, refuse bool) {
+	dir := t.TempDir()
+	n := newNode(t, "n1", dir, func(*node.Config) {})
 	var mu sync.Mutex
 	var ran []string
 	gate, started := make(chan struct{}), make(chan struct{})
@@ -294,28 +289,29 @@ func TestDivergedMarkOutlivesTheStreamsEviction(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	msg := func(id string, epoch, seq, prev uint64, v string) *pb.Envelope {
-		env := streamEnv("sink", "n1", seq, prev)
-		env.MsgId, env.StreamEpoch, env.CreatedAtUnixMs = id, epoch, 1000
-		body, err := anypb.New(wrapperspb.String(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		env.Body = body
-		return env
-	}
 	var rs receipts
-	if rc := rs.deliverWait(t, n, msg("a", 0, 1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
+	if rc := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
 		t.Fatalf("a: %v", rc.GetCode())
+	}
+	restore, hits := func() {}, func() int { return 0 }
+	if refuse {
+		restore, hits = faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+		defer restore() // idempotent
 	}
 	// The restored sender's emission, with another sender's slow message
 	// posted in between (the actor's mailbox interleaves senders).
-	n.DeliverIncoming(peerP, msg("w", 0, 1, 0, "w"), rs.reply("w"))
-	n.DeliverIncoming(peerP, msg("slow", 99, 1, 0, "slow"), rs.reply("slow"))
-	n.DeliverIncoming(peerP, msg("x", 0, 2, 1, "x"), rs.reply("x"))
+	slow := stringEnv(t, 1, 0, "slow")
+	slow.StreamEpoch = 99
+	n.DeliverIncoming(peerP, stringEnv(t, 1, 0, "w"), rs.reply("w-1"))
+	n.DeliverIncoming(peerP, slow, rs.reply("slow-1"))
+	n.DeliverIncoming(peerP, stringEnv(t, 2, 1, "x"), rs.reply("x-2"))
 	<-started
-	if c := rs.code("w"); c != pb.Receipt_DIVERGED {
+	if c := rs.code("w-1"); c != pb.Receipt_DIVERGED {
 		t.Fatalf("w: %v, want DIVERGED", c)
+	}
+	if refuse {
+		testutil.WaitFor(t, 5*time.Second, "the mark's commit refused", func() bool { return hits() > 0 })
+		restore() // the disk has room again
 	}
 	// x waits in the mailbox past the cache's idle time (10 minutes; at
 	// once here).
@@ -326,7 +322,22 @@ func TestDivergedMarkOutlivesTheStreamsEviction(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "x's receipt", func() bool { return rs.len() == 4 })
 	mu.Lock()
 	defer mu.Unlock()
-	if c := rs.code("x"); c != pb.Receipt_DIVERGED || slices.Contains(ran, "x") {
-		t.Fatalf("x, sent after w in the emission answered DIVERGED: %v, sink ran %v; want DIVERGED and x not run (its sender sends it again after w in a new epoch)", c, ran)
+	if c := rs.code("x-2"); c != pb.Receipt_DIVERGED || slices.Contains(ran, "x") {
+		t.Fatalf("x, sent after w in the emission answered DIVERGED: %v, sink ran %v (commits refused: %d); want DIVERGED and x not run (its sender sends it again after w in a new epoch)", c, ran, hits())
 	}
+}
+
+// stringEnv is message seq of peer p's stream (epoch 0) to sink@n1,
+// chained to prev, carrying v; its msg id is v-seq. Messages with other
+// values differ in their digest; a copy differs only in its msg id.
+func stringEnv(tb testing.TB, seq, prev uint64, v string) *pb.Envelope {
+	tb.Helper()
+	env := streamEnv("sink", "n1", seq, prev)
+	env.MsgId, env.CreatedAtUnixMs = fmt.Sprintf("%s-%d", v, seq), 1000
+	body, err := anypb.New(wrapperspb.String(v))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	env.Body = body
+	return env
 }

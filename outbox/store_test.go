@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -274,7 +273,7 @@ func TestSequencesAboveEverythingHandedOut(t *testing.T) {
 	}
 	// The crash copy: nothing was enqueued, only reserved.
 	crash := filepath.Join(t.TempDir(), "crash.db")
-	copyFile(t, e.path, crash)
+	testutil.CopyFile(t, e.path, crash)
 	c := mustOpen(t, config(crash, outbox.NewManualClock(epoch0.AddDate(-10, 0, 0)), nil))
 	s, err := c.ReserveSequence()
 	_ = c.Close()
@@ -289,17 +288,6 @@ func TestSequencesAboveEverythingHandedOut(t *testing.T) {
 	s, err = e.ReserveSequence()
 	if err != nil || s <= 1_000_000 {
 		t.Fatalf("after reopen with the wall clock 10 years back: %d (%v), want above 1000000", s, err)
-	}
-}
-
-func copyFile(tb testing.TB, from, to string) {
-	tb.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(to, b, 0o600); err != nil {
-		tb.Fatal(err)
 	}
 }
 

@@ -277,20 +277,7 @@ func TestRestoredSenderStartsNewEpoch(t *testing.T) {
 					return rcs, nil, true
 				}
 			})
-			msgs := names("m", 4)
-			rg.queue(t, "a@n1", msgs...)
-			rg.relay.Start()
-			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
-			if st := rg.relay.Stats(); st.Restores != 1 {
-				t.Fatalf("restores %d", st.Restores)
-			}
-			epoch, _, err := rg.store.StreamState("a@n1")
-			if err != nil || epoch == 0 {
-				t.Fatalf("epoch %d (%v), want a new one", epoch, err)
-			}
-			if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
-				t.Fatalf("ran %v", got)
-			}
+			epoch := rg.runToNewEpoch(t, names("m", 4))
 			calls := rg.fake.callsSnapshot()
 			last := calls[len(calls)-1]
 			if last.envs[0].GetStreamEpoch() != epoch || last.envs[0].GetType() != "m001" || last.envs[0].GetPrevSequence() != 0 {
@@ -610,20 +597,29 @@ func TestDivergedEmissionIsSentAgainInANewEpoch(t *testing.T) {
 			return rcs, nil, true
 		}
 	})
-	msgs := names("m", 4)
+	rg.runToNewEpoch(t, names("m", 4))
+	if dl, _ := rg.store.DeadLetters(outbox.DLQFilter{}); len(dl) != 0 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+}
+
+// runToNewEpoch queues msgs for a@n1, starts the relay and waits until all
+// are delivered; the stream must have started one new epoch, where each
+// message ran once, in order. It returns the new epoch.
+func (rg *rig) runToNewEpoch(t *testing.T, msgs []string) uint64 {
+	t.Helper()
 	rg.queue(t, "a@n1", msgs...)
 	rg.relay.Start()
 	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
 	if st := rg.relay.Stats(); st.Restores != 1 {
 		t.Fatalf("restores %d, want 1", st.Restores)
 	}
-	if e, _, _ := rg.store.StreamState("a@n1"); e == 0 {
-		t.Fatal("no new epoch")
+	epoch, _, err := rg.store.StreamState("a@n1")
+	if err != nil || epoch == 0 {
+		t.Fatalf("epoch %d (%v), want a new one", epoch, err)
 	}
 	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
 		t.Fatalf("ran %v, want %v", got, msgs)
 	}
-	if dl, _ := rg.store.DeadLetters(outbox.DLQFilter{}); len(dl) != 0 {
-		t.Fatalf("dead letters %+v", dl)
-	}
+	return epoch
 }

@@ -4,33 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
-)
 
-func copyFile(t *testing.T, from, to string) {
-	t.Helper()
-	src, err := os.Open(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	dst, err := os.Create(to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.Close(); err != nil {
-		t.Fatal(err)
-	}
-}
+	"github.com/meshnode/meshnode/internal/testutil"
+)
 
 // drainedTags waits until no outbox of c holds a message, then returns the
 // "tag" of every message in daemon i's inbox box, in cursor order.
@@ -86,8 +68,8 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 	}
 	ob := filepath.Join(c.DataDir(0), "outbox.db")
 	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
-	copyFile(t, ob, backup)               // the operator's backup of outbox.db
-	copyFile(t, ob+".seq", backup+".seq") // and of the sequence record beside it
+	testutil.CopyFile(t, ob, backup)               // the operator's backup of outbox.db
+	testutil.CopyFile(t, ob+".seq", backup+".seq") // and of the sequence record beside it
 
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
@@ -99,8 +81,8 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 	if err := c.Stop(0); err != nil {
 		t.Fatal(err)
 	}
-	copyFile(t, backup, ob) // outbox.db lost; restored from the backup, inbox.db kept
-	copyFile(t, backup+".seq", ob+".seq")
+	testutil.CopyFile(t, backup, ob) // outbox.db lost; restored from the backup, inbox.db kept
+	testutil.CopyFile(t, backup+".seq", ob+".seq")
 
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
@@ -196,9 +178,9 @@ func restoredBurst(t *testing.T, bin string, withRecord bool) {
 	}
 	ob := filepath.Join(c.DataDir(0), "outbox.db")
 	backup := filepath.Join(t.TempDir(), "outbox.db.backup")
-	copyFile(t, ob, backup)
+	testutil.CopyFile(t, ob, backup)
 	if withRecord {
-		copyFile(t, ob+".seq", backup+".seq")
+		testutil.CopyFile(t, ob+".seq", backup+".seq")
 	}
 	if err := c.Restart(0); err != nil {
 		t.Fatal(err)
@@ -215,9 +197,9 @@ func restoredBurst(t *testing.T, bin string, withRecord bool) {
 	if err := c.Stop(0); err != nil {
 		t.Fatal(err)
 	}
-	copyFile(t, backup, ob) // n0's outbox.db restored from the backup
+	testutil.CopyFile(t, backup, ob) // n0's outbox.db restored from the backup
 	if withRecord {
-		copyFile(t, backup+".seq", ob+".seq")
+		testutil.CopyFile(t, backup+".seq", ob+".seq")
 	}
 	if err := c.Kill(1); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@
 package testutil
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -49,4 +50,17 @@ func (s settle) Run() int {
 		time.Sleep(50 * time.Millisecond) // polling interval; goleak.Find decides
 	}
 	return code
+}
+
+// CopyFile copies the file from to to (created or truncated), as an
+// operator restoring a backup would.
+func CopyFile(tb testing.TB, from, to string) {
+	tb.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		tb.Fatal(err)
+	}
 }
