@@ -391,9 +391,10 @@ func (s *Store) shut(clean bool) error {
 // ReserveSequence returns a new sequence: greater than every sequence this
 // outbox handed out before, across restarts, whatever the clocks do, and
 // across a restore of its file from a backup while outbox.db.seq beside it
-// is kept. The high-water covering it is durable, in the file and beside
-// it, before it is returned (reserved in blocks of Config.SequenceBlock,
-// so one fsync serves many calls).
+// is kept. The high-water covering it is durable in the file (and beside
+// it, unless the disk refused that write, which is logged) before it is
+// returned (reserved in blocks of Config.SequenceBlock, so one fsync
+// serves many calls).
 func (s *Store) ReserveSequence() (uint64, error) {
 	if err := s.closedErr(); err != nil {
 		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
