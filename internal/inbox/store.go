@@ -91,7 +91,8 @@ type Store struct {
 
 // box is the in-memory state of one inbox; it holds no message bodies.
 type box struct {
-	count  int           // stored (unacknowledged) messages, plus reservations of appends in progress
+	count  int           // stored (unacknowledged) messages
+	held   int           // slots reserved by appends in progress, so that they cannot overshoot the bound together
 	last   uint64        // highest committed cursor
 	acked  uint64        // highest acknowledged cursor this run
 	notify chan struct{} // closed and replaced when a message is committed
@@ -313,12 +314,12 @@ func (s *Store) AppendMarked(ctx context.Context, name string, env *pb.Envelope,
 	case !ok:
 		s.mu.Unlock()
 		return 0, fmt.Errorf("inbox: append to %q: %w", name, ErrNoSuchInbox)
-	case b.count >= s.cfg.MaxMessages:
-		count := b.count
+	case b.count+b.held >= s.cfg.MaxMessages:
+		count := b.count + b.held
 		s.mu.Unlock()
-		return 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, count)
+		return 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages, or being stored)", name, ErrFull, count)
 	}
-	b.count++ // reserve the slot so concurrent appends cannot overshoot the bound
+	b.held++
 	s.mu.Unlock()
 
 	msg := proto.CloneOf(env)
@@ -363,8 +364,9 @@ func (s *Store) AppendMarked(ctx context.Context, name string, env *pb.Envelope,
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err != nil || seen {
-		b.count--
+	b.held--
+	if err == nil && !seen {
+		b.count++
 	}
 	if err != nil {
 		return 0, appendError(name, err)
@@ -446,13 +448,13 @@ func (s *Store) AppendBatchMarked(ctx context.Context, name string, envs []*pb.E
 	case !ok:
 		s.mu.Unlock()
 		return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, ErrNoSuchInbox)
-	case b.count >= s.cfg.MaxMessages:
-		count := b.count
+	case b.count+b.held >= s.cfg.MaxMessages:
+		count := b.count + b.held
 		s.mu.Unlock()
-		return 0, 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages)", name, ErrFull, count)
+		return 0, 0, fmt.Errorf("inbox: append to %q: %w (%d unacknowledged messages, or being stored)", name, ErrFull, count)
 	}
-	n = min(len(envs), s.cfg.MaxMessages-b.count)
-	b.count += n // reserve the slots so concurrent appends cannot overshoot the bound
+	n = min(len(envs), s.cfg.MaxMessages-b.count-b.held)
+	b.held += n
 	s.mu.Unlock()
 
 	// The envelopes as they came, encoded before the write transaction so
@@ -462,7 +464,7 @@ func (s *Store) AppendBatchMarked(ctx context.Context, name string, envs []*pb.E
 	for i, env := range envs[:n] {
 		if data[i], err = envcodec.Marshal(env, cursorFieldLen); err != nil {
 			s.mu.Lock()
-			b.count -= n
+			b.held -= n
 			s.mu.Unlock()
 			return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, err)
 		}
@@ -533,11 +535,11 @@ func (s *Store) AppendBatchMarked(ctx context.Context, name string, envs []*pb.E
 	})
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	b.held -= n
 	if err != nil {
-		b.count -= n
 		return 0, 0, appendError(name, err)
 	}
-	b.count -= n - stored // the ones stored before are counted already
+	b.count += stored // the others were stored before, and counted
 	if last := first + uint64(stored) - 1; stored > 0 && last > b.last {
 		b.last = last
 		close(b.notify)
