@@ -158,28 +158,28 @@
 //   - A receiver restored from a backup keeps order (streams restart from
 //     their senders' frontiers and acknowledged messages are never resent)
 //     but loses the effects and the key window since the backup.
-//   - A sender whose outbox.db alone was restored from a backup hands out
-//     no sequence again: outbox.db.seq beside the file records the
-//     highest one reserved, and the restored file continues above it;
-//     messages queued in the backup and delivered after it may run again.
-//     A sender restored with an older outbox.db.seq (the whole data
-//     directory from a backup) reuses sequences: it finds out from the
-//     receiver and starts a new epoch of the stream; messages it had sent after the
-//     backup and that ran are unknown to it, and anything still queued in
-//     the backup runs again. The receiver's watermark tells when it is
-//     above everything the stream sent since the restore; when an
-//     emission reaches past it, the message under the watermark's sequence
-//     does: the receiver keeps a digest of the message at its watermark
-//     and answers another message there DIVERGED (Stats.Diverged), not
-//     run, with every later one of the stream. Not found out: an emission
-//     that skips the watermark's sequence (sequences are the outbox's, not
-//     the stream's: the restored outbox may have given it to a message to
-//     another actor, or replaced or dead-lettered its message), or a
-//     restore on top of a handler record ahead of the watermark; their reused sequences at or below it are
-//     answered DUPLICATE and counted delivered without running. Rather
-//     than restore an outbox from a backup, start the node with an empty
-//     one: a new outbox id begins new streams at every peer, and nothing
-//     is mistaken for a duplicate.
+//   - A sender whose outbox.db alone was restored from a backup hands out no
+//     sequence again: outbox.db.seq beside the file records the highest one
+//     reserved, and the restored file continues above it; messages queued in
+//     the backup and delivered after it may run again. A sender restored
+//     with an older outbox.db.seq (the whole data directory from a backup)
+//     reuses sequences. It finds out from the receiver and starts a new
+//     epoch of the stream (messages it had sent after the backup and that
+//     ran are unknown to it, and anything still queued in the backup runs
+//     again): the receiver's watermark tells when it is above everything the
+//     stream sent since the restore, and when an emission reaches past it,
+//     the message under the watermark's sequence does: the receiver keeps a
+//     digest of the message at its watermark and answers another message
+//     there DIVERGED (Stats.Diverged), not run, with every later one of the
+//     stream. Not found out: an emission that skips the watermark's sequence
+//     (sequences are the outbox's, not the stream's: the restored outbox may
+//     have given it to a message to another actor, or replaced or
+//     dead-lettered its message), or a restore on top of a handler record
+//     ahead of the watermark; their reused sequences at or below it are
+//     answered DUPLICATE and counted delivered without running. So restore
+//     outbox.db alone, keeping outbox.db.seq, or start the node with an
+//     empty outbox: a new outbox id begins new streams at every peer, and
+//     nothing is mistaken for a duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".
