@@ -100,6 +100,7 @@ type batch struct {
 	// removing an acknowledged one (Edits); editing: Edits was made odd
 	// for the commit.
 	edited, editing bool
+	forgot          [][]byte // StreamKeys of the receiver streams housekeeping forgot
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -306,6 +307,9 @@ func (s *Store) commit(ops []*op) {
 				(*f)(r)
 			}
 		}
+	}
+	if f := s.cfg.OnForget; f != nil && len(b.forgot) > 0 {
+		f(b.forgot)
 	}
 }
 

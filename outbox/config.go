@@ -44,6 +44,12 @@ type Config struct {
 
 	Clock  Clock        // wall and monotonic time; tests replace it
 	Logger *slog.Logger // logs under component=outbox; nil discards them
+
+	// OnForget, if set, is called from the committer after a commit that
+	// forgot receiver streams (idle past StreamRetention), with their
+	// StreamKeys, so that what keeps its own record of a stream (a daemon
+	// inbox) can forget it too. It must not block.
+	OnForget func(streams [][]byte)
 }
 
 // maxSequenceBlock bounds Config.SequenceBlock: a reservation skips at most

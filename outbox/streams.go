@@ -306,6 +306,7 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 			return err
 		}
 	}
+	b.forgot = forgot
 	if err := raiseHorizons(tx.Bucket(bucketForgot), horizon); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -263,9 +264,18 @@ func TestKeyWindowPrunedInBoundedSteps(t *testing.T) {
 // watermark in the horizon of its sender outbox and epoch: the highest
 // one forgotten, per (node, outbox, epoch), never another's.
 func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
+	var mu sync.Mutex
+	forgot := map[string]bool{} // what OnForget was told
 	e := open(t, func(c *outbox.Config) {
 		c.StreamRetention = 10 * time.Hour
 		c.RetentionMargin = time.Hour
+		c.OnForget = func(streams [][]byte) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, k := range streams {
+				forgot[string(k)] = true
+			}
+		}
 	})
 	const n = 600
 	for i := range n {
@@ -302,6 +312,11 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	if c := count(); c != 1 {
 		t.Fatalf("%d stream records left, want only the young one", c)
 	}
+	mu.Lock()
+	if len(forgot) != n+2 || !forgot[string(outbox.StreamKey("n2", [16]byte{}, 1, "old0"))] || forgot[string(young)] {
+		t.Errorf("told of %d forgotten streams (young among them: %v), want the %d old ones", len(forgot), forgot[string(young)], n+2)
+	}
+	mu.Unlock()
 	if st, err := outbox.BucketStats(e.Store, "indigest"); err != nil || st.KeyN != 1 {
 		t.Fatalf("%d digests left (%v), want only the young stream's", st.KeyN, err)
 	}

@@ -186,6 +186,11 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 		_ = l.Close()
 		return err
 	}
+	// Streams the node forgets (idle past their retention) lose the
+	// inboxes' records of them too.
+	forget := inbox.NewForgetter(store, logger)
+	nc.Outbox.OnForget = forget.Add
+	defer forget.Close() // after the node's close (deferred later), before the inbox's
 	// Every ask and handler run of the node is timed for /metrics.
 	calls := metrics.NewCalls()
 	calls.Install(&nc)

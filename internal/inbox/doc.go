@@ -56,5 +56,7 @@
 //     a stream loaded after a crash (or after outbox.db was restored from a
 //     backup) report what the inbox stored: a sender restored from a
 //     backup learns that those sequences ran, and does not send new
-//     messages under them (the inbox would skip them as copies).
+//     messages under them (the inbox would skip them as copies). A
+//     stream's record goes when the node forgets the stream (idle past its
+//     retention; outbox.Config.OnForget, a Forgetter in the daemon).
 package inbox

@@ -2,12 +2,16 @@ package inbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/internal/inbox"
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
@@ -106,5 +110,38 @@ func TestAppliedIsTheStreamsLastStoredSequence(t *testing.T) {
 	other.Epoch = 4
 	if got := applied(other); got != 0 {
 		t.Fatalf("applied for another epoch = %d, want 0", got)
+	}
+}
+
+// Streams the node forgot lose their records here too (through a
+// Forgetter, as the daemon wires it to the node's outbox): a forgotten
+// stream's next message is stored as new, the others keep theirs.
+func TestForgottenStreamsLoseTheirMarks(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, filepath.Join(t.TempDir(), "inbox.db"), nil)
+	if _, err := s.Declare("box"); err != nil {
+		t.Fatal(err)
+	}
+	a, am := marked("a", 1, 3)
+	b, bm := marked("b", 1, 2)
+	if _, n, err := s.AppendBatchMarked(ctx, "box", append(a, b...), append(am, bm...)); err != nil || n != 5 {
+		t.Fatalf("append: %d, %v", n, err)
+	}
+	f := inbox.NewForgetter(s, slog.New(slog.DiscardHandler))
+	f.Add([][]byte{[]byte("a")})
+	testutil.WaitFor(t, 5*time.Second, "a forgotten", func() bool { return s.Applied([]byte("a")) == 0 })
+	f.Close()
+	f.Add([][]byte{[]byte("b")}) // after Close: not taken
+	if got := s.Applied([]byte("b")); got != 2 {
+		t.Fatalf("b's record: %d, want 2", got)
+	}
+	if cur, err := s.AppendMarked(ctx, "box", env("a1"), inbox.Mark{Stream: []byte("a"), Seq: 1}); err != nil || cur == 0 {
+		t.Fatalf("a1 of the forgotten stream: cursor %d, %v; want it stored", cur, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ForgetStreams([][]byte{[]byte("b")}); !errors.Is(err, inbox.ErrClosed) {
+		t.Fatalf("forget on a closed store: %v, want ErrClosed", err)
 	}
 }
