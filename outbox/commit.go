@@ -100,7 +100,7 @@ type batch struct {
 	// removing an acknowledged one (Edits); editing: Edits was made odd
 	// for the commit.
 	edited, editing bool
-	forgot          [][]byte // StreamKeys of the receiver streams housekeeping forgot
+	forgot          []ForgottenStream // the receiver streams housekeeping forgot
 }
 
 func (b *batch) delta(r string) *qdelta {

@@ -46,10 +46,19 @@ type Config struct {
 	Logger *slog.Logger // logs under component=outbox; nil discards them
 
 	// OnForget, if set, is called from the committer after a commit that
-	// forgot receiver streams (idle past StreamRetention), with their
-	// StreamKeys, so that what keeps its own record of a stream (a daemon
-	// inbox) can forget it too. It must not block.
-	OnForget func(streams [][]byte)
+	// forgot receiver streams (idle past StreamRetention), so that what
+	// keeps its own record of a stream (a daemon inbox) can forget it too,
+	// as far as the forgotten watermark went. It must not block.
+	OnForget func(streams []ForgottenStream)
+}
+
+// ForgottenStream is a receiver stream a commit forgot: its StreamKey and
+// the watermark it had. A record of the stream above that watermark (a
+// handler's, ahead of it after a crash, or made since) is not covered by
+// the forgotten horizon and must be kept.
+type ForgottenStream struct {
+	Stream    []byte
+	Watermark uint64
 }
 
 // maxSequenceBlock bounds Config.SequenceBlock: a reservation skips at most

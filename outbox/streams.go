@@ -287,22 +287,23 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 	var err error
 	retain := b.nowMs - s.cfg.StreamRetention.Milliseconds()
 	horizon := make(map[string]uint64) // sender part of a StreamKey -> highest watermark forgotten
-	var forgot [][]byte
+	var forgot []ForgottenStream
 	s.hkIn, err = pruneScan(tx.Bucket(bucketIn), s.hkIn, func(k, v []byte) bool {
 		if len(v) != 16 || int64(binary.BigEndian.Uint64(v[8:])) >= retain {
 			return false
 		}
+		w := binary.BigEndian.Uint64(v[:8])
 		if sender := senderOf(k); sender != nil {
-			horizon[string(sender)] = max(horizon[string(sender)], binary.BigEndian.Uint64(v[:8]))
+			horizon[string(sender)] = max(horizon[string(sender)], w)
 		}
-		forgot = append(forgot, bytes.Clone(k))
+		forgot = append(forgot, ForgottenStream{Stream: bytes.Clone(k), Watermark: w})
 		return true
 	})
 	if err != nil {
 		return err
 	}
-	for _, k := range forgot {
-		if err := tx.Bucket(bucketInDigest).Delete(k); err != nil {
+	for _, f := range forgot {
+		if err := tx.Bucket(bucketInDigest).Delete(f.Stream); err != nil {
 			return err
 		}
 	}

@@ -269,11 +269,11 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	e := open(t, func(c *outbox.Config) {
 		c.StreamRetention = 10 * time.Hour
 		c.RetentionMargin = time.Hour
-		c.OnForget = func(streams [][]byte) {
+		c.OnForget = func(streams []outbox.ForgottenStream) {
 			mu.Lock()
 			defer mu.Unlock()
-			for _, k := range streams {
-				forgot[string(k)] = true
+			for _, f := range streams {
+				forgot[string(f.Stream)] = f.Watermark >= 4 && f.Watermark <= 11 // what each was committed with
 			}
 		}
 	})
@@ -314,7 +314,12 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	}
 	mu.Lock()
 	if len(forgot) != n+2 || !forgot[string(outbox.StreamKey("n2", [16]byte{}, 1, "old0"))] || forgot[string(young)] {
-		t.Errorf("told of %d forgotten streams (young among them: %v), want the %d old ones", len(forgot), forgot[string(young)], n+2)
+		t.Errorf("told of %d forgotten streams with their watermarks (young among them: %v), want the %d old ones", len(forgot), forgot[string(young)], n+2)
+	}
+	for k, ok := range forgot {
+		if !ok {
+			t.Errorf("stream %q told with a watermark it never had", k)
+		}
 	}
 	mu.Unlock()
 	if st, err := outbox.BucketStats(e.Store, "indigest"); err != nil || st.KeyN != 1 {

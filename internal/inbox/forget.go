@@ -8,24 +8,31 @@ import (
 	"sync"
 
 	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/outbox"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
 
 // ForgetStreams drops the records of what the inboxes stored of streams
-// (their outbox.StreamKeys) that the node forgot, idle past its stream
-// retention: by then their senders have given up whatever they could send
-// again, and a later message of such a stream is older than what the node
-// forgot (refused there) or new (stored). Without it every stream ever
-// seen, one per sender outbox, epoch and inbox, would stay in the file.
-func (s *Store) ForgetStreams(streams [][]byte) error {
+// the node forgot, idle past its stream retention: by then their senders
+// have given up whatever they could send again, and a later message of
+// such a stream is at or below the forgotten watermark (refused there) or
+// new (stored). A record above the forgotten watermark is kept: the node
+// would not refuse a copy it covers (the inbox stored it and a crash came
+// before the watermark's commit, or it was stored after the node decided
+// to forget). Without this every stream ever seen, one per sender outbox,
+// epoch and inbox, would stay in the file.
+func (s *Store) ForgetStreams(streams []outbox.ForgottenStream) error {
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
 		}
 		sb := tx.Bucket(bucketStreams)
-		for _, k := range streams {
-			if err := sb.Delete(k); err != nil {
+		for _, f := range streams {
+			if m := readMark(sb, f.Stream); m.seq > f.Watermark {
+				continue
+			}
+			if err := sb.Delete(f.Stream); err != nil {
 				return err
 			}
 		}
@@ -49,7 +56,7 @@ type Forgetter struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	pending [][]byte
+	pending []outbox.ForgottenStream
 	running bool
 	closed  bool
 	wg      sync.WaitGroup
@@ -61,14 +68,14 @@ func NewForgetter(st *Store, log *slog.Logger) *Forgetter {
 }
 
 // Add queues streams to forget; it never blocks.
-func (f *Forgetter) Add(streams [][]byte) {
+func (f *Forgetter) Add(streams []outbox.ForgottenStream) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
 		return
 	}
-	for _, k := range streams {
-		f.pending = append(f.pending, bytes.Clone(k))
+	for _, st := range streams {
+		f.pending = append(f.pending, outbox.ForgottenStream{Stream: bytes.Clone(st.Stream), Watermark: st.Watermark})
 	}
 	if f.running {
 		return

@@ -114,8 +114,9 @@ func TestAppliedIsTheStreamsLastStoredSequence(t *testing.T) {
 }
 
 // Streams the node forgot lose their records here too (through a
-// Forgetter, as the daemon wires it to the node's outbox): a forgotten
-// stream's next message is stored as new, the others keep theirs.
+// Forgetter, as the daemon wires it to the node's outbox), as far as the
+// forgotten watermark went: a forgotten stream's next message is stored as
+// new, a record above the forgotten watermark and the others' stay.
 func TestForgottenStreamsLoseTheirMarks(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, filepath.Join(t.TempDir(), "inbox.db"), nil)
@@ -127,11 +128,20 @@ func TestForgottenStreamsLoseTheirMarks(t *testing.T) {
 	if _, n, err := s.AppendBatchMarked(ctx, "box", append(a, b...), append(am, bm...)); err != nil || n != 5 {
 		t.Fatalf("append: %d, %v", n, err)
 	}
+	// b's record (2) is above the watermark the node forgot (1): after a
+	// crash, or stored after the node decided; a copy of b2 would pass
+	// the node, so the record stays.
+	if err := s.ForgetStreams([]outbox.ForgottenStream{{Stream: []byte("b"), Watermark: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Applied([]byte("b")); got != 2 {
+		t.Fatalf("b's record after forgetting watermark 1: %d, want 2 kept", got)
+	}
 	f := inbox.NewForgetter(s, slog.New(slog.DiscardHandler))
-	f.Add([][]byte{[]byte("a")})
+	f.Add([]outbox.ForgottenStream{{Stream: []byte("a"), Watermark: 3}})
 	testutil.WaitFor(t, 5*time.Second, "a forgotten", func() bool { return s.Applied([]byte("a")) == 0 })
 	f.Close()
-	f.Add([][]byte{[]byte("b")}) // after Close: not taken
+	f.Add([]outbox.ForgottenStream{{Stream: []byte("b"), Watermark: 2}}) // after Close: not taken
 	if got := s.Applied([]byte("b")); got != 2 {
 		t.Fatalf("b's record: %d, want 2", got)
 	}
@@ -141,7 +151,7 @@ func TestForgottenStreamsLoseTheirMarks(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.ForgetStreams([][]byte{[]byte("b")}); !errors.Is(err, inbox.ErrClosed) {
+	if err := s.ForgetStreams([]outbox.ForgottenStream{{Stream: []byte("b"), Watermark: 2}}); !errors.Is(err, inbox.ErrClosed) {
 		t.Fatalf("forget on a closed store: %v, want ErrClosed", err)
 	}
 }
