@@ -47,7 +47,7 @@ func (s *Store) ForgetStreams(streams []outbox.ForgottenStream) error {
 	return nil
 }
 
-// Forgetter passes the streams a node forgot (outbox.Store.SetOnForget) on
+// Forgetter passes the streams a node forgot (outbox.Config.OnForget) on
 // to ForgetStreams, off the node's committer, which must not wait for the
 // inbox's commit. Close waits for what is under way; what is added after
 // it, or refused by the disk, stays in the file (a few dozen bytes each).
