@@ -1,12 +1,10 @@
 package node_test
 
 import (
-	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -26,21 +24,10 @@ func TestKeyOfAMessageStoredBeforeACrashStillDedupes(t *testing.T) {
 	st := openBox(t, filepath.Join(dir, "inbox.db"))
 	start1 := boxResponder(t, dir, n0, st)
 	n1 := start1()
-	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
-	defer restore()
-	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("order 7"), node.WithIdempotencyKey("k")); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 15*time.Second, "the message stored and its watermark commit refused", func() bool {
-		return st.Stats()["box"].LastCursor == 1 && hits() >= 1 // committed, not only begun
-	})
-	if err := n1.Close(); err != nil {
-		t.Logf("close n1: %v", err)
-	}
-	restore()
-	start1() // the node back on its data directory (closed by the test's cleanup)
-	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the copy acknowledged)", func() bool {
-		return n0.Outbox().Stats().Depth == 0
+	storedThenRestarted(t, dir, n0, n1, st, start1, "the message stored and its watermark commit refused", func() {
+		if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("order 7"), node.WithIdempotencyKey("k")); err != nil {
+			t.Fatal(err)
+		}
 	})
 	// The application's own retry, under the same key.
 	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("order 7"), node.WithIdempotencyKey("k")); err != nil {

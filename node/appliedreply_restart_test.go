@@ -2,16 +2,15 @@ package node_test
 
 import (
 	"context"
-	"errors"
-	"google.golang.org/protobuf/proto"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/faults"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // A reliable request to a daemon inbox (spawned as the daemon does, with
@@ -35,22 +34,11 @@ func TestRequestToAnInboxGetsItsReplyAfterTheResponderRestarts(t *testing.T) {
 	st := openBox(t, filepath.Join(dir, "inbox.db"))
 	start1 := boxResponder(t, dir, n0, st)
 	n1 := start1()
-	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
-	defer restore()
-	if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("A"),
-		node.WithReplyTo(node.Addr("rx", "n0")), node.WithCorrelationID("A")); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 15*time.Second, "A stored in the inbox and its reply refused", func() bool {
-		return st.Stats()["box"].LastCursor == 1 && hits() >= 1 // committed, not only begun
-	})
-	if err := n1.Close(); err != nil {
-		t.Logf("close n1: %v", err)
-	}
-	restore()
-	start1() // the node back on its data directory (closed by the test's cleanup)
-	testutil.WaitFor(t, 20*time.Second, "n0's outbox drained (the request acknowledged)", func() bool {
-		return n0.Outbox().Stats().Depth == 0
+	storedThenRestarted(t, dir, n0, n1, st, start1, "A stored in the inbox and its reply refused", func() {
+		if _, err := n0.TellReliable(ctxT(t), node.Addr("box", "n1"), wrapperspb.String("A"),
+			node.WithReplyTo(node.Addr("rx", "n0")), node.WithCorrelationID("A")); err != nil {
+			t.Fatal(err)
+		}
 	})
 	testutil.WaitFor(t, 10*time.Second, "the reply to A at the requester (the request was acknowledged)", func() bool {
 		_, replies := l.snapshot()

@@ -80,12 +80,7 @@ func TestForgettingAStreamKeepsAnInboxRecordAheadOfIt(t *testing.T) {
 	n = start()
 	// A month idle; another stream's commit forgets p's stream.
 	clk.Advance(31 * 24 * time.Hour)
-	q := transport.PeerInfo{Name: "q", OutboxID: [16]byte{'q'}}
-	qe := streamEnv("box", "n1", 1, 0)
-	qe.Sender, qe.MsgId = "@q", "q1"
-	var rq receipts
-	n.DeliverIncoming(q, qe, rq.reply("q1"))
-	testutil.WaitFor(t, 5*time.Second, "q#1's receipt", func() bool { return rq.len() == 1 })
+	commitOtherStream(t, n, "box")
 	forgetP(t, st, forgotten, key, 1)
 	// The late copy of p#2.
 	rc := rs.deliverWait(t, n, streamEnv("box", "n1", 2, 0)) // first of its emission
@@ -148,18 +143,17 @@ func TestForgettingAStreamKeepsAnInboxRecordWrittenAfterIt(t *testing.T) {
 	key := outbox.StreamKey("p", peerP.OutboxID, 0, "box")
 	clk.Advance(30*24*time.Hour - time.Second) // p#2 comes just inside the retention
 	n.DeliverIncoming(peerP, streamEnv("box", "n1", 2, 1), func(*pb.Receipt) {})
-	<-stored
+	select {
+	case <-stored:
+	case <-time.After(10 * time.Second):
+		t.Fatal("p#2 not stored")
+	}
 	if a := st.Applied(key); a != 2 {
 		t.Fatalf("inbox mark %d after p#2 stored, want 2", a)
 	}
 	// Two seconds on, another stream's commit forgets p's stream.
 	clk.Advance(2 * time.Second)
-	q := transport.PeerInfo{Name: "q", OutboxID: [16]byte{'q'}}
-	qe := streamEnv("a", "n1", 1, 0)
-	qe.Sender, qe.MsgId = "@q", "q1"
-	var rq receipts
-	n.DeliverIncoming(q, qe, rq.reply("q1"))
-	testutil.WaitFor(t, 5*time.Second, "q#1's receipt", func() bool { return rq.len() == 1 })
+	commitOtherStream(t, n, "a")
 	forgetP(t, st, forgotten, key, 1)
 	// The node goes down before p#2's watermark is committed.
 	restore, hits := faults.FailCommits(filepath.Join(dir, "n1", "outbox.db"), errors.New("crash before the watermark's commit"))
@@ -199,4 +193,17 @@ func forgetP(t *testing.T, st *inbox.Store, forgotten chan []outbox.ForgottenStr
 			t.Fatal("p's stream not forgotten")
 		}
 	}
+}
+
+// commitOtherStream delivers message 1 of peer q's stream to actor on n and
+// waits for its receipt: a commit of n's outbox, whose housekeeping
+// forgets the streams idle past their retention.
+func commitOtherStream(t *testing.T, n *node.Node, actor string) {
+	t.Helper()
+	q := transport.PeerInfo{Name: "q", OutboxID: [16]byte{'q'}}
+	qe := streamEnv(actor, "n1", 1, 0)
+	qe.Sender, qe.MsgId = "@q", "q1"
+	var rq receipts
+	n.DeliverIncoming(q, qe, rq.reply("q1"))
+	testutil.WaitFor(t, 5*time.Second, "q#1's receipt", func() bool { return rq.len() == 1 })
 }

@@ -23,11 +23,7 @@ import (
 // its messages until the disk takes them. Store errors are ErrWrite.
 func TestInboxDiskFullIsNotChargedToTheMessages(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "inbox.db")
-	st, err := inbox.Open(inbox.DefaultConfig(path))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Close() })
+	st := openStore(t, path, nil)
 	if _, err := st.Declare("box"); err != nil {
 		t.Fatal(err)
 	}

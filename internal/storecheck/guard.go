@@ -56,7 +56,7 @@ func ReadHigh(path string) (uint64, error) {
 		err = strconv.ErrRange // no store gets there: a damaged record, which would make sequences wrap
 	}
 	if err != nil {
-		return 0, fmt.Errorf("storecheck: %s does not hold a sequence (%q): put back its own copy, or remove it (sequences then continue from the store file's own record, which a restored file may have from before sequences it handed out)", HighPath(path), bytes.TrimSpace(b))
+		return 0, fmt.Errorf("storecheck: %s does not hold a sequence (%q: %w): put back its own copy, or remove it (sequences then continue from the store file's own record, which a restored file may have from before sequences it handed out)", HighPath(path), bytes.TrimSpace(b), err)
 	}
 	return high, nil
 }
