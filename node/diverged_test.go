@@ -181,8 +181,17 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 // copies. When only outbox.db was restored from the backup (the data
 // directory's other files kept, as after losing that one file), the
 // sequence high-water recorded beside it keeps the restored outbox from
-// handing out sequences again: every message runs.
+// handing out sequences again. When the whole data directory was restored,
+// that record went back too: the receipts give the restore away, since
+// the watermark they carry lies between two messages of the emission,
+// above anything the stream sent before it, and is none of them. Either
+// way every message runs, once, in order.
 func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
+	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, false) })
+	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true) })
+}
+
+func restoredBurstAroundTheWatermark(t *testing.T, wholeDir bool) {
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
 	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1 }
@@ -214,12 +223,16 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	ob := filepath.Join(d1, "outbox.db")
-	backup := filepath.Join(dir, "outbox.db.backup")
-	testutil.CopyFile(t, ob, backup)
+	backup := filepath.Join(dir, "backup")
+	if wholeDir {
+		copyDir(t, d1, backup)
+	} else {
+		testutil.CopyFile(t, ob, backup)
+	}
 	n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
 	send("sink", "b")
-	send("sink", "c")
+	send("sink", "c") // the sink's watermark
 	s.waitLen(t, 3)
 	testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
 	for _, n := range []*node.Node{n1, n2} {
@@ -227,9 +240,18 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	testutil.CopyFile(t, backup, ob) // outbox.db alone goes back to before b and c
+	if wholeDir {
+		if err := os.RemoveAll(d1); err != nil {
+			t.Fatal(err)
+		}
+		copyDir(t, backup, d1)
+	} else {
+		testutil.CopyFile(t, backup, ob) // outbox.db alone goes back to before b and c
+	}
 
 	n1 = newNode(t, "n1", d1, edit)
+	// Restored whole, the outbox hands out b's sequence to w and c's (the
+	// watermark's) to o: the sink's burst is [w, x, y] around it.
 	for _, m := range []struct{ to, v string }{{"sink", "w"}, {"other", "o"}, {"sink", "x"}, {"sink", "y"}} {
 		if out := send(m.to, m.v); out != node.Queued {
 			t.Fatalf("%s with its receiver down: %v, want Queued", m.v, out)

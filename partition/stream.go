@@ -1,6 +1,7 @@
 package partition
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -236,7 +237,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	if len(rcs) > 0 {
 		rc = rcs[0]
 	}
-	v := r.judge(st, wire, rc, derr, 0, seen, seq)
+	v := r.judge(st, wire, rc, derr, 0, seen, []*pb.Envelope{wire})
 	if v.capacity {
 		lim.OnCapacity()
 	}
@@ -625,7 +626,7 @@ func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelop
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
-		v := r.judge(st, e, rc, derr, i, seen, envs[len(envs)-1].GetSequence())
+		v := r.judge(st, e, rc, derr, i, seen, envs)
 		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())
@@ -669,11 +670,10 @@ type verdict struct {
 	capacity   bool // the peer (or the local send queue) is full: AIMD halves, once per emission
 }
 
-// judge turns the outcome of one message of an emission (index i) into a
-// verdict, and feeds the peer's limiter its successes (the caller halves
-// it, once per emission, on a verdict marked capacity). seen is the
-// stream's emitted high-water before the emission, top the emission's
-// highest sequence.
+// judge turns the outcome of one message of an emission (index i of sent,
+// ascending) into a verdict, and feeds the peer's limiter its successes
+// (the caller halves it, once per emission, on a verdict marked
+// capacity). seen is the stream's emitted high-water before the emission.
 //
 // Only the receiver's verdict on the message itself counts toward
 // MaxAttempts: a handler failure, or NO_SUCH_ACTOR from a node past its
@@ -682,7 +682,7 @@ type verdict struct {
 // down, an OUT_OF_ORDER refusal, another message of the emission failing)
 // is deferred, never counted; so a healthy message never reaches the
 // dead-letter queue.
-func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i int, seen, top uint64) verdict {
+func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i int, seen uint64, sent []*pb.Envelope) verdict {
 	lim := r.Limiter(st.node)
 	var un *UnsendableError
 	if errors.As(derr, &un) {
@@ -717,7 +717,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	// emission included, means the sender's state went back. This
 	// emission counts: a DUPLICATE receipt waits for a durable watermark,
 	// which may already cover later messages of the same emission.
-	restored := func() bool { return rc.GetWatermark() > max(seen, top) }
+	restored := func() bool { return wentBack(rc.GetWatermark(), seen, sent) }
 	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
 	switch rc.GetCode() {
 	case pb.Receipt_PROCESSED:
@@ -777,6 +777,32 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	// ACCEPTED or a code this build does not know proves nothing about the
 	// handler: wait and send again, uncounted.
 	return verdict{kind: vDefer, reason: "unexpected receipt " + rc.GetCode().String()}
+}
+
+// wentBack reports that a receiver's watermark w shows this stream's
+// sequences went back (a restored backup): w is above everything the stream
+// emitted (seen, its high-water before the emission sent, and sent), or it
+// lies between two messages of sent, above seen, and is none of them. A
+// receiver's watermark is a sequence this stream sent, unless the sender's
+// state went back: sent before this emission, it is at most seen, or, when
+// the high-water was dropped with an emptied queue, below every message
+// queued since (new sequences are above all handed out); otherwise it is in
+// sent. A restored sender that gave w to another recipient's message
+// (sequences belong to the whole outbox) sends an emission that straddles
+// w: its messages below w are answered DUPLICATE as copies, but are new.
+func wentBack(w, seen uint64, sent []*pb.Envelope) bool {
+	if len(sent) == 0 {
+		return w > seen
+	}
+	first, top := sent[0].GetSequence(), sent[len(sent)-1].GetSequence()
+	if w > max(seen, top) {
+		return true
+	}
+	if w <= seen || w <= first || w >= top {
+		return false
+	}
+	_, found := slices.BinarySearchFunc(sent, w, func(e *pb.Envelope, w uint64) int { return cmp.Compare(e.GetSequence(), w) })
+	return !found
 }
 
 func (st *stream) resetDeferrals() {

@@ -603,6 +603,148 @@ func TestDivergedEmissionIsSentAgainInANewEpoch(t *testing.T) {
 	}
 }
 
+// Sequences belong to the whole outbox: a sender restored with its
+// sequence record (a whole data directory from a backup) may hand the
+// receiver's watermark to another recipient's message, and its stream's
+// next emission then straddles the watermark without containing it. Its
+// first message, under the watermark, is answered DUPLICATE as a copy, but
+// it is new: the watermark lies between two of the emission's messages,
+// above everything the stream sent before it, and is none of them. The
+// stream starts a new epoch; nothing is acked on that DUPLICATE's word.
+func TestWatermarkInsideAnEmissionButNoneOfItStartsNewEpoch(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			k := "a@n1\x000"
+			if envs[0].GetRecipient() == "a@n1" && envs[0].GetStreamEpoch() == 0 {
+				f.mu.Lock()
+				if _, ok := f.wm[k]; !ok {
+					// What ran before the restore: up to the sequence the
+					// restored outbox gave b's message.
+					f.wm[k] = envs[0].GetSequence() + 1
+				}
+				f.mu.Unlock()
+			}
+			return nil, nil, false
+		}
+	})
+	rg.queue(t, "a@n1", "m000")
+	rg.queue(t, "b@n1", "x")
+	rg.queue(t, "a@n1", "m001", "m002", "m003")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if st := rg.relay.Stats(); st.Restores != 1 {
+		t.Fatalf("restores %d, want 1", st.Restores)
+	}
+	if got, want := rg.fake.ranTypes("a@n1"), names("m", 4); !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
+	}
+}
+
+// The same watermark between two messages of an emission, when the stream
+// sent it before (its receipt came back, the one of an earlier message was
+// lost), is the receiver's word on messages this sender did send: an ack,
+// in the same run and after a restart of the relay (whose high-water then
+// comes from the store), and nothing runs twice.
+func TestWatermarkInsideAnEmissionSentBeforeIsAck(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			var rcfg partition.Config
+			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3; rcfg = *c })
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if n > 0 {
+						return nil, nil, false
+					}
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					rcs := make([]*pb.Receipt, len(envs))
+					for i, e := range envs {
+						rcs[i] = f.receive(e)
+					}
+					rcs[0] = nil // m000 ran; its receipt is lost
+					if restart {
+						rcs[0] = &pb.Receipt{MsgId: envs[0].GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 60_000}
+					}
+					return rcs, nil, true
+				}
+			})
+			rg.queue(t, "a@n1", names("m", 4)...)
+			rg.relay.Start()
+			if restart {
+				testutil.WaitFor(t, wait, "m001, m002 acked", func() bool { return rg.store.Stats().Depth == 2 })
+				if err := rg.relay.Close(); err != nil {
+					t.Fatal(err)
+				}
+				r, err := partition.New(rcfg, rg.store, rg.fake)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rg.relay = r
+				rg.store.WakeNode("n1") // the deferral is the old run's
+				rg.relay.Start()
+			}
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+			if st := rg.relay.Stats(); st.Restores != 0 {
+				t.Fatalf("restores %d, want 0", st.Restores)
+			}
+			if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
+				t.Fatalf("epoch changed to %d", e)
+			}
+			if got, want := rg.fake.ranTypes("a@n1"), names("m", 4); !slices.Equal(got, want) {
+				t.Fatalf("ran %v, want each once: %v", got, want)
+			}
+		})
+	}
+}
+
+// A stream whose queue emptied keeps no high-water on disk: after a restart
+// of the relay it knows of nothing it sent, and the receiver's watermark
+// (the last message that ran) is above that. Its new messages are above
+// every sequence handed out before, so a watermark below the emission's
+// first message is the receiver's old word, not a restore: when the first
+// message fails, the next is answered OUT_OF_ORDER with that watermark,
+// and the stream carries on in its epoch.
+func TestOldWatermarkBelowAnEmissionIsNoRestore(t *testing.T) {
+	var rcfg partition.Config
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4; rcfg = *c })
+	var failed atomic.Bool
+	rg.fake.set(func(f *fake) {
+		f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+			if e.GetType() == "n000" && failed.CompareAndSwap(false, true) {
+				return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_TRANSIENT, Message: "once"}
+			}
+			return nil
+		}
+	})
+	rg.queue(t, "a@n1", "m000")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "m000 delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if err := rg.relay.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := partition.New(rcfg, rg.store, rg.fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rg.relay = r
+	rg.queue(t, "a@n1", names("n", 2)...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if !failed.Load() {
+		t.Fatal("n000 never failed: the case did not happen")
+	}
+	if st := rg.relay.Stats(); st.Restores != 0 {
+		t.Fatalf("restores %d, want 0", st.Restores)
+	}
+	if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
+		t.Fatalf("epoch changed to %d", e)
+	}
+	if got, want := rg.fake.ranTypes("a@n1"), []string{"m000", "n000", "n001"}; !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
+	}
+}
+
 // runToNewEpoch queues msgs for a@n1, starts the relay and waits until all
 // are delivered; the stream must have started one new epoch, where each
 // message ran once, in order. It returns the new epoch.
