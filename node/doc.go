@@ -171,15 +171,19 @@
 //     the message under the watermark's sequence does: the receiver keeps a
 //     digest of the message at its watermark and answers another message
 //     there DIVERGED (Stats.Diverged), not run, with every later one of the
-//     stream. Not found out: an emission that skips the watermark's sequence
-//     (sequences are the outbox's, not the stream's: the restored outbox may
-//     have given it to a message to another actor, or replaced or
-//     dead-lettered its message), or a restore on top of a handler record
-//     ahead of the watermark; their reused sequences at or below it are
-//     answered DUPLICATE and counted delivered without running. So restore
-//     outbox.db alone, keeping outbox.db.seq, or start the node with an
-//     empty outbox: a new outbox id begins new streams at every peer, and
-//     nothing is mistaken for a duplicate.
+//     stream. An emission that skips the watermark's sequence (sequences
+//     are the outbox's, not the stream's: the restored outbox may have
+//     given it to a message to another actor) gives it away too: the
+//     watermark lies between two of its messages, above everything the
+//     stream sent before, and is none of them. Not found out: an emission
+//     that skips a watermark the restored outbox had stored for the stream
+//     itself (a message replaced, or given up, before it was sent), and a
+//     restore on top of a handler record ahead of the watermark whose
+//     sequence the emission holds; their reused sequences below are
+//     counted delivered without running. So restore outbox.db alone,
+//     keeping outbox.db.seq, or start the node with an empty outbox: a new
+//     outbox id begins new streams at every peer, and nothing is mistaken
+//     for a duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".

@@ -50,6 +50,9 @@
 //     the stream emitted before and the message itself means this sender's
 //     state went back (a restored backup): the stream starts a new random
 //     epoch (Stats.Restores) and nothing more of that emission is acked.
+//     So does a watermark between two of the emission's messages, above
+//     everything the stream emitted before, that is none of them (the
+//     restored outbox gave that sequence to another recipient's message).
 //     So does DIVERGED anywhere in an emission (the receiver ran another
 //     message under the sequence of its watermark): then nothing of the
 //     emission is acked but what came back PROCESSED.
