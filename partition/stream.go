@@ -713,10 +713,11 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vDefer, reason: reason}
 	}
-	// A watermark above everything this stream ever emitted, this
-	// emission included, means the sender's state went back. This
-	// emission counts: a DUPLICATE receipt waits for a durable watermark,
-	// which may already cover later messages of the same emission.
+	// A watermark this stream never sent (above everything it emitted,
+	// this emission included, or between two of this emission's messages
+	// and none of them) means the sender's state went back. This emission
+	// counts: a DUPLICATE receipt waits for a durable watermark, which may
+	// already cover later messages of the same emission.
 	restored := func() bool { return wentBack(rc.GetWatermark(), seen, sent) }
 	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
 	switch rc.GetCode() {

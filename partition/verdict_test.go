@@ -698,6 +698,63 @@ func TestWatermarkInsideAnEmissionSentBeforeIsAck(t *testing.T) {
 	}
 }
 
+// A message that ran (its receipt lost) is replaced by a newer OVERWRITE
+// version: the stream's next emission straddles the receiver's watermark,
+// the old version's sequence, which the stream did send. No restore, in the
+// same run and after a restart of the relay (its high-water then comes from
+// the store); nothing runs twice.
+func TestWatermarkOfAMessageReplacedAfterItRanIsNoRestore(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
+			var rcfg partition.Config
+			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3; rcfg = *c })
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if n > 0 {
+						return nil, nil, false
+					}
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					rcs := make([]*pb.Receipt, len(envs))
+					for i, e := range envs {
+						f.receive(e) // ran; every receipt lost
+						rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 60_000}
+					}
+					return rcs, nil, true
+				}
+			})
+			k := func(typ string) *pb.StoredMessage {
+				sm := rg.msg("a@n1", typ)
+				sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
+				return sm
+			}
+			rg.storeAll(t, rg.msg("a@n1", "m0"), rg.msg("a@n1", "m1"), k("k2"))
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "first emission", func() bool { return rg.fake.callCount() >= 1 })
+			rg.storeAll(t, k("k3")) // replaces k2, which ran
+			if restart {
+				if err := rg.relay.Close(); err != nil {
+					t.Fatal(err)
+				}
+				r, err := partition.New(rcfg, rg.store, rg.fake)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rg.relay = r
+				rg.relay.Start()
+			}
+			rg.store.WakeNode("n1")
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+			if st := rg.relay.Stats(); st.Restores != 0 {
+				t.Fatalf("restores %d, want 0", st.Restores)
+			}
+			if got, want := rg.fake.ranTypes("a@n1"), []string{"m0", "m1", "k2", "k3"}; !slices.Equal(got, want) {
+				t.Fatalf("ran %v, want %v", got, want)
+			}
+		})
+	}
+}
+
 // A stream whose queue emptied keeps no high-water on disk: after a restart
 // of the relay it knows of nothing it sent, and the receiver's watermark
 // (the last message that ran) is above that. Its new messages are above
