@@ -266,6 +266,14 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir bool) {
 	if got := o.values(); !slices.Equal(got, []string{"o"}) {
 		t.Fatalf("other ran %v, want [o]", got)
 	}
+	// Restored alone, the outbox reused no sequence: nothing to find out.
+	want := uint64(0)
+	if wholeDir {
+		want = 1
+	}
+	if got := n1.Outbox().Stats().Restores; got != want {
+		t.Fatalf("restores %d, want %d", got, want)
+	}
 }
 
 // A restored sender's emission [w (another message under the watermark's

@@ -25,6 +25,10 @@ type OutboxStats struct {
 	outbox.Stats
 	InFlight    int            // AIMD slots held now, all peers
 	LimitByPeer map[string]int // current AIMD limit per peer
+	// Restores counts streams started again in a new epoch because a
+	// receiver had seen sequences this outbox never sent on them, or other
+	// messages under them: the outbox went back (restored from a backup).
+	Restores uint64
 }
 
 // Outbox returns the node's outbox view.
@@ -34,7 +38,7 @@ type outboxView struct{ n *Node }
 
 func (v outboxView) Stats() OutboxStats {
 	rs := v.n.relay.Stats()
-	return OutboxStats{Stats: v.n.store.Stats(), InFlight: rs.InFlight, LimitByPeer: rs.LimitByPeer}
+	return OutboxStats{Stats: v.n.store.Stats(), InFlight: rs.InFlight, LimitByPeer: rs.LimitByPeer, Restores: rs.Restores}
 }
 
 func (v outboxView) DeadLetters(f outbox.DLQFilter) ([]outbox.DeadLetter, error) {

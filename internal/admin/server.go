@@ -340,6 +340,7 @@ type OutboxStatsJSON struct {
 	DLQDepth         int            `json:"dlq_depth"`
 	Fsyncs           uint64         `json:"fsyncs"`
 	CommitFailures   uint64         `json:"commit_failures"`
+	StreamRestores   uint64         `json:"stream_restores"`
 }
 
 func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
@@ -348,7 +349,7 @@ func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
 		Depth: st.Depth, DepthByPeer: st.DepthByPeer, OldestAgeSeconds: st.OldestAge.Seconds(), InFlight: st.InFlight,
 		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
 		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced,
-		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs, CommitFailures: st.CommitFailures,
+		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs, CommitFailures: st.CommitFailures, StreamRestores: st.Restores,
 	})
 }
 

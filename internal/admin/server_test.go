@@ -79,7 +79,8 @@ func (f *fakeBackend) Stats() node.Stats {
 }
 
 func (f *fakeBackend) OutboxStats() node.OutboxStats {
-	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second}, LimitByPeer: map[string]int{"n2": 10}}
+	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second, CommitFailures: 6},
+		LimitByPeer: map[string]int{"n2": 10}, Restores: 2}
 }
 
 func (f *fakeBackend) ActorStats() []node.ActorStats {
@@ -288,6 +289,22 @@ func TestCheckAddr(t *testing.T) {
 		if err := admin.CheckAddr(tt.addr, tt.token, tt.tls); (err == nil) != tt.ok {
 			t.Errorf("CheckAddr(%q, %q, tls %v) = %v, want ok=%v", tt.addr, tt.token, tt.tls, err, tt.ok)
 		}
+	}
+}
+
+func TestOutboxStatsHandler(t *testing.T) {
+	ts, _, _ := newServer(t, "")
+	status, out := call(t, ts, "GET", "/v1/outbox/stats", "", "")
+	if status != 200 {
+		t.Fatalf("outbox stats: %d %v", status, out)
+	}
+	for k, want := range map[string]float64{"depth": 4, "oldest_age_seconds": 1, "commit_failures": 6, "stream_restores": 2} {
+		if out[k] != want {
+			t.Errorf("%s = %v, want %v (%v)", k, out[k], want, out)
+		}
+	}
+	if lim := out["limit_by_peer"].(map[string]any); lim["n2"] != float64(10) {
+		t.Errorf("limit_by_peer = %v", lim)
 	}
 }
 
