@@ -142,34 +142,43 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
 // messages n1 stored after the backup, and the watermark alone does not
 // give the restore away: the message under the watermark's sequence does
 // (other contents than the one stored there), and the sender starts a new
-// epoch. Either way every message is stored once, in order.
+// epoch. When n0 gave the watermark's sequence to a message for another
+// inbox, box's burst skips it: the watermark, between two of its messages
+// and none of them, gives the restore away. Every message is stored once,
+// in order.
 func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real daemons")
 	}
 	bin := buildMeshnode(t)
-	for _, withRecord := range []bool{false, true} {
-		name := "outbox.db alone"
-		if withRecord {
-			name = "with its sequence record"
-		}
-		t.Run(name, func(t *testing.T) { restoredBurst(t, bin, withRecord) })
+	for _, v := range []struct {
+		name              string
+		withRecord, other bool
+	}{
+		{"outbox.db alone", false, false},
+		{"with its sequence record", true, false},
+		{"with its sequence record, the watermark's sequence to another inbox", true, true},
+	} {
+		t.Run(v.name, func(t *testing.T) { restoredBurst(t, bin, v.withRecord, v.other) })
 	}
 }
 
-func restoredBurst(t *testing.T, bin string, withRecord bool) {
-	c := NewProcs(t, bin, 2, WithInboxes("box"))
+func restoredBurst(t *testing.T, bin string, withRecord, other bool) {
+	c := NewProcs(t, bin, 2, WithInboxes("box", "box2"))
 	to := "box@" + c.Name(1)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var sent []string
-	send := func(tag string) string {
+	sendTo := func(to, tag string) string {
 		out, err := c.Send(0, to, map[string]any{"tag": tag}, "")
 		if err != nil {
 			t.Fatalf("send %s: %v", tag, err)
 		}
-		sent = append(sent, tag)
 		return out
+	}
+	send := func(tag string) string {
+		sent = append(sent, tag)
+		return sendTo(to, tag)
 	}
 	send("a1")
 	send("a2")
@@ -188,7 +197,7 @@ func restoredBurst(t *testing.T, bin string, withRecord bool) {
 	if err := c.WaitConverged(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, tag := range []string{"a3", "a4", "a5"} {
+	for _, tag := range []string{"a3", "a4", "a5"} { // a5: box's watermark
 		t.Logf("%s: %s", tag, send(tag))
 	}
 	if err := c.WaitDrained(ctx); err != nil {
@@ -211,6 +220,10 @@ func restoredBurst(t *testing.T, bin string, withRecord bool) {
 		t.Fatal(err)
 	}
 	for i := 1; i <= 6; i++ {
+		if other && i == 3 {
+			// With the record restored, this takes a5's sequence.
+			t.Logf("o: %s", sendTo("box2@"+c.Name(1), "o"))
+		}
 		t.Logf("b%d: %s", i, send(fmt.Sprint("b", i)))
 	}
 	if err := c.Restart(1); err != nil {
@@ -221,6 +234,11 @@ func restoredBurst(t *testing.T, bin string, withRecord bool) {
 	}
 	if err := c.WaitDrained(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if other {
+		if got := drainedTags(t, c, 1, "box2"); !slices.Equal(got, []string{"o"}) {
+			t.Fatalf("box2 holds %v, want [o]", got)
+		}
 	}
 	var got []string
 	for _, m := range pullAll(t, c, 1, "box") {
