@@ -240,15 +240,7 @@ func restoredBurst(t *testing.T, bin string, withRecord, other bool) {
 			t.Fatalf("box2 holds %v, want [o]", got)
 		}
 	}
-	var got []string
-	for _, m := range pullAll(t, c, 1, "box") {
-		var body struct{ Tag string }
-		if err := json.Unmarshal(m.Body, &body); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, body.Tag)
-	}
-	if !slices.Equal(got, sent) {
+	if got := drainedTags(t, c, 1, "box"); !slices.Equal(got, sent) {
 		t.Fatalf("inbox holds %v; sent (each told Delivered or Queued) %v", got, sent)
 	}
 }
