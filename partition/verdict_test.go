@@ -402,16 +402,7 @@ func TestDuplicateWithinEmittedIsAck(t *testing.T) {
 	})
 	rg.queue(t, "a@n1", names("m", 5)...)
 	rg.relay.Start()
-	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
-	if st := rg.relay.Stats(); st.Restores != 0 {
-		t.Fatalf("restores %d", st.Restores)
-	}
-	if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
-		t.Fatalf("epoch changed to %d", e)
-	}
-	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, names("m", 5)) {
-		t.Fatalf("ran %v", got)
-	}
+	rg.noRestore(t, names("m", 5))
 	if c := rg.fake.codes(); c[pb.Receipt_DUPLICATE] != 3 {
 		t.Fatalf("receipts %v, want 3 duplicates", c)
 	}
@@ -440,19 +431,9 @@ func TestDuplicateCoveringItsOwnEmissionIsAck(t *testing.T) {
 			return rcs, nil, true
 		}
 	})
-	msgs := names("m", 4)
-	rg.queue(t, "a@n1", msgs...)
+	rg.queue(t, "a@n1", names("m", 4)...)
 	rg.relay.Start()
-	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
-	if st := rg.relay.Stats(); st.Restores != 0 {
-		t.Fatalf("restores %d, want 0", st.Restores)
-	}
-	if e, _, _ := rg.store.StreamState("a@n1"); e != 0 {
-		t.Fatalf("epoch changed to %d", e)
-	}
-	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, msgs) {
-		t.Fatalf("ran %v, want each once", got)
-	}
+	rg.noRestore(t, names("m", 4))
 }
 
 // The AIMD limit halves once per congestion event (an emission answered
@@ -651,23 +632,14 @@ func TestWatermarkInsideAnEmissionSentBeforeIsAck(t *testing.T) {
 		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
 			var rcfg partition.Config
 			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3; rcfg = *c })
-			rg.fake.set(func(f *fake) {
-				f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
-					if n > 0 {
-						return nil, nil, false
-					}
-					f.mu.Lock()
-					defer f.mu.Unlock()
-					rcs := make([]*pb.Receipt, len(envs))
-					for i, e := range envs {
-						rcs[i] = f.receive(e)
-					}
-					rcs[0] = nil // m000 ran; its receipt is lost
-					if restart {
-						rcs[0] = &pb.Receipt{MsgId: envs[0].GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 60_000}
-					}
-					return rcs, nil, true
+			rg.runFirstEmission(func(i int, e *pb.Envelope, rc *pb.Receipt) *pb.Receipt {
+				switch {
+				case i > 0:
+					return rc
+				case restart:
+					return heldBack(e) // m000 ran; its receipt holds it back until the restart
 				}
+				return nil // m000 ran; its receipt is lost
 			})
 			rg.queue(t, "a@n1", names("m", 4)...)
 			rg.relay.Start()
@@ -691,20 +663,8 @@ func TestWatermarkOfAMessageReplacedAfterItRanIsNoRestore(t *testing.T) {
 		t.Run(fmt.Sprintf("restart=%v", restart), func(t *testing.T) {
 			var rcfg partition.Config
 			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 3; rcfg = *c })
-			rg.fake.set(func(f *fake) {
-				f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
-					if n > 0 {
-						return nil, nil, false
-					}
-					f.mu.Lock()
-					defer f.mu.Unlock()
-					rcs := make([]*pb.Receipt, len(envs))
-					for i, e := range envs {
-						f.receive(e) // ran; every receipt lost
-						rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 60_000}
-					}
-					return rcs, nil, true
-				}
+			rg.runFirstEmission(func(_ int, e *pb.Envelope, _ *pb.Receipt) *pb.Receipt {
+				return heldBack(e) // ran; its receipt lost
 			})
 			k := func(typ string) *pb.StoredMessage {
 				sm := rg.msg("a@n1", typ)
@@ -752,6 +712,32 @@ func TestOldWatermarkBelowAnEmissionIsNoRestore(t *testing.T) {
 	if !failed.Load() {
 		t.Fatal("n000 never failed: the case did not happen")
 	}
+}
+
+// runFirstEmission makes the fake receiver run every message of the
+// relay's first emission and answer each with answer(its index, it, the
+// receipt the receiver made).
+func (rg *rig) runFirstEmission(answer func(i int, e *pb.Envelope, rc *pb.Receipt) *pb.Receipt) {
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if n > 0 {
+				return nil, nil, false
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				rcs[i] = answer(i, e, f.receive(e))
+			}
+			return rcs, nil, true
+		}
+	})
+}
+
+// heldBack is a receipt that defers e's stream for a minute (uncounted):
+// the test ends the wait with NodeAlive.
+func heldBack(e *pb.Envelope) *pb.Receipt {
+	return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 60_000}
 }
 
 // restartRelay closes rg's relay and starts another on the same store, as
