@@ -528,10 +528,12 @@ func (r *Relay) expireDue() time.Duration {
 		// The disk refused: looking again at once would meet it again.
 		r.expireWait = nextWriteRetry(r.expireWait)
 		return r.expireWait
-	case len(byKey) > 0 && !busy:
-		return 0 // more may be due at once (the next head of an old queue)
+	case len(byKey) > 0:
+		// More may be due at once (the next head of an old queue); a busy
+		// candidate is looked at again then too, and holds no other back.
+		return 0
 	case busy:
-		return time.Second
+		return time.Second // its emission or Ack decides; nothing else was due
 	case next == 0:
 		return time.Minute
 	}

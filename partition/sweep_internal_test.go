@@ -40,3 +40,49 @@ func TestSweepLeavesMessagesWhoseAckIsCommitting(t *testing.T) {
 		t.Fatalf("the sweep gave up a receipted message whose Ack was committing: %d dead letters, %d pending", s.DLQDepth, r.store.Pending("a@n1"))
 	}
 }
+
+// A candidate whose stream is sending is the emission's to decide, but it
+// holds back no other queue: when the sweep gave others up beside it, it
+// looks again at once (the next of a long queue may be due), not after the
+// second it waits when only busy candidates were left. Before, one stream
+// in flight held a down peer's expired backlog to 1,024 give-ups a second.
+func TestSweepGoesOnPastABusyCandidate(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	store := func(rcpt string, n int, ttl int64) {
+		t.Helper()
+		sms := make([]*pb.StoredMessage, n)
+		for i := range sms {
+			sms[i] = &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: "t", TtlMs: ttl}}
+		}
+		for _, err := range r.Store(context.Background(), sms) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	store("a@n1", 1, 1000) // its deadline first
+	store("b@n2", 1500, 2000)
+	st, err := r.lockStream("a@n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.sending = true // an emission of a@n1 awaits its receipts
+	st.mu.Unlock()
+	clk.Advance(3 * time.Second) // every TTL over; none of b@n2's was sent
+
+	wait := r.sweepOnce()
+	if got := r.store.Pending("b@n2"); got != 1500-1023 {
+		t.Fatalf("%d of b@n2's messages left after one look, want %d (1,024 candidates, one of them busy)", got, 1500-1023)
+	}
+	if wait != 0 {
+		t.Fatalf("sweep asks to look again in %v after giving messages up beside a busy one, want at once", wait)
+	}
+	r.sweepOnce()
+	if got, busy := r.store.Pending("b@n2"), r.store.Pending("a@n1"); got != 0 || busy != 1 {
+		t.Fatalf("pending after the next look: b@n2 %d, a@n1 %d; want 0 and 1 (the emission decides a@n1's)", got, busy)
+	}
+	if wait := r.sweepOnce(); wait <= 0 || wait > time.Second {
+		t.Fatalf("with only the busy candidate left the sweep looks again in %v, want within a second", wait)
+	}
+}
