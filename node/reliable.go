@@ -7,6 +7,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/queued"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
@@ -392,6 +393,7 @@ func (n *Node) deliverLocal(ctx context.Context, msgs []*pb.Envelope) ([]*pb.Rec
 	for i, env := range msgs {
 		n.deliverIncoming(self, env, func(rc *pb.Receipt) { ch <- indexed{i, rc} })
 	}
+	queued.Signal(ctx) // in the mailboxes, in order
 	out := make([]*pb.Receipt, len(msgs))
 	for got := 0; got < len(msgs); got++ {
 		select {

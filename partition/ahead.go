@@ -84,7 +84,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	}
 	r.ahead.m[st] = a
 	r.ahead.mu.Unlock()
-	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.cfg.BatchSize, MaxBytes: r.cfg.BatchBytes,
+	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.emissionSize(r.store.Pending(st.rcpt) - len(skip)), MaxBytes: r.cfg.BatchBytes,
 		Skip: skip, Below: below, EmittedHW: hw}
 	r.wg.Go(func() {
 		defer close(a.done)

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/meshnode/meshnode/internal/queued"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
@@ -62,12 +63,21 @@ type fake struct {
 	// intercept, when set, sees every Deliver first; it returns done to
 	// answer the call itself with rcs and err.
 	intercept func(ctx context.Context, n int, envs []*pb.Envelope) (rcs []*pb.Receipt, err error, done bool)
+	// lane, when set, makes the fake a lane as the transport's: it says
+	// when a call is queued (internal/queued), which lets the relay send a
+	// stream's next emission early, and receives a recipient's calls in
+	// the order they were queued (a held call holds those behind it).
+	lane   bool
+	queue  map[string][]int // recipient: calls queued and not yet received
+	turned *sync.Cond       // on mu: a call left a queue
 }
 
 func newFake() *fake {
-	return &fake{down: map[string]bool{}, handlers: map[string]handler{}, wm: map[string]uint64{},
+	f := &fake{down: map[string]bool{}, handlers: map[string]handler{}, wm: map[string]uint64{},
 		ran: map[string][]*pb.Envelope{}, inflight: map[string]int{}, maxFlight: map[string]int{},
-		nodeMsgs: map[string]int{}, maxNode: map[string]int{}}
+		nodeMsgs: map[string]int{}, maxNode: map[string]int{}, queue: map[string][]int{}}
+	f.turned = sync.NewCond(&f.mu)
+	return f
 }
 
 func (f *fake) Alive(node string) bool {
@@ -85,14 +95,24 @@ func (f *fake) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([
 	f.maxFlight[rcpt] = max(f.maxFlight[rcpt], f.inflight[rcpt])
 	f.nodeMsgs[node] += len(envs)
 	f.maxNode[node] = max(f.maxNode[node], f.nodeMsgs[node])
-	intercept := f.intercept
+	intercept, lane := f.intercept, f.lane
+	if lane {
+		f.queue[rcpt] = append(f.queue[rcpt], n)
+	}
 	f.mu.Unlock()
 	defer func() {
 		f.mu.Lock()
 		f.inflight[rcpt]--
 		f.nodeMsgs[node] -= len(envs)
+		if lane {
+			f.queue[rcpt] = slices.DeleteFunc(f.queue[rcpt], func(c int) bool { return c == n })
+			f.turned.Broadcast()
+		}
 		f.mu.Unlock()
 	}()
+	if lane {
+		queued.Signal(ctx)
+	}
 	for _, e := range envs[1:] {
 		if e.GetRecipient() != rcpt {
 			panic("an emission mixes streams")
@@ -106,6 +126,9 @@ func (f *fake) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for lane && f.queue[rcpt][0] != n {
+		f.turned.Wait()
+	}
 	if !done {
 		if f.down[node] {
 			rcs, err = nil, fmt.Errorf("fake: %s unreachable", node)

@@ -47,6 +47,7 @@ type Stats struct {
 	Iterations  uint64         // loop iterations, all partitions (an idle relay does none)
 	Batches     uint64         // emissions sent by the relay (direct attempts not included)
 	ReadAhead   uint64         // of those, emissions read while the one before awaited its receipts
+	Pipelined   uint64         // of those, emissions sent while the one before awaited its receipts
 	Direct      uint64         // direct attempts made by Send
 	Delivered   uint64         // messages acked after a positive receipt
 	Failed      uint64         // emissions that ended with a non-positive or missing receipt
@@ -113,8 +114,11 @@ type Relay struct {
 	// ack is store.Ack; tests that make a disk fail replace it before Start.
 	ack func(recipient string, seqs []uint64) error
 
+	// queues: the Deliverer said it queued an emission (follow).
+	queues atomic.Bool
+
 	iterations, batches, direct, delivered, failed atomic.Uint64
-	deferred, outOfOrder, restores                 atomic.Uint64
+	deferred, outOfOrder, restores, pipelined      atomic.Uint64
 }
 
 // part is one partition: one loop and the streams it drains.
@@ -239,6 +243,7 @@ func (r *Relay) Stats() Stats {
 		Iterations:  r.iterations.Load(),
 		Batches:     r.batches.Load(),
 		ReadAhead:   r.ahead.used.Load(),
+		Pipelined:   r.pipelined.Load(),
 		Direct:      r.direct.Load(),
 		Delivered:   r.delivered.Load(),
 		Failed:      r.failed.Load(),

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/address"
+	"github.com/meshnode/meshnode/internal/queued"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
@@ -447,7 +448,7 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
-	n := min(r.cfg.BatchSize, r.store.Pending(rcpt)-r.skipped(st))
+	n := r.emissionSize(r.store.Pending(rcpt) - r.skipped(st))
 	if n <= 0 {
 		return false
 	}
@@ -469,25 +470,162 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	return true
 }
 
-// deliver makes one emission of st and applies its receipts in order.
+// emission is one Deliver call of a stream: its messages, their envelopes
+// as sent, and, once done is closed, its receipts.
+type emission struct {
+	msgs  []*pb.StoredMessage
+	envs  []*pb.Envelope
+	seen  uint64 // the stream's emitted high-water before it
+	slots int    // the peer's AIMD slots it holds until released
+	// queued is closed once the Deliverer has queued it on its path
+	// (internal/queued), if it says so; done once Deliver returned.
+	queued, done chan struct{}
+
+	receipts []*pb.Receipt // valid once done is closed
+	err      error
+}
+
+// top is the highest sequence of e.
+func (e *emission) top() uint64 { return e.envs[len(e.envs)-1].GetSequence() }
+
+// emissionSize is how many of n queued messages one emission takes: all of
+// them up to BatchSize, and half of BatchSize when more are queued (a
+// drain), so that the stream's next emission can go while this one awaits
+// its receipts (follow) and the two hold no more of the receiver's mailbox
+// than one full emission would.
+//
+// Only a Deliverer that says when it queued an emission (internal/queued)
+// lets follow send early; until one has, emissions take BatchSize.
+func (r *Relay) emissionSize(n int) int {
+	if n > r.cfg.BatchSize && r.queues.Load() {
+		return (r.cfg.BatchSize + 1) / 2
+	}
+	return min(n, r.cfg.BatchSize)
+}
+
+// send builds the envelopes of msgs, the stream's next emission after the
+// sequence prev (0: from the frontier), raises the stream's emitted
+// high-water, starts reading the emission after it and puts it on the wire.
+// Caller holds st.mu.
+func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, prev uint64, slots int) *emission {
+	e := &emission{msgs: msgs, envs: make([]*pb.Envelope, len(msgs)), seen: st.emittedHW, slots: slots,
+		queued: make(chan struct{}), done: make(chan struct{})}
+	nowMs := r.store.ElapsedMs()
+	for i, m := range msgs {
+		e.envs[i] = r.wire(m, prev, st.epoch, nowMs)
+		prev = e.envs[i].GetSequence()
+	}
+	st.emittedHW = max(st.emittedHW, prev)
+	r.batches.Add(1)
+	r.readAhead(st, req, msgs, st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow()))
+	r.wg.Go(func() {
+		defer close(e.done)
+		dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
+		defer cancel()
+		var once sync.Once
+		dctx = queued.With(dctx, func() {
+			once.Do(func() {
+				r.queues.Store(true)
+				close(e.queued)
+			})
+		})
+		e.receipts, e.err = r.routes.deliver(dctx, st.node, e.envs)
+	})
+	return e
+}
+
+// follow sends st's next emission while cur awaits its receipts, when it
+// was read ahead before they came (ahead.go) and a Head would return it
+// first if every receipt of cur comes back positive: chained to cur's last
+// message, it runs at the receiver only after all of cur did, so if cur is
+// not clean its messages are refused, and its receipts are not read (they
+// are lost, as far as the stream knows: its messages stay queued and go
+// again from the frontier). It returns nil when it sent nothing.
+func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) *emission {
+	r.ahead.mu.Lock()
+	a := r.ahead.m[st]
+	r.ahead.mu.Unlock()
+	if a == nil {
+		return nil
+	}
+	select {
+	case <-a.done:
+	case <-cur.done:
+		return nil // settled first: the next emission reads it with head
+	}
+	select {
+	case <-cur.queued:
+		// Queued behind cur on the same path: the receiver takes it
+		// after cur.
+	case <-cur.done:
+		return nil // not queued as far as anyone said
+	}
+	if r.ctx.Err() != nil || !r.d.Alive(st.node) || r.routes.forwarding(st.node) {
+		// Through a forwarder, two emissions may overtake each other.
+		return nil
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.ackBatches >= r.cfg.MaxAckPending {
+		return nil
+	}
+	sent := make([]uint64, len(cur.envs))
+	for i, e := range cur.envs {
+		sent[i] = e.GetSequence()
+	}
+	skip := mergeSorted(st.acking, sent)
+	req := outbox.HeadRequest{Recipient: st.rcpt, Max: r.emissionSize(r.store.Pending(st.rcpt) - len(skip)), MaxBytes: r.cfg.BatchBytes,
+		Skip: skip, EmittedHW: st.emittedHW}
+	if len(st.storing) > 0 {
+		req.Below = st.storing[0]
+	}
+	msgs := r.usable(a, req)
+	if msgs == nil || msgs[0].GetEnvelope().GetSequence() <= cur.top() {
+		r.dropAhead(st) // a Head now would differ: so would one after cur
+		return nil
+	}
+	g := lim.TryAcquire(len(msgs))
+	if g == 0 {
+		return nil // the read stays for head
+	}
+	if lim.InFlight() >= lim.Limit() {
+		r.exclude(st.node, lim)
+	}
+	r.dropAhead(st)
+	r.ahead.used.Add(1)
+	r.pipelined.Add(1)
+	req.Max = g
+	return r.send(st, req, msgs[:g], cur.top(), g)
+}
+
+// deliver makes one emission of st, and the emissions that follow it while
+// each awaits its receipts, and applies their receipts in order.
 //
 // Pipelining: when every receipt is positive, the stream may start its
 // next emission before this one's Ack has committed; the acked sequences
 // stay in st.acking (skipped by Head) until the commit, or, if it fails,
 // until the sweeper's retry commits (ackretry.go). After any
 // other outcome the stream stays busy until the verdict and the acks are
-// recorded, so the next emission starts at the frontier.
+// recorded, and the emission that followed it has come back, so the next
+// emission starts at the frontier.
 func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest) {
 	defer r.wg.Done()
-	released, sending := false, true
-	release := func() {
-		if !released {
-			released = true
-			r.release(st.node, lim, slots)
+	sending := true
+	var out []*emission // sent and holding slots
+	release := func(e *emission) {
+		if e.slots > 0 {
+			r.release(st.node, lim, e.slots)
+			e.slots = 0
 		}
 	}
 	defer func() {
-		release()
+		for _, e := range out {
+			<-e.done
+			release(e)
+		}
+		if slots > 0 {
+			r.release(st.node, lim, slots) // nothing was sent
+		}
 		if sending {
 			st.mu.Lock()
 			st.sending = false
@@ -526,64 +664,93 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		}
 		return
 	}
-	nowMs := r.store.ElapsedMs()
 	st.mu.Lock()
-	epoch, seen := st.epoch, st.emittedHW
-	envs := make([]*pb.Envelope, len(msgs))
-	var prev uint64
-	for i, m := range msgs {
-		envs[i] = r.wire(m, prev, epoch, nowMs)
-		prev = envs[i].GetSequence()
-	}
-	st.emittedHW = max(st.emittedHW, prev)
-	hw, below := st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow())
+	cur := r.send(st, req, msgs, 0, slots)
 	st.mu.Unlock()
-	r.batches.Add(1)
-	r.readAhead(st, req, msgs, hw, below)
-	dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
-	receipts, derr := r.routes.deliver(dctx, st.node, envs)
-	cancel()
-	// The peer's share of the work is over when the receipts are back:
-	// free its AIMD slots now so other recipients of the node need not wait
-	// for this emission's ack fsync.
-	release()
-	r.wakeAll()
-	if r.ctx.Err() != nil {
-		// Closing: the messages stay queued and are sent again later;
-		// acks of positive receipts are still recorded.
-		derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
+	slots = 0
+	out = append(out, cur)
+	next := r.follow(st, lim, cur)
+	for {
+		if next != nil {
+			out = append(out, next)
+		}
+		<-cur.done
+		// The peer's share of the work is over when the receipts are back:
+		// free its AIMD slots now so other recipients of the node need not
+		// wait for this emission's ack fsync.
+		release(cur)
+		out = slices.DeleteFunc(out, func(e *emission) bool { return e == cur })
+		r.wakeAll()
+		derr := cur.err
+		if r.ctx.Err() != nil {
+			// Closing: the messages stay queued and are sent again later;
+			// acks of positive receipts are still recorded.
+			derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
+		}
+		onWire := cur.envs
+		if next != nil {
+			onWire = slices.Concat(cur.envs, next.envs)
+		}
+		acks, clean := r.process(st, cur.msgs, cur.envs, cur.receipts, derr, cur.seen, onWire)
+		var after *emission
+		switch {
+		case !clean:
+			r.dropAhead(st) // the next emission starts at the frontier
+		case next == nil:
+			// Every receipt positive: let the next emission go while
+			// this Ack waits for its fsync.
+			sending = false
+			r.acking(st, acks, true)
+		default:
+			// The one after next goes before this Ack's fsync.
+			r.acking(st, acks, false)
+			after = r.follow(st, lim, next)
+		}
+		if len(acks) > 0 {
+			r.settle(st, acks, clean)
+		}
+		if !clean || next == nil {
+			// Whatever followed cur is waited for (by the deferred
+			// release) before the stream is free again; its receipts
+			// are not read.
+			return
+		}
+		cur, next = next, after
 	}
-	acks, clean := r.process(st, msgs, envs, receipts, derr, seen)
-	if !clean {
-		r.dropAhead(st) // the next emission starts at the frontier
-	}
-	if len(acks) == 0 {
-		return
-	}
-	if clean {
-		// Every receipt positive: let the next emission go while this Ack
-		// waits for its fsync.
-		sending = false
-		st.mu.Lock()
+}
+
+// acking lists the acks of a clean emission as committing: its next
+// emission may skip them. free says the stream may start its next emission
+// now.
+func (r *Relay) acking(st *stream, acks []uint64, free bool) {
+	st.mu.Lock()
+	if free {
 		st.sending = false
-		st.ackBatches++
-		st.acking = mergeSorted(st.acking, acks)
-		st.updateBlocked(r.cfg.MaxAckPending)
-		st.mu.Unlock()
+	}
+	st.ackBatches++
+	st.acking = mergeSorted(st.acking, acks)
+	st.updateBlocked(r.cfg.MaxAckPending)
+	st.mu.Unlock()
+	if free {
 		r.Notify(st.rcpt)
 	}
-	err = r.ack(st.rcpt, acks)
+}
+
+// settle commits the acks of a settled emission; clean says acking listed
+// them already.
+func (r *Relay) settle(st *stream, acks []uint64, clean bool) {
+	err := r.ack(st.rcpt, acks)
 	if err != nil {
 		// The receiver ran them; only the record of it failed. They stay
 		// skipped (st.acking), neither sent again nor given up by the
 		// sweeper, which retries the Ack.
-		st.mu.Lock()
 		if !clean {
+			st.mu.Lock()
 			st.ackBatches++
 			st.acking = mergeSorted(st.acking, acks)
 			st.updateBlocked(r.cfg.MaxAckPending)
+			st.mu.Unlock()
 		}
-		st.mu.Unlock()
 		r.ackLater(st, acks, err)
 		return
 	}
@@ -598,7 +765,11 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 // sequences to ack; clean reports that every message came back positive.
 // The first non-positive outcome decides what happens next; messages after
 // it that did not come back positive stay queued, uncounted.
-func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
+//
+// onWire lists, ascending, what the stream has on the wire: the emission
+// and the one that followed it, if any; a receiver's watermark may be any
+// of their sequences.
+func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64, onWire []*pb.Envelope) (acks []uint64, clean bool) {
 	decided, congested := false, false
 	defer func() {
 		if congested {
@@ -626,7 +797,7 @@ func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelop
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
-		v := r.judge(st, e, rc, derr, i, seen, envs)
+		v := r.judge(st, e, rc, derr, i, seen, onWire)
 		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())

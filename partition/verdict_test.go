@@ -287,7 +287,19 @@ func TestRestoredSenderStartsNewEpoch(t *testing.T) {
 	}
 	// Another stream restored gets a different random epoch.
 	rg := newRig(t, nil, nil)
-	rg.fake.set(func(f *fake) { f.intercept = refuse(2, every(pb.Receipt_DUPLICATE, 0, 1<<40)) })
+	refused := map[string]bool{} // the first emission of each stream: the two go in any order
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(ctx context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if refused[envs[0].GetRecipient()] {
+				return nil, nil, false
+			}
+			refused[envs[0].GetRecipient()] = true
+			rcs, err := every(pb.Receipt_DUPLICATE, 0, 1<<40)(ctx, envs)
+			return rcs, err, true
+		}
+	})
 	rg.queue(t, "a@n1", "x")
 	rg.queue(t, "b@n1", "y")
 	rg.relay.Start()

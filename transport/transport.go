@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
+	"github.com/meshnode/meshnode/internal/queued"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -344,6 +345,7 @@ func (t *Transport) RequestBatch(ctx context.Context, node string, envs []*pb.En
 	}); err != nil {
 		return out, errors.Join(err, unsendableErr(unsendable))
 	}
+	queued.Signal(ctx) // on the lane, behind what was queued on it before
 	select {
 	case <-settled:
 	case <-ctx.Done():
