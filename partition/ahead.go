@@ -84,7 +84,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	}
 	r.ahead.m[st] = a
 	r.ahead.mu.Unlock()
-	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.emissionSize(r.store.Pending(st.rcpt) - len(skip)), MaxBytes: r.cfg.BatchBytes,
+	next := outbox.HeadRequest{Recipient: st.rcpt, Max: r.drainSize(), MaxBytes: r.cfg.BatchBytes,
 		Skip: skip, Below: below, EmittedHW: hw}
 	r.wg.Go(func() {
 		defer close(a.done)
@@ -150,7 +150,7 @@ func (r *Relay) head(st *stream, req outbox.HeadRequest) ([]*pb.StoredMessage, i
 // usable returns the part of a that a Head under req would return now,
 // or nil when it might differ.
 func (r *Relay) usable(a *ahead, req outbox.HeadRequest) []*pb.StoredMessage {
-	if !a.ok || a.edits%2 != 0 || a.edits != r.store.Edits() || !subset(req.Skip, a.skip) {
+	if !a.ok || req.Max <= 0 || a.edits%2 != 0 || a.edits != r.store.Edits() || !subset(req.Skip, a.skip) {
 		return nil
 	}
 	msgs := a.msgs[:min(len(a.msgs), req.Max)]

@@ -19,7 +19,8 @@ type Config struct {
 	MaxDue      int           // recipients taken from the store per loop iteration
 	// MaxAckPending bounds, per stream, the fully positive emissions whose
 	// Ack is still committing while the next one is sent (pipelining).
-	// The unreceipted emission in flight is always at most one.
+	// Emissions awaiting their receipts are at most two, the second
+	// chained to the first (see Deliverer).
 	MaxAckPending int
 	// DeliverTimeout bounds one emission's wait for its receipts. A receipt
 	// lost while the connection stays up would otherwise hold the stream,

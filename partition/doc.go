@@ -19,11 +19,18 @@
 //     being stored holds back every higher one of its stream
 //     (HeadRequest.Below); the stream waits for that commit rather than
 //     polling.
-//   - At most one emission per stream awaits its receipts. When all its
-//     receipts are positive, the next emission may go while its Ack still
-//     commits (up to MaxAckPending of them), starting after the acked
-//     messages; otherwise the stream waits until the verdict and the acks
-//     are recorded and starts again from its frontier.
+//   - At most two emissions per stream await their receipts. While one
+//     does, the stream's next emission is read ahead, and sent once the
+//     Deliverer says the first is queued on its path (internal/queued:
+//     the transport and local delivery do), its first message naming the
+//     first's last: the receiver runs none of it unless all of the first
+//     ran. Its receipts are read only if the first's were all positive;
+//     otherwise they are dropped like lost ones and the stream waits for
+//     it to come back. Emissions of a drain are then half of BatchSize.
+//     When all an emission's receipts are positive, the next may go while
+//     its Ack still commits (up to MaxAckPending of them), starting after
+//     the acked messages; otherwise the stream waits until the verdict and
+//     the acks are recorded and starts again from its frontier.
 //   - Send makes a direct attempt only when the stream is settled: nothing
 //     of it stored, being stored, sent or being acked. Meanwhile later
 //     Sends of the stream are stored and nothing of it is emitted. An

@@ -13,9 +13,10 @@ type LimiterConfig struct {
 // flight to one peer; a relay emission is a batch over one round trip
 // (which includes the receiver's group commit), so Max also bounds what one
 // peer can receive per round trip. It is shared by all the streams to the
-// peer, each of which has at most one emission (Config.BatchSize) out: at
-// 4,096, four streams draining at once each send full emissions, where at
-// 1,024 eight streams split one emission's worth.
+// peer, each of which has at most one emission's worth (Config.BatchSize;
+// two half emissions while it drains) out: at 4,096, four streams draining
+// at once each send full emissions, where at 1,024 eight streams split one
+// emission's worth.
 func DefaultLimiterConfig() LimiterConfig {
 	return LimiterConfig{
 		Initial: 10,   // a new peer starts gently

@@ -23,11 +23,18 @@ type Deliverer interface {
 	Alive(node string) bool
 	// Deliver sends one emission of one stream: msgs are for one
 	// recipient, in sequence order, each naming the one before it
-	// (PrevSequence; 0 for the first). It returns one receipt per message
+	// (PrevSequence; the first names 0, or the last message of the
+	// stream's emission still in flight). It returns one receipt per message
 	// in order; a nil receipt means none came back (err says why). An
 	// envelope that could not be put on the wire at all is reported in err
 	// as an *UnsendableError while the others are sent; a full local send
 	// queue wraps ErrCongested. It must return when ctx ends.
+	//
+	// A Deliverer of this module also says, through ctx (internal/queued),
+	// when msgs are queued on their path behind anything queued there
+	// before: the relay then sends the stream's next emission without
+	// waiting for these receipts. A Deliverer that does not say so gets
+	// one emission per stream at a time.
 	Deliver(ctx context.Context, node string, msgs []*pb.Envelope) ([]*pb.Receipt, error)
 }
 

@@ -503,6 +503,9 @@ func (r *Relay) emissionSize(n int) int {
 	return min(n, r.cfg.BatchSize)
 }
 
+// drainSize is the size of an emission while more waits behind it.
+func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
+
 // send builds the envelopes of msgs, the stream's next emission after the
 // sequence prev (0: from the frontier), raises the stream's emitted
 // high-water, starts reading the emission after it and puts it on the wire.
@@ -573,9 +576,8 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) *emission {
 	for i, e := range cur.envs {
 		sent[i] = e.GetSequence()
 	}
-	skip := mergeSorted(st.acking, sent)
-	req := outbox.HeadRequest{Recipient: st.rcpt, Max: r.emissionSize(r.store.Pending(st.rcpt) - len(skip)), MaxBytes: r.cfg.BatchBytes,
-		Skip: skip, EmittedHW: st.emittedHW}
+	req := outbox.HeadRequest{Recipient: st.rcpt, Max: r.drainSize(), MaxBytes: r.cfg.BatchBytes,
+		Skip: mergeSorted(st.acking, sent), EmittedHW: st.emittedHW}
 	if len(st.storing) > 0 {
 		req.Below = st.storing[0]
 	}

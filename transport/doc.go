@@ -42,7 +42,10 @@
 //     envelope with more than MaxHeaders headers or MaxHeaderBytes of them
 //     is refused before it is decoded.
 //   - Request waiters end with the receipt, ErrConnLost when their
-//     connection fails or is closed, or the context error.
+//     connection fails or is closed, or the context error. RequestBatch
+//     tells a caller that asks (internal/queued) when the batch is queued
+//     on its lane, before the receipts: a batch queued after that one for
+//     the same recipient and connection reaches the peer after it.
 //   - A connection that carried no frame either way for IdleConnTimeout
 //     (2 min; QUIC's keep-alive PINGs do not count) is closed with a GoAway
 //     of CodeIdle, never while a request waits for a receipt on it or
