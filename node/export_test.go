@@ -62,6 +62,10 @@ func (n *Node) ForceCommitInterleaving(id StreamID, kb []byte) error {
 // stream may make a direct attempt again.
 func (n *Node) RelayDelivered() uint64 { return n.relay.Stats().Delivered }
 
+// RelayPipelined returns how many emissions the relay sent before the
+// receipts of the one before them.
+func (n *Node) RelayPipelined() uint64 { return n.relay.Stats().Pipelined }
+
 // MemberEvent hands ev to the node as if membership had published it.
 func (n *Node) MemberEvent(ev mesh.Event) { n.onMemberEvent(ev) }
 
