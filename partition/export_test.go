@@ -17,3 +17,7 @@ func (r *Relay) AheadRead(rcpt string) bool {
 	}
 	return false
 }
+
+// OnFollow hears each decision whether to send a stream's next emission
+// before the receipts of the one in flight. Call it before Start.
+func (r *Relay) OnFollow(fn func(sent bool)) { r.onFollow = fn }

@@ -118,6 +118,9 @@ type Relay struct {
 	// afterLookup, set only by tests before Start, runs in lockStream
 	// between finding a stream and locking it.
 	afterLookup func(rcpt string)
+	// onFollow, set only by tests before Start, hears each of follow's
+	// decisions (whether it sent an emission early).
+	onFollow func(sent bool)
 	// ack is store.Ack; tests that make a disk fail replace it before Start.
 	ack func(recipient string, seqs []uint64) error
 

@@ -66,7 +66,13 @@ type stream struct {
 	ackBatches int
 	// deferrals counts deferrals since the last positive receipt: the
 	// backoff exponent for delays nobody is charged for.
-	deferrals int
+	deferrals int32
+	// proven: an emission came back clean in the stream's epoch since it
+	// was loaded, so the receiver's watermark is one this stream set. A
+	// restore shows in the first emission alone; until then follow sends
+	// nothing early, since a watermark of a sequence that went early
+	// would look like one this stream set.
+	proven bool
 }
 
 // settled reports that nothing of the stream is unresolved: a direct
@@ -421,7 +427,7 @@ func (r *Relay) newEpoch(st *stream) {
 		return
 	}
 	st.mu.Lock()
-	st.epoch = epoch
+	st.epoch, st.proven = epoch, false
 	st.mu.Unlock()
 	r.restores.Add(1)
 	r.cfg.Logger.Warn("relay: the receiver has seen sequences this outbox never sent, or other messages under them: its state went back (restored from a backup?); starting a new epoch of the stream",
@@ -544,7 +550,10 @@ func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessag
 // not clean its messages are refused, and its receipts are not read (they
 // are lost, as far as the stream knows: its messages stay queued and go
 // again from the frontier). It returns nil when it sent nothing.
-func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) *emission {
+func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission) {
+	if r.onFollow != nil {
+		defer func() { r.onFollow(early != nil) }()
+	}
 	r.ahead.mu.Lock()
 	a := r.ahead.m[st]
 	r.ahead.mu.Unlock()
@@ -569,7 +578,7 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) *emission {
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.ackBatches >= r.cfg.MaxAckPending {
+	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending {
 		return nil
 	}
 	sent := make([]uint64, len(cur.envs))
@@ -689,11 +698,28 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 			// acks of positive receipts are still recorded.
 			derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
 		}
-		onWire := cur.envs
-		if next != nil {
-			onWire = slices.Concat(cur.envs, next.envs)
+		envs, receipts := cur.envs, cur.receipts
+		if next != nil && aboveTop(cur) {
+			// A watermark above all of cur and all sent before: the
+			// receiver ran some of next before it answered cur, or this
+			// sender's state went back (a restored backup). Only next's
+			// receipts tell which: the two are judged as one emission
+			// (a watermark is then either one of theirs or a restore),
+			// or, when either came back incomplete, as lost.
+			<-next.done
+			release(next)
+			out = slices.DeleteFunc(out, func(e *emission) bool { return e == next })
+			if derr == nil && next.err == nil {
+				envs = slices.Concat(cur.envs, next.envs)
+				receipts = slices.Concat(padded(cur.receipts, len(cur.envs)), next.receipts)
+			} else {
+				// Not next.err: its unsendable envelopes are numbered
+				// within next.
+				receipts, derr = nil, errors.Join(errFollowerUnknown, derr)
+			}
+			next = nil
 		}
-		acks, clean := r.process(st, cur.msgs, cur.envs, cur.receipts, derr, cur.seen, onWire)
+		acks, clean := r.process(st, envs, receipts, derr, cur.seen)
 		var after *emission
 		switch {
 		case !clean:
@@ -721,6 +747,24 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	}
 }
 
+// errFollowerUnknown: an emission's receipts showed a watermark only the
+// one after it could explain, and that one came back incomplete.
+var errFollowerUnknown = errors.New("partition: a watermark above the emission, and the receipts of the one after it incomplete")
+
+// aboveTop reports that a receipt of e names a watermark above every
+// sequence of e and above what the stream had sent before it.
+func aboveTop(e *emission) bool {
+	top := max(e.seen, e.top())
+	return slices.ContainsFunc(e.receipts, func(rc *pb.Receipt) bool { return rc.GetWatermark() > top })
+}
+
+// padded returns the first n of rcs, nil (no receipt) where rcs is short.
+func padded(rcs []*pb.Receipt, n int) []*pb.Receipt {
+	out := make([]*pb.Receipt, n)
+	copy(out, rcs)
+	return out
+}
+
 // acking lists the acks of a clean emission as committing: its next
 // emission may skip them. free says the stream may start its next emission
 // now.
@@ -729,6 +773,7 @@ func (r *Relay) acking(st *stream, acks []uint64, free bool) {
 	if free {
 		st.sending = false
 	}
+	st.proven = true
 	st.ackBatches++
 	st.acking = mergeSorted(st.acking, acks)
 	st.updateBlocked(r.cfg.MaxAckPending)
@@ -767,11 +812,7 @@ func (r *Relay) settle(st *stream, acks []uint64, clean bool) {
 // sequences to ack; clean reports that every message came back positive.
 // The first non-positive outcome decides what happens next; messages after
 // it that did not come back positive stay queued, uncounted.
-//
-// onWire lists, ascending, what the stream has on the wire: the emission
-// and the one that followed it, if any; a receiver's watermark may be any
-// of their sequences.
-func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64, onWire []*pb.Envelope) (acks []uint64, clean bool) {
+func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
 	decided, congested := false, false
 	defer func() {
 		if congested {
@@ -799,7 +840,7 @@ func (r *Relay) process(st *stream, msgs []*pb.StoredMessage, envs []*pb.Envelop
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
-		v := r.judge(st, e, rc, derr, i, seen, onWire)
+		v := r.judge(st, e, rc, derr, i, seen, envs)
 		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())
@@ -1000,7 +1041,7 @@ func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts i
 		st.mu.Lock()
 		first := st.deferrals == 0
 		st.deferrals++
-		n := st.deferrals
+		n := int(st.deferrals)
 		st.mu.Unlock()
 		if first && v.retryAfter > 0 {
 			// The first deferral since the stream last made progress
@@ -1050,7 +1091,7 @@ func (r *Relay) apply(st *stream, v verdict, seq uint64, record bool, attempts i
 func (r *Relay) unrecorded(st *stream) {
 	st.mu.Lock()
 	st.deferrals++
-	n := st.deferrals
+	n := int(st.deferrals)
 	st.mu.Unlock()
 	r.deferFor(st.rcpt, r.cfg.Backoff.Delay(n))
 }
