@@ -208,7 +208,7 @@ func theNextRan(f *fake, envs []*pb.Envelope) []*pb.Receipt {
 
 // The receipts of an emission may carry a watermark of the one sent after
 // it (the receiver ran both before the first's receipts went out): a
-// sequence this stream sent, not a restore; the two are judged together.
+// sequence this stream sent, not a restore.
 func TestWatermarkOfTheNextEmissionIsNoRestore(t *testing.T) {
 	rg := laneRig(t)
 	holdUntilFollowed(t, rg, theNextRan)
@@ -218,10 +218,9 @@ func TestWatermarkOfTheNextEmissionIsNoRestore(t *testing.T) {
 	}
 }
 
-// As above, but the next emission's receipts are lost: which of the two
-// the watermark speaks of cannot be told, so the first's receipts count
-// as lost too (no restore, nothing acked), and both go again in the same
-// epoch, where the receiver answers DUPLICATE.
+// As above, but the next emission's receipts are lost: the first is acked
+// (the watermark is still one this stream set), the next goes again in
+// the same epoch and the receiver answers DUPLICATE.
 func TestWatermarkOfALostNextEmissionIsNoRestore(t *testing.T) {
 	rg := laneRig(t)
 	holdUntilFollowed(t, rg, theNextRan)

@@ -698,28 +698,15 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 			// acks of positive receipts are still recorded.
 			derr = fmt.Errorf("partition: relay closing: %w", r.ctx.Err())
 		}
-		envs, receipts := cur.envs, cur.receipts
-		if next != nil && aboveTop(cur) {
-			// A watermark above all of cur and all sent before: the
-			// receiver ran some of next before it answered cur, or this
-			// sender's state went back (a restored backup). Only next's
-			// receipts tell which: the two are judged as one emission
-			// (a watermark is then either one of theirs or a restore),
-			// or, when either came back incomplete, as lost.
-			<-next.done
-			release(next)
-			out = slices.DeleteFunc(out, func(e *emission) bool { return e == next })
-			if derr == nil && next.err == nil {
-				envs = slices.Concat(cur.envs, next.envs)
-				receipts = slices.Concat(padded(cur.receipts, len(cur.envs)), next.receipts)
-			} else {
-				// Not next.err: its unsendable envelopes are numbered
-				// within next.
-				receipts, derr = nil, errors.Join(errFollowerUnknown, derr)
-			}
-			next = nil
+		// The receiver may have run some of next before it answered cur:
+		// a watermark of next's is one this stream set. Only a proven
+		// stream sends next early (follow), and its watermarks are all
+		// its own: a restore would have shown in its first emission.
+		onWire := cur.envs
+		if next != nil {
+			onWire = slices.Concat(cur.envs, next.envs)
 		}
-		acks, clean := r.process(st, envs, receipts, derr, cur.seen)
+		acks, clean := r.process(st, cur.envs, cur.receipts, derr, cur.seen, onWire)
 		var after *emission
 		switch {
 		case !clean:
@@ -745,24 +732,6 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		}
 		cur, next = next, after
 	}
-}
-
-// errFollowerUnknown: an emission's receipts showed a watermark only the
-// one after it could explain, and that one came back incomplete.
-var errFollowerUnknown = errors.New("partition: a watermark above the emission, and the receipts of the one after it incomplete")
-
-// aboveTop reports that a receipt of e names a watermark above every
-// sequence of e and above what the stream had sent before it.
-func aboveTop(e *emission) bool {
-	top := max(e.seen, e.top())
-	return slices.ContainsFunc(e.receipts, func(rc *pb.Receipt) bool { return rc.GetWatermark() > top })
-}
-
-// padded returns the first n of rcs, nil (no receipt) where rcs is short.
-func padded(rcs []*pb.Receipt, n int) []*pb.Receipt {
-	out := make([]*pb.Receipt, n)
-	copy(out, rcs)
-	return out
 }
 
 // acking lists the acks of a clean emission as committing: its next
@@ -812,7 +781,10 @@ func (r *Relay) settle(st *stream, acks []uint64, clean bool) {
 // sequences to ack; clean reports that every message came back positive.
 // The first non-positive outcome decides what happens next; messages after
 // it that did not come back positive stay queued, uncounted.
-func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64) (acks []uint64, clean bool) {
+//
+// onWire lists, ascending, what the stream has on the wire: envs, and the
+// emission sent after it, if any.
+func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt, derr error, seen uint64, onWire []*pb.Envelope) (acks []uint64, clean bool) {
 	decided, congested := false, false
 	defer func() {
 		if congested {
@@ -840,7 +812,7 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		if i < len(receipts) {
 			rc = receipts[i]
 		}
-		v := r.judge(st, e, rc, derr, i, seen, envs)
+		v := r.judge(st, e, rc, derr, i, seen, onWire)
 		congested = congested || v.capacity
 		if v.kind == vPositive {
 			acks = append(acks, e.GetSequence())

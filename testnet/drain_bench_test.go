@@ -1,0 +1,83 @@
+package testnet
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// BenchmarkDrainOverSlowLink measures how fast a backlog reaches one
+// recipient over a link with a one-way delay in each direction (sites
+// joined by a WAN): b.N messages of 128 B queued while the recipient's
+// node is stopped, then the rate from the first message its actor ran to
+// the last. Run it with a fixed count, e.g. -benchtime 20000x.
+func BenchmarkDrainOverSlowLink(b *testing.B) {
+	for _, delay := range []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond} {
+		b.Run(delay.String(), func(b *testing.B) {
+			var ran atomic.Int64
+			var first, last atomic.Int64
+			all := make(chan struct{})
+			c := New(b, 2, WithSpawn(func(i int, n *node.Node) error {
+				if i != 1 {
+					return nil
+				}
+				_, err := n.Spawn("sink", func(context.Context, *node.Message) (proto.Message, error) {
+					now := time.Now().UnixNano()
+					first.CompareAndSwap(0, now)
+					last.Store(now)
+					if ran.Add(1) == int64(b.N) {
+						close(all)
+					}
+					return nil, nil
+				})
+				return err
+			}))
+			if err := c.Stop(1); err != nil {
+				b.Fatal(err)
+			}
+			if err := c.WaitDown(1, 30*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			to := c.Addr("sink", 1)
+			msg := wrapperspb.Bytes(make([]byte, 128))
+			pending := make([]*node.Pending, 0, b.N)
+			for range b.N {
+				p, err := c.Node(0).TellReliableAsync(ctx, to, msg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pending = append(pending, p)
+			}
+			for _, p := range pending {
+				if _, err := p.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, l := range [][2]int{{0, 1}, {1, 0}} {
+				if err := c.Delay(l[0], l[1], delay); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ResetTimer()
+			if err := c.Restart(1); err != nil {
+				b.Fatal(err)
+			}
+			select {
+			case <-all:
+			case <-time.After(5 * time.Minute):
+				b.Fatalf("ran %d of %d", ran.Load(), b.N)
+			}
+			b.StopTimer()
+			if d := time.Duration(last.Load() - first.Load()); d > 0 {
+				b.ReportMetric(float64(b.N-1)/d.Seconds(), "msgs/s")
+			}
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
