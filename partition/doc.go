@@ -26,7 +26,13 @@
 //     first's last: the receiver runs none of it unless all of the first
 //     ran. Its receipts are read only if the first's were all positive;
 //     otherwise they are dropped like lost ones and the stream waits for
-//     it to come back. Emissions of a drain are then half of BatchSize.
+//     it to come back. A watermark of the second in the first's receipts
+//     is one the stream set. Only a stream that has had an emission come
+//     back clean since it was loaded (or since its epoch began) sends
+//     early: a restored sender shows in its first emission, which goes
+//     alone, where a watermark of a sequence sent early, its receipts
+//     lost, could not be told from one of its own. Emissions of a drain
+//     are then half of BatchSize.
 //     When all an emission's receipts are positive, the next may go while
 //     its Ack still commits (up to MaxAckPending of them), starting after
 //     the acked messages; otherwise the stream waits until the verdict and
