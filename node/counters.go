@@ -83,8 +83,8 @@ func (n *Node) Stats() Stats {
 		Streams: n.in.len(),
 	}
 	s.Forward = n.fwd.stats()
-	if n.mesh != nil {
-		s.Gossip = n.mesh.Traffic()
+	if m := n.membership(); m != nil {
+		s.Gossip = m.Traffic()
 	}
 	if s.AskOK > 0 {
 		s.AskMeanLatency = time.Duration(c.askNanos.Load() / s.AskOK)

@@ -201,7 +201,7 @@ func (n *Node) SetTags(tags map[string]string) error {
 	if n.quicAddr == "" {
 		return nil // Start gossips them
 	}
-	if err := n.mesh.UpdateMeta(n.nodeMeta(n.quicAddr, n.tags)); err != nil {
+	if err := n.membership().UpdateMeta(n.nodeMeta(n.quicAddr, n.tags)); err != nil {
 		return fmt.Errorf("node: set tags: %w", err)
 	}
 	return nil

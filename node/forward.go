@@ -157,7 +157,7 @@ func (f *forwarding) stats() ForwardStats {
 // recipient node that accepts forwarded envelopes (none when this node's
 // key cannot sign).
 func (d deliverer) Forwarders(peer string) []string {
-	m := d.n.mesh
+	m := d.n.membership()
 	if m == nil || !m.HasFeature(peer, FeatureForward) || !transport.CanSign(d.n.transport.Certificate()) {
 		return nil
 	}

@@ -10,10 +10,10 @@ import (
 // primary one (gossip is encrypted with it) and every installed one
 // (gossip encrypted with any of them is accepted).
 func (n *Node) GossipKeyring() (mesh.KeyringState, error) {
-	if n.mesh == nil {
+	if n.membership() == nil {
 		return mesh.KeyringState{}, fmt.Errorf("node: gossip keyring: %w", ErrNotStarted)
 	}
-	return n.mesh.Keyring()
+	return n.membership().Keyring()
 }
 
 // InstallGossipKey, UseGossipKey and RemoveGossipKey change the node's
@@ -35,10 +35,10 @@ func (n *Node) RemoveGossipKey(key []byte) error {
 }
 
 func (n *Node) keyringOp(f func(*mesh.Mesh) error) error {
-	if n.mesh == nil {
+	if n.membership() == nil {
 		return fmt.Errorf("node: gossip keyring: %w", ErrNotStarted)
 	}
-	if err := f(n.mesh); err != nil {
+	if err := f(n.membership()); err != nil {
 		return fmt.Errorf("node: gossip keyring: %w", err)
 	}
 	return nil

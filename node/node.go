@@ -36,7 +36,9 @@ type Node struct {
 	log    *slog.Logger // the node's own lines: node=Name, component=node
 	parts  *slog.Logger // handed to mesh, transport, outbox and relay: node=Name
 
-	mesh      *mesh.Mesh // nil until Start
+	// meshp is the membership, nil until Start; the transport, started
+	// before it, may already ask it (membership).
+	meshp     atomic.Pointer[mesh.Mesh]
 	transport *transport.Transport
 	store     *outbox.Store
 	relay     *partition.Relay
@@ -86,6 +88,9 @@ type Node struct {
 
 	stats counters
 }
+
+// membership returns the node's membership, nil before Start.
+func (n *Node) membership() *mesh.Mesh { return n.meshp.Load() }
 
 // New starts a node: Open, then Start. A bad config is an error, never a
 // panic. The node joins the cluster before New returns, so peers may send
@@ -191,7 +196,7 @@ func (n *Node) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("node: join cluster: %w", err)
 	}
-	n.mesh = m
+	n.meshp.Store(m)
 	if err := n.advertiseQUIC(tags); err != nil {
 		return err
 	}
@@ -203,7 +208,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.wg.Add(1)
 	go n.pruneLoop()
 	n.startSigners()
-	n.log.Info("node started", "gossip", n.mesh.GossipAddr(), "quic", n.transport.LocalAddr().String(), "boot", n.bootID)
+	n.log.Info("node started", "gossip", n.membership().GossipAddr(), "quic", n.transport.LocalAddr().String(), "boot", n.bootID)
 	return nil
 }
 
@@ -217,7 +222,7 @@ func (n *Node) advertiseQUIC(sent map[string]string) error {
 		return fmt.Errorf("node: QUIC address: %w", err)
 	}
 	if ip := net.ParseIP(qhost); ip != nil && ip.IsUnspecified() {
-		ghost, _, err := net.SplitHostPort(n.mesh.GossipAddr())
+		ghost, _, err := net.SplitHostPort(n.membership().GossipAddr())
 		if err != nil {
 			return fmt.Errorf("node: gossip address: %w", err)
 		}
@@ -229,7 +234,7 @@ func (n *Node) advertiseQUIC(sent map[string]string) error {
 	if addr == n.transport.LocalAddr().String() && maps.Equal(sent, n.tags) {
 		return nil
 	}
-	if err := n.mesh.UpdateMeta(n.nodeMeta(addr, n.tags)); err != nil {
+	if err := n.membership().UpdateMeta(n.nodeMeta(addr, n.tags)); err != nil {
 		return fmt.Errorf("node: advertise QUIC address: %w", err)
 	}
 	return nil
@@ -253,10 +258,10 @@ func (n *Node) BootID() string { return n.bootID }
 
 // GossipAddr returns the memberlist address others can join ("" before Start).
 func (n *Node) GossipAddr() string {
-	if n.mesh == nil {
+	if n.membership() == nil {
 		return ""
 	}
-	return n.mesh.GossipAddr()
+	return n.membership().GossipAddr()
 }
 
 // QUICAddr returns the bound QUIC address.
@@ -265,10 +270,10 @@ func (n *Node) QUICAddr() string { return n.transport.LocalAddr().String() }
 // Members returns every known member with its state, this node included
 // (none before Start).
 func (n *Node) Members() []Member {
-	if n.mesh == nil {
+	if n.membership() == nil {
 		return nil
 	}
-	return n.mesh.Members()
+	return n.membership().Members()
 }
 
 // Close leaves the cluster gracefully (peers see Left), stops the relay,
@@ -292,8 +297,8 @@ func (n *Node) shutdown(graceful bool) error {
 		if graceful {
 			// Leave first so peers see Left and stop sending; handlers then see
 			// their context end and in-flight replies may still go out.
-			if n.mesh != nil {
-				errs = append(errs, n.mesh.Close())
+			if n.membership() != nil {
+				errs = append(errs, n.membership().Close())
 			}
 			n.cancel()
 			errs = append(errs, n.relay.Close())
@@ -303,8 +308,8 @@ func (n *Node) shutdown(graceful bool) error {
 			// first, so a dying connection is not judged), and nothing more
 			// leaves the node.
 			errs = append(errs, n.relay.Close())
-			if n.mesh != nil {
-				errs = append(errs, n.mesh.Kill())
+			if n.membership() != nil {
+				errs = append(errs, n.membership().Kill())
 			}
 			errs = append(errs, n.transport.Close())
 			n.cancel()

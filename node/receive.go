@@ -15,10 +15,10 @@ import (
 type resolver struct{ n *Node }
 
 func (r resolver) Resolve(name string) (string, error) {
-	if r.n.mesh == nil { // before Start, membership does not exist yet
+	if r.n.membership() == nil { // before Start, membership does not exist yet
 		return "", transport.ErrUnreachable
 	}
-	return r.n.mesh.Resolve(name)
+	return r.n.membership().Resolve(name)
 }
 
 // receiver is the transport's Handler: envelopes from peers land here, on

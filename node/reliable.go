@@ -319,10 +319,10 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 // waits until that node joins or the message's age runs out (a typo in a
 // node name would otherwise queue silently).
 func (n *Node) warnUnknown(peer string) {
-	if peer == n.name || n.mesh == nil || n.mesh.Alive(peer) {
+	if peer == n.name || n.membership() == nil || n.membership().Alive(peer) {
 		return
 	}
-	if _, known := n.mesh.Member(peer); known {
+	if _, known := n.membership().Member(peer); known {
 		return
 	}
 	n.stats.unknownPeer.Add(1)
@@ -343,7 +343,8 @@ func (n *Node) mapRelayErr(err error) error {
 }
 
 func (n *Node) alive(peer string) bool {
-	return peer == n.name || (n.mesh != nil && n.mesh.Alive(peer))
+	m := n.membership()
+	return peer == n.name || (m != nil && m.Alive(peer))
 }
 
 // deliverer is the relay's view of the network.

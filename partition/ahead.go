@@ -22,7 +22,12 @@ import (
 //   - the read stopped below every sequence that could still commit after
 //     it (aheadBelow), and nothing read is at or above the stream's Below
 //     now, or has run out of TTL or age since (Head would give it up).
-// Otherwise the stream reads with Head as usual.
+// Otherwise the stream reads with Head as usual. A proven stream whose
+// Deliverer said the emission is queued sends what it read before the
+// receipts come (follow, stream.go), under the same conditions but the
+// first, with the emission's messages skipped as if acked: whether the
+// emission comes back clean then decides whether the receipts of the one
+// sent early are read.
 
 // maxAhead bounds the streams reading ahead at a time: each holds up to
 // BatchSize messages in memory beside the emission in flight.
