@@ -38,10 +38,22 @@ func TestAdminOverTLS(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-done })
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+		if t.Failed() {
+			t.Logf("the daemon's output:\n%s", d.logs.String())
+		}
+	})
 	args := []string{"members", "--admin", "https://" + d.admin, "--token", "s3cret",
 		"--admin-ca", filepath.Join(c.certs, "ca.crt"), "--admin-name", "n1"}
 	testutil.WaitFor(t, 20*time.Second, "members over HTTPS", func() bool {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("the daemon exited during start: %v", err)
+		default:
+		}
 		out, _, err := cli(t, "", args...)
 		return err == nil && strings.Contains(out, "n1")
 	})
