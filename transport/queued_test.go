@@ -21,13 +21,12 @@ func TestRequestBatchSaysWhenQueued(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
 	var replies []func(*pb.Receipt)
-	b := startNode(t, testConfig(t, ca, "b"), r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	startNode(t, testConfig(t, ca, "b"), r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, env.GetMsgId())
 		replies = append(replies, reply) // answered once both batches arrived
 	}))
-	_ = b
 	a := startNode(t, testConfig(t, ca, "a"), r, &recorder{})
 
 	batch := func(n int) []*pb.Envelope {
