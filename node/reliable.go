@@ -319,10 +319,11 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 // waits until that node joins or the message's age runs out (a typo in a
 // node name would otherwise queue silently).
 func (n *Node) warnUnknown(peer string) {
-	if peer == n.name || n.membership() == nil || n.membership().Alive(peer) {
+	m := n.membership()
+	if peer == n.name || m == nil || m.Alive(peer) {
 		return
 	}
-	if _, known := n.membership().Member(peer); known {
+	if _, known := m.Member(peer); known {
 		return
 	}
 	n.stats.unknownPeer.Add(1)

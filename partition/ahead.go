@@ -63,11 +63,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
 		return
 	}
-	sent := make([]uint64, len(msgs))
-	for i, m := range msgs {
-		sent[i] = m.GetEnvelope().GetSequence() // ascending, as Head returns them
-	}
-	skip := mergeSorted(req.Skip, sent)
+	skip := mergeSorted(req.Skip, sequences(msgs))
 	now := r.store.ElapsedMs()
 	a := &ahead{done: make(chan struct{}), at: now, edits: r.store.Edits(), skip: skip}
 	r.ahead.mu.Lock()
@@ -96,6 +92,15 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 		msgs, waitUntil, err := r.store.Head(next)
 		a.msgs, a.ok = msgs, err == nil && waitUntil == 0 && len(msgs) > 0
 	})
+}
+
+// sequences returns the sequences of msgs, ascending as Head returns them.
+func sequences(msgs []*pb.StoredMessage) []uint64 {
+	out := make([]uint64, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.GetEnvelope().GetSequence()
+	}
+	return out
 }
 
 // aheadBelow is the Below of st's read ahead, taken under st.mu: below

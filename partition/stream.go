@@ -581,12 +581,8 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission
 	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending {
 		return nil
 	}
-	sent := make([]uint64, len(cur.envs))
-	for i, e := range cur.envs {
-		sent[i] = e.GetSequence()
-	}
 	req := outbox.HeadRequest{Recipient: st.rcpt, Max: r.drainSize(), MaxBytes: r.cfg.BatchBytes,
-		Skip: mergeSorted(st.acking, sent), EmittedHW: st.emittedHW}
+		Skip: mergeSorted(st.acking, sequences(cur.msgs)), EmittedHW: st.emittedHW}
 	if len(st.storing) > 0 {
 		req.Below = st.storing[0]
 	}
@@ -622,7 +618,9 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission
 func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequest) {
 	defer r.wg.Done()
 	sending := true
-	var out []*emission // sent and holding slots
+	// next is the emission sent early, not yet settled: the stream is
+	// free only once it came back.
+	var next *emission
 	release := func(e *emission) {
 		if e.slots > 0 {
 			r.release(st.node, lim, e.slots)
@@ -630,9 +628,9 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		}
 	}
 	defer func() {
-		for _, e := range out {
-			<-e.done
-			release(e)
+		if next != nil {
+			<-next.done
+			release(next)
 		}
 		if slots > 0 {
 			r.release(st.node, lim, slots) // nothing was sent
@@ -679,18 +677,13 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	cur := r.send(st, req, msgs, 0, slots)
 	st.mu.Unlock()
 	slots = 0
-	out = append(out, cur)
-	next := r.follow(st, lim, cur)
+	next = r.follow(st, lim, cur)
 	for {
-		if next != nil {
-			out = append(out, next)
-		}
 		<-cur.done
 		// The peer's share of the work is over when the receipts are back:
 		// free its AIMD slots now so other recipients of the node need not
 		// wait for this emission's ack fsync.
 		release(cur)
-		out = slices.DeleteFunc(out, func(e *emission) bool { return e == cur })
 		r.wakeAll()
 		derr := cur.err
 		if r.ctx.Err() != nil {
