@@ -27,6 +27,10 @@ func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
 // given idle time, and returns how many streams it forgot.
 func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }
 
+// ElapsedMs reads n's elapsed clock, the one its streams' last use and
+// deadlines are kept in.
+func (n *Node) ElapsedMs() int64 { return n.store.ElapsedMs() }
+
 // SetCarryHook makes n, as a forwarder, hand f a copy of each envelope it
 // is about to carry: f may alter it, or answer with a receipt of its own
 // instead of carrying it.
