@@ -24,6 +24,8 @@ const (
 	receiptRetryAfter = 3
 	receiptMessage    = 4
 	receiptWatermark  = 5
+	receiptRoom       = 7
+	receiptArrived    = 8
 )
 
 // receiptSize is the encoded size of rc, or ok=false when rc needs the
@@ -46,7 +48,7 @@ func receiptSize(rc *pb.Receipt) (size int, ok bool) {
 		return 1 + protowire.SizeVarint(v)
 	}
 	return str(rc.MsgId) + varint(uint64(int64(rc.Code))) + varint(uint64(rc.RetryAfterMs)) +
-		str(rc.Message) + varint(rc.Watermark), true
+		str(rc.Message) + varint(rc.Watermark) + varint(uint64(rc.Room)) + varint(rc.Arrived), true
 }
 
 // appendReceiptFrame appends the length-prefixed frame of rc, the bytes
@@ -82,7 +84,9 @@ func appendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
 	dst = varint(dst, receiptCode, uint64(int64(rc.Code)))
 	dst = varint(dst, receiptRetryAfter, uint64(rc.RetryAfterMs))
 	dst = str(dst, receiptMessage, rc.Message)
-	return varint(dst, receiptWatermark, rc.Watermark), nil
+	dst = varint(dst, receiptWatermark, rc.Watermark)
+	dst = varint(dst, receiptRoom, uint64(rc.Room))
+	return varint(dst, receiptArrived, rc.Arrived), nil
 }
 
 // decodeControlFrame decodes the bytes of one pb.Frame read from the
@@ -116,7 +120,7 @@ func decodeReceiptFast(b []byte) (rc *pb.Receipt, ok bool) {
 	var seen uint32
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num < receiptMsgID || num > receiptWatermark || seen&(1<<num) != 0 {
+		if n < 0 || num < receiptMsgID || num > receiptArrived || num == receiptRoom-1 || seen&(1<<num) != 0 {
 			return nil, false
 		}
 		seen |= 1 << num
@@ -152,6 +156,10 @@ func decodeReceiptFast(b []byte) (rc *pb.Receipt, ok bool) {
 				rc.RetryAfterMs = int64(v)
 			case receiptWatermark:
 				rc.Watermark = v
+			case receiptRoom:
+				rc.Room = uint32(v)
+			case receiptArrived:
+				rc.Arrived = v
 			}
 		}
 	}

@@ -28,6 +28,8 @@ func genReceipt(t *rapid.T) *pb.Receipt {
 		RetryAfterMs: rapid.Int64().Draw(t, "retry"),
 		Message:      str("message"),
 		Watermark:    rapid.Uint64().Draw(t, "watermark"),
+		Room:         rapid.Uint32().Draw(t, "room"),
+		Arrived:      rapid.Uint64().Draw(t, "arrived"),
 	}
 	if rapid.IntRange(0, 9).Draw(t, "signed") == 0 {
 		rc.Signature = &pb.ReceiptSignature{Node: str("node"), Signature: []byte{1, 2}}

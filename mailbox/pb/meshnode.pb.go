@@ -701,7 +701,16 @@ type Receipt struct {
 	// origin): the recipient's word on it, which the forwarder carrying it
 	// back can neither forge nor alter. A sender trusts no receipt that came
 	// through a forwarder without a valid one.
-	Signature     *ReceiptSignature `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
+	Signature *ReceiptSignature `protobuf:"bytes,6,opt,name=signature,proto3" json:"signature,omitempty"`
+	// room is how many more messages the recipient's mailbox could take as
+	// the receipt was written, and arrived the highest sequence of the
+	// receipt's stream that had reached the mailbox by then (receipts of
+	// stream messages that reached the actor; 0: full or not said, as by
+	// older receivers). A sender sizes the emissions it sends ahead of their
+	// predecessors' receipts by them: what it sent above arrived is on its
+	// way, not yet counted against the room.
+	Room          uint32 `protobuf:"varint,7,opt,name=room,proto3" json:"room,omitempty"`
+	Arrived       uint64 `protobuf:"varint,8,opt,name=arrived,proto3" json:"arrived,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -776,6 +785,20 @@ func (x *Receipt) GetSignature() *ReceiptSignature {
 		return x.Signature
 	}
 	return nil
+}
+
+func (x *Receipt) GetRoom() uint32 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *Receipt) GetArrived() uint64 {
+	if x != nil {
+		return x.Arrived
+	}
+	return 0
 }
 
 // ReceiptSignature proves that a receipt is the recipient node's.
@@ -1409,14 +1432,16 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xaf\x03\n" +
+	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xdd\x03\n" +
 	"\aReceipt\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\x12-\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x19.meshnode.v1.Receipt.CodeR\x04code\x12$\n" +
 	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1c\n" +
 	"\twatermark\x18\x05 \x01(\x04R\twatermark\x12;\n" +
-	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\"\xc2\x01\n" +
+	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\x12\x12\n" +
+	"\x04room\x18\a \x01(\rR\x04room\x12\x18\n" +
+	"\aarrived\x18\b \x01(\x04R\aarrived\"\xc2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACCEPTED\x10\x01\x12\r\n" +
