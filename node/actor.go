@@ -384,13 +384,13 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 // durable; a failed commit is answered as onDurable says.
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
-	id, rc := env.GetMsgId(), func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
 	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
-		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
+		a.receipt(d, nil, &pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		return
 	}
 	defer n.in.release(st)
+	id, rc := env.GetMsgId(), func(r *pb.Receipt) { a.receipt(d, st, r) }
 	positive := func(code pb.Receipt_Code) func(error, uint64) { return n.in.onDurable(st, rc, code) }
 	seq, prev, w := env.GetSequence(), env.GetPrevSequence(), st.w.Load()
 	// A request whose handler ran on an earlier copy, its reply refused by
@@ -528,6 +528,19 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 		}
 		rc(&pb.Receipt{Code: code, Watermark: in.reported(st, w)})
 	}
+}
+
+// receipt answers d, a message of the stream st (nil: not known), with r,
+// saying how many more messages a's mailbox could take as it is written,
+// and the highest sequence of st that had reached it by then: its sender
+// sizes what it sends ahead of its receipts by them.
+func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
+	r.MsgId = d.env.GetMsgId()
+	r.Room = uint32(max(a.mb.Cap()-a.mb.Len(), 0))
+	if st != nil {
+		r.Arrived = st.arrived.Load()
+	}
+	d.receipt(r)
 }
 
 // call runs the handler, turning a panic into a permanent error.

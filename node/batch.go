@@ -121,13 +121,13 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 // to b, or reports that it must wait for b's outcome.
 func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	n, env := a.n, d.env
-	rc := func(r *pb.Receipt) { r.MsgId = env.GetMsgId(); d.receipt(r) }
 	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
-		rc(&pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
+		a.receipt(d, nil, &pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
 		d.uncharge()
 		return false
 	}
+	rc := func(r *pb.Receipt) { a.receipt(d, st, r) }
 	seq, prev := env.GetSequence(), env.GetPrevSequence()
 	var scoped []byte
 	if k := env.GetIdempotencyKey(); k != "" {
@@ -263,7 +263,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 	n := a.n
 	for i, it := range b.items {
 		d, st, seq := it.d, it.st, it.d.env.GetSequence()
-		rc := func(r *pb.Receipt) { r.MsgId = d.env.GetMsgId(); d.receipt(r) }
+		rc := func(r *pb.Receipt) { a.receipt(d, st, r) }
 		switch {
 		case i < done:
 			// Each message's digest, also in a run of one stream's: a

@@ -117,14 +117,15 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	if t := env.GetTtlMs(); t > 0 {
 		d.deadlineMs = arrival + t
 	}
+	var st *inStream
 	if stream {
 		if len(env.GetIdempotencyKey()) > MaxIdempotencyKey {
 			receipt(pb.Receipt_REJECTED, fmt.Sprintf("idempotency key of %d bytes (max %d)", len(env.GetIdempotencyKey()), MaxIdempotencyKey), 0, 0)
 			return
 		}
 		d.stream = StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
-		st, err := n.in.get(d.stream, a.applied())
-		if err != nil {
+		var err error
+		if st, err = n.in.get(d.stream, a.applied()); err != nil {
 			// The store is closing: nobody's verdict; the sender waits.
 			receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
 			return
@@ -153,6 +154,9 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		err = a.post(d)
 	}
 	if err == nil {
+		if st != nil {
+			st.posted(env.GetSequence())
+		}
 		return
 	}
 	d.uncharge()

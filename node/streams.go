@@ -84,8 +84,8 @@ type inStream struct {
 	// message at or below it may have run before this node forgot the
 	// stream, and is refused. From the first move of w on it holds the
 	// digest of the message at w (streamDigest; 0 if unknown), moved with
-	// w under cmu, or divergedMark. One field for both keeps the struct at
-	// 64 bytes; read them through horizon and digest.
+	// w under cmu, or divergedMark. One field for both keeps the struct
+	// small; read them through horizon and digest.
 	past atomic.Uint64
 	// users counts actors deciding on or running a message of the stream
 	// now (acquire/release); a stream in use is never evicted. Guarded by
@@ -93,15 +93,32 @@ type inStream struct {
 	users int32
 	// lastUse is the store's elapsed clock, in seconds, at the last lookup
 	// or release (eviction). Guarded by inbound.mu. Seconds in 32 bits next
-	// to users keep the struct at 64 bytes, a smaller allocation class
-	// than 80, for every cached stream.
+	// to users keep the struct at 80 bytes, a smaller allocation class
+	// than 96, for every cached stream.
 	lastUse int32
+
+	// arrived is the highest sequence of the stream posted to its actor's
+	// mailbox; receipts carry it, with the mailbox's room, so that its
+	// sender can tell what of its messages the room already counts.
+	arrived atomic.Uint64
 
 	// cmu guards the field below: at most one commit of the stream is with
 	// the store, and what waits for durability meanwhile is gathered in
 	// pend. pend is nil while nothing waits, so an idle stream stays small.
 	cmu  sync.Mutex
 	pend *pending
+}
+
+// posted records that the message of sequence seq is in the actor's
+// mailbox (arrived never goes back: a copy of an earlier one may come
+// after it).
+func (st *inStream) posted(seq uint64) {
+	for {
+		cur := st.arrived.Load()
+		if seq <= cur || st.arrived.CompareAndSwap(cur, seq) {
+			return
+		}
+	}
 }
 
 // horizon is the forgotten horizon (see past): 0 once w moved.

@@ -15,13 +15,13 @@ import (
 	"github.com/meshnode/meshnode/transport"
 )
 
-// Every cached stream is one inStream: at 64 bytes it is allocated from
-// the 64-byte size class; one more field moves it to 80 (16 bytes more for
+// Every cached stream is one inStream: at 80 bytes it is allocated from
+// the 80-byte size class; one more field moves it to 96 (16 bytes more for
 // each of a receiver's streams; BenchmarkReceiverStreamState measures the
 // total).
-func TestInStreamFitsSixtyFourBytes(t *testing.T) {
-	if got := unsafe.Sizeof(inStream{}); got > 64 {
-		t.Fatalf("inStream is %d bytes, want at most 64", got)
+func TestInStreamFitsEightyBytes(t *testing.T) {
+	if got := unsafe.Sizeof(inStream{}); got > 80 {
+		t.Fatalf("inStream is %d bytes, want at most 80", got)
 	}
 }
 

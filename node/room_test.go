@@ -1,0 +1,86 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+)
+
+// The receipts of stream messages say how many more messages the actor's
+// mailbox could take as each was written, and the highest sequence of the
+// stream that had reached the mailbox by then: its sender sizes what it
+// sends ahead of its receipts by them. m1 runs while m2..m5 wait in a
+// mailbox of 8, and m2 does not end before m1's receipt came: room 4, or
+// 5 with m2 taken (a batch actor takes m2..m5 at once: 8), arrived 5.
+// Once all ran, the mailbox is empty.
+func TestReceiptsSayTheMailboxRoom(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			n := startNode(t, "r", t.TempDir())
+			started, gate, gate2 := make(chan struct{}, 8), make(chan struct{}), make(chan struct{})
+			wait := func() {
+				started <- struct{}{}
+				<-gate
+			}
+			calls := 0
+			opts := []node.SpawnOption{node.WithMailbox(8, mailbox.Reject)}
+			if batch {
+				opts = append(opts, node.WithBatch(func(_ context.Context, msgs []*node.Message) (int, error) {
+					switch calls++; calls {
+					case 1:
+						wait()
+					case 2:
+						<-gate2
+					}
+					return len(msgs), nil
+				}, 0))
+			}
+			if _, err := n.Spawn("a", func(_ context.Context, m *node.Message) (proto.Message, error) {
+				switch m.Envelope().GetSequence() {
+				case 1:
+					wait()
+				case 2:
+					<-gate2
+				}
+				return nil, nil
+			}, opts...); err != nil {
+				t.Fatal(err)
+			}
+			var rs receipts
+			deliver := func(seq uint64) {
+				env := streamEnv("a", "r", seq, seq-1)
+				n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
+			}
+			deliver(1)
+			<-started // m1 is running
+			for seq := uint64(2); seq <= 5; seq++ {
+				deliver(seq)
+			}
+			close(gate)
+			testutil.WaitFor(t, 5*time.Second, "m1's receipt", func() bool { return rs.len() == 1 })
+			close(gate2)
+			testutil.WaitFor(t, 5*time.Second, "every receipt", func() bool { return rs.len() == 5 })
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			for id, rc := range rs.got {
+				if rc.GetCode() != pb.Receipt_PROCESSED {
+					t.Fatalf("%s: %v", id, rc)
+				}
+			}
+			want := map[uint32]bool{4: true, 5: !batch, 8: batch}
+			if rc := rs.got["m1"]; rc.GetArrived() != 5 || !want[rc.GetRoom()] {
+				t.Errorf("m1's receipt says room %d, arrived %d; want 4 or %d, and 5", rc.GetRoom(), rc.GetArrived(), map[bool]int{false: 5, true: 8}[batch])
+			}
+			if rc := rs.got["m5"]; rc.GetArrived() != 5 || rc.GetRoom() != 8 {
+				t.Errorf("m5's receipt says room %d, arrived %d; want 8 and 5", rc.GetRoom(), rc.GetArrived())
+			}
+		})
+	}
+}
