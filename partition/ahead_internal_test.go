@@ -40,7 +40,7 @@ func TestStaleReadAheadGivesItsPlaceUp(t *testing.T) {
 				r.ahead.m[&stream{rcpt: fmt.Sprintf("s%d@n1", i)}] = &ahead{done: done, at: now - tc.age}
 			}
 			st := &stream{rcpt: "f@n9"}
-			r.readAhead(st, outbox.HeadRequest{Recipient: "f@n9", Max: 1}, head, 0, r.store.HandedOutBelow())
+			r.readAhead(st, outbox.HeadRequest{Recipient: "f@n9", Max: 1}, head, 0, r.store.HandedOutBelow(), r.drainSize())
 			r.ahead.mu.Lock()
 			_, took := r.ahead.m[st]
 			r.ahead.mu.Unlock()

@@ -19,5 +19,6 @@ func (r *Relay) AheadRead(rcpt string) bool {
 }
 
 // OnFollow hears each decision whether to send a stream's next emission
-// before the receipts of the one in flight. Call it before Start.
-func (r *Relay) OnFollow(fn func(sent bool)) { r.onFollow = fn }
+// before the receipts of the one in flight, whose highest sequence is top.
+// Call it before Start.
+func (r *Relay) OnFollow(fn func(top uint64, sent bool)) { r.onFollow = fn }

@@ -79,7 +79,7 @@ func TestFollowRightAfterAnAckCommitted(t *testing.T) {
 	}
 	followed := make(chan struct{})
 	var decided sync.Once
-	r.onFollow = func(bool) {
+	r.onFollow = func(uint64, bool) {
 		if d.count() >= 2 {
 			decided.Do(func() { close(followed) })
 		}

@@ -17,7 +17,7 @@ import (
 func firstAlone(t *testing.T, rg *rig) {
 	decided := make(chan bool, 1)
 	var once sync.Once
-	rg.relay.OnFollow(func(sent bool) { once.Do(func() { decided <- sent }) })
+	rg.relay.OnFollow(func(_ uint64, sent bool) { once.Do(func() { decided <- sent }) })
 	rg.fake.set(func(f *fake) {
 		hold := f.intercept
 		f.intercept = func(ctx context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {

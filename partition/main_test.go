@@ -70,6 +70,12 @@ type fake struct {
 	lane   bool
 	queue  map[string][]int // recipient: calls queued and not yet received
 	turned *sync.Cond       // on mu: a call left a queue
+	// room, when set, is what each PROCESSED receipt says the recipient's
+	// mailbox could take, each saying that nothing after its own message
+	// had reached the mailbox yet (a receiver that keeps up). minRTT is
+	// the link's shortest round trip, as MinRTT says it.
+	room   uint32
+	minRTT time.Duration
 }
 
 func newFake() *fake {
@@ -84,6 +90,12 @@ func (f *fake) Alive(node string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !f.down[node]
+}
+
+func (f *fake) MinRTT(string) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.minRTT
 }
 
 func (f *fake) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
@@ -160,7 +172,11 @@ func (f *fake) receive(e *pb.Envelope) *pb.Receipt {
 	if rc == nil || rc.GetCode() == pb.Receipt_PROCESSED {
 		f.wm[k] = e.GetSequence()
 		f.ran[e.GetRecipient()] = append(f.ran[e.GetRecipient()], e)
-		return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
+		rc := &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
+		if f.room > 0 {
+			rc.Room, rc.Arrived = f.room, e.GetSequence()
+		}
+		return rc
 	}
 	return rc
 }

@@ -119,8 +119,9 @@ type Relay struct {
 	// between finding a stream and locking it.
 	afterLookup func(rcpt string)
 	// onFollow, set only by tests before Start, hears each of follow's
-	// decisions (whether it sent an emission early).
-	onFollow func(sent bool)
+	// decisions: whether it sent an emission early behind the one whose
+	// highest sequence is top.
+	onFollow func(top uint64, sent bool)
 	// ack is store.Ack; tests that make a disk fail replace it before Start.
 	ack func(recipient string, seqs []uint64) error
 

@@ -491,6 +491,15 @@ type emission struct {
 	err      error
 }
 
+// lastReceipt is the last of e's receipts (nil: none). Valid once done is
+// closed.
+func (e *emission) lastReceipt() *pb.Receipt {
+	if len(e.receipts) == 0 {
+		return nil
+	}
+	return e.receipts[len(e.receipts)-1]
+}
+
 // top is the highest sequence of e.
 func (e *emission) top() uint64 { return e.envs[len(e.envs)-1].GetSequence() }
 
@@ -512,11 +521,60 @@ func (r *Relay) emissionSize(n int) int {
 // drainSize is the size of an emission while more waits behind it.
 func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
 
+// earlySize is the size of the emission to send while next awaits its
+// receipts. rc is the last receipt of the emission before next (top: its
+// highest sequence): the room the receiver's mailbox had as rc was
+// written, and the highest sequence of the stream that had reached it by
+// then. What of next had not is on its way and takes its share of that
+// room. taken is what the receiver takes from its mailbox while the
+// emission travels (takenInTransit): room it will have that rc could not
+// show. So the stream keeps in flight what the mailbox holds, and over a
+// long round trip what the receiver runs meanwhile too.
+//
+// A receiver that does not say its room (an older one) gets half of
+// BatchSize (drainSize), which keeps two emissions in flight to what one
+// full one would be. Up to BatchSize; 0 when less than an eighth of it
+// would fit: nothing goes early, and the stream's next emission waits for
+// next's receipts. Were the receiver to take less than it did, it refuses
+// what does not fit (CAPACITY), and the stream backs off as for any
+// refusal.
+func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int) int {
+	room, arrived := int(rc.GetRoom()), rc.GetArrived()
+	if room == 0 && arrived == 0 {
+		return r.drainSize()
+	}
+	i, _ := slices.BinarySearchFunc(next.envs, max(arrived, top)+1, func(e *pb.Envelope, seq uint64) int {
+		return cmp.Compare(e.GetSequence(), seq)
+	})
+	n := min(room-(len(next.envs)-i), r.drainSize()) + taken
+	if n < max(1, r.cfg.BatchSize/8) {
+		return 0
+	}
+	return min(n, r.cfg.BatchSize)
+}
+
+// takenInTransit estimates how many messages st's receiver takes from its
+// mailbox while an emission crosses the link: the n messages of an
+// emission whose receipts came took after the previous receipts (the pace
+// the receiver answers at), over the link's shortest round trip as the
+// Deliverer measures it (0 when it does not).
+func (r *Relay) takenInTransit(node string, n int, took time.Duration) int {
+	rtt, ok := r.d.(interface{ MinRTT(node string) time.Duration })
+	if !ok || took <= 0 {
+		return 0
+	}
+	t := int(min(int64(n)*int64(rtt.MinRTT(node))/int64(took), int64(r.cfg.BatchSize)))
+	if t < r.cfg.BatchSize/8 {
+		return 0
+	}
+	return t
+}
+
 // send builds the envelopes of msgs, the stream's next emission after the
 // sequence prev (0: from the frontier), raises the stream's emitted
-// high-water, starts reading the emission after it and puts it on the wire.
-// Caller holds st.mu.
-func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, prev uint64, slots int) *emission {
+// high-water, starts reading the emission after it (up to ahead messages)
+// and puts it on the wire. Caller holds st.mu.
+func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, prev uint64, slots, ahead int) *emission {
 	e := &emission{msgs: msgs, envs: make([]*pb.Envelope, len(msgs)), seen: st.emittedHW, slots: slots,
 		queued: make(chan struct{}), done: make(chan struct{})}
 	nowMs := r.store.ElapsedMs()
@@ -526,7 +584,7 @@ func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessag
 	}
 	st.emittedHW = max(st.emittedHW, prev)
 	r.batches.Add(1)
-	r.readAhead(st, req, msgs, st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow()))
+	r.readAhead(st, req, msgs, st.emittedHW, aheadBelow(st, req, r.store.HandedOutBelow()), ahead)
 	r.wg.Go(func() {
 		defer close(e.done)
 		dctx, cancel := context.WithTimeout(r.ctx, r.cfg.DeliverTimeout)
@@ -549,10 +607,11 @@ func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessag
 // message, it runs at the receiver only after all of cur did, so if cur is
 // not clean its messages are refused, and its receipts are not read (they
 // are lost, as far as the stream knows: its messages stay queued and go
-// again from the frontier). It returns nil when it sent nothing.
-func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission) {
+// again from the frontier). It takes up to size messages (0: none). It
+// returns nil when it sent nothing.
+func (r *Relay) follow(st *stream, lim *Limiter, cur *emission, size int) (early *emission) {
 	if r.onFollow != nil {
-		defer func() { r.onFollow(early != nil) }()
+		defer func() { r.onFollow(cur.top(), early != nil) }()
 	}
 	r.ahead.mu.Lock()
 	a := r.ahead.m[st]
@@ -578,10 +637,10 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending {
+	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending || size == 0 {
 		return nil
 	}
-	req := outbox.HeadRequest{Recipient: st.rcpt, Max: r.drainSize(), MaxBytes: r.cfg.BatchBytes,
+	req := outbox.HeadRequest{Recipient: st.rcpt, Max: size, MaxBytes: r.cfg.BatchBytes,
 		Skip: mergeSorted(st.acking, sequences(cur.msgs)), EmittedHW: st.emittedHW}
 	if len(st.storing) > 0 {
 		req.Below = st.storing[0]
@@ -602,7 +661,7 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission) (early *emission
 	r.ahead.used.Add(1)
 	r.pipelined.Add(1)
 	req.Max = g
-	return r.send(st, req, msgs[:g], cur.top(), g)
+	return r.send(st, req, msgs[:g], cur.top(), g, size)
 }
 
 // deliver makes one emission of st, and the emissions that follow it while
@@ -674,12 +733,15 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		return
 	}
 	st.mu.Lock()
-	cur := r.send(st, req, msgs, 0, slots)
+	cur := r.send(st, req, msgs, 0, slots, r.drainSize())
 	st.mu.Unlock()
 	slots = 0
-	next = r.follow(st, lim, cur)
+	next = r.follow(st, lim, cur, r.drainSize())
+	back := time.Now() // when the last receipts came; first, when cur went
 	for {
 		<-cur.done
+		took := time.Since(back)
+		back = back.Add(took)
 		// The peer's share of the work is over when the receipts are back:
 		// free its AIMD slots now so other recipients of the node need not
 		// wait for this emission's ack fsync.
@@ -712,7 +774,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		default:
 			// The one after next goes before this Ack's fsync.
 			r.acking(st, acks, false)
-			after = r.follow(st, lim, next)
+			after = r.follow(st, lim, next, r.earlySize(cur.lastReceipt(), cur.top(), next, r.takenInTransit(st.node, len(cur.envs), took)))
 		}
 		if len(acks) > 0 {
 			r.settle(st, acks, clean)
