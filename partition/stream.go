@@ -559,9 +559,7 @@ func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int)
 // the receiver answers at), over the link's shortest round trip as the
 // Deliverer measures it (0 when it does not).
 func (r *Relay) takenInTransit(node string, n int, took time.Duration) int {
-	rtt, ok := r.d.(interface {
-		MinRTT(node string) time.Duration
-	})
+	rtt, ok := r.d.(minRTTer)
 	if !ok || took <= 0 {
 		return 0
 	}
