@@ -59,8 +59,8 @@ type aheads struct {
 // readAhead starts reading st's next emission after msgs, the emission
 // about to be sent under req (hw: the stream's emitted high-water with
 // it; below: aheadBelow), if it filled its grant and more waits. It reads
-// up to max messages.
-func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below uint64, max int) {
+// up to size messages.
+func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below uint64, size int) {
 	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
 		return
 	}
@@ -86,7 +86,7 @@ func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredM
 	}
 	r.ahead.m[st] = a
 	r.ahead.mu.Unlock()
-	next := outbox.HeadRequest{Recipient: st.rcpt, Max: max, MaxBytes: r.cfg.BatchBytes,
+	next := outbox.HeadRequest{Recipient: st.rcpt, Max: size, MaxBytes: r.cfg.BatchBytes,
 		Skip: skip, Below: below, EmittedHW: hw}
 	r.wg.Go(func() {
 		defer close(a.done)

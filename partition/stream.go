@@ -613,6 +613,9 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission, size int) (early
 	if r.onFollow != nil {
 		defer func() { r.onFollow(cur.top(), early != nil) }()
 	}
+	if size == 0 {
+		return nil
+	}
 	r.ahead.mu.Lock()
 	a := r.ahead.m[st]
 	r.ahead.mu.Unlock()
@@ -637,7 +640,7 @@ func (r *Relay) follow(st *stream, lim *Limiter, cur *emission, size int) (early
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending || size == 0 {
+	if !st.proven || st.ackBatches >= r.cfg.MaxAckPending {
 		return nil
 	}
 	req := outbox.HeadRequest{Recipient: st.rcpt, Max: size, MaxBytes: r.cfg.BatchBytes,
