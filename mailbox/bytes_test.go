@@ -105,3 +105,33 @@ func newGatedSizedBox(tb testing.TB, maxBytes int64, o mailbox.Overflow) *gatedB
 	}
 	return g
 }
+
+// Room says exactly how many more items of a size Post takes: that many
+// go in, the next is refused, by places or by bytes, from any fill.
+func TestMailboxRoomIsWhatPostTakes(t *testing.T) {
+	for _, maxBytes := range []int64{0, 1000} {
+		for _, before := range [][]int{nil, {300}, {450, 450}, {999}} {
+			for _, size := range []int{1, 7, 100, 333, 999, 1500} {
+				g := newGatedSizedBox(t, maxBytes, mailbox.Reject)
+				for _, b := range before {
+					if err := g.m.Post(b); err != nil {
+						t.Fatal(err)
+					}
+				}
+				k := g.m.Room(int64(size))
+				for i := range k {
+					if err := g.m.Post(size); err != nil {
+						t.Fatalf("max %d bytes after %v: Room(%d) = %d, but post %d was refused: %v", maxBytes, before, size, k, i+1, err)
+					}
+				}
+				if err := g.m.Post(size); !errors.Is(err, mailbox.ErrMailboxFull) {
+					t.Fatalf("max %d bytes after %v: Room(%d) = %d, but one more went in (%v)", maxBytes, before, size, k, err)
+				}
+				if r := g.m.Room(int64(size)); r != 0 {
+					t.Fatalf("max %d bytes after %v: Room(%d) = %d once full", maxBytes, before, size, r)
+				}
+				g.release()
+			}
+		}
+	}
+}

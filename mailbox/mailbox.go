@@ -342,6 +342,23 @@ func (m *Mailbox[T]) Len() int {
 // Cap returns the capacity.
 func (m *Mailbox[T]) Cap() int { return m.capacity }
 
+// Room returns how many more items of size bytes Post would take now: the
+// free places, and with MaxBytes no more than the bytes left hold (an
+// empty mailbox takes one item of any size).
+func (m *Mailbox[T]) Room(size int64) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	room := m.capacity - m.n
+	if m.maxBytes > 0 && size > 0 {
+		fit := max((m.maxBytes-m.bytes)/size, 0)
+		if m.n == 0 {
+			fit = max(fit, 1)
+		}
+		room = int(min(int64(room), fit))
+	}
+	return max(room, 0)
+}
+
 // Stats returns a snapshot of the counters.
 func (m *Mailbox[T]) Stats() Stats {
 	m.mu.Lock()
