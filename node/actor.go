@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
@@ -531,12 +532,15 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 }
 
 // receipt answers d, a message of the stream st (nil: not known), with r,
-// saying how many more messages a's mailbox could take as it is written,
-// and the highest sequence of st that had reached it by then: its sender
-// sizes what it sends ahead of its receipts by them.
+// saying how many more messages like d a's mailbox could take as it is
+// written (its places and bytes, and what d's sender may still queue at
+// this node), and the highest sequence of st that had reached it by then:
+// its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.MsgId = d.env.GetMsgId()
-	r.Room = uint32(max(a.mb.Cap()-a.mb.Len(), 0))
+	size := envBytes(d.env)
+	room := min(a.mb.Room(size), a.n.peerRoom(d.from, size))
+	r.Room = uint32(min(room, math.MaxUint32))
 	if st != nil {
 		r.Arrived = st.arrived.Load()
 	}

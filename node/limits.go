@@ -1,6 +1,7 @@
 package node
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,6 +75,19 @@ func (n *Node) charge(d *delivery, peer string) bool {
 	}
 	d.charged, d.size = ctr, size
 	return true
+}
+
+// peerRoom is how many more messages of size bytes peer may queue at this
+// node within PeerQueuedBytes (this node's own: no bound).
+func (n *Node) peerRoom(peer string, size int64) int {
+	if peer == n.name || size <= 0 {
+		return math.MaxInt
+	}
+	var used int64
+	if v, ok := n.charges.m.Load(peer); ok {
+		used = v.(*atomic.Int64).Load()
+	}
+	return int(max((n.cfg.PeerQueuedBytes-used)/size, 0))
 }
 
 // uncharge gives d's bytes back to its peer once it was handled or

@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -82,5 +83,67 @@ func TestReceiptsSayTheMailboxRoom(t *testing.T) {
 				t.Errorf("m5's receipt says room %d, arrived %d; want 8 and 5", rc.GetRoom(), rc.GetArrived())
 			}
 		})
+	}
+}
+
+// A mailbox bounded by bytes says the room its bytes leave, not its free
+// places: the sender sizes what it sends ahead by it. m1 runs while the
+// byte bound of the mailbox fills; its receipt says no more room than the
+// bound took in all.
+func TestReceiptRoomCountsTheMailboxBytes(t *testing.T) {
+	n := startNode(t, "r", t.TempDir())
+	started, gate, gate2 := make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	if _, err := n.Spawn("a", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		switch m.Envelope().GetSequence() {
+		case 1:
+			started <- struct{}{}
+			<-gate
+		case 2:
+			<-gate2
+		}
+		return nil, nil
+	}, node.WithMailbox(1024, mailbox.Reject), node.WithMailboxBytes(1800)); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	deliver := func(seq uint64) string {
+		env := streamEnv("a", "r", seq, seq-1)
+		n.DeliverIncoming(peerP, env, rs.reply(env.GetMsgId()))
+		return env.GetMsgId()
+	}
+	deliver(1)
+	<-started
+	fit := 0 // messages the byte bound took besides m1
+	for seq := uint64(2); ; seq++ {
+		if seq == 50 {
+			t.Fatal("the byte bound never refused")
+		}
+		if rs.code(deliver(seq)) == pb.Receipt_CAPACITY {
+			break
+		}
+		fit++
+	}
+	close(gate)
+	testutil.WaitFor(t, 5*time.Second, "m1's receipt", func() bool { return rs.code("m1") != pb.Receipt_CODE_UNSPECIFIED })
+	close(gate2)
+	rs.mu.Lock()
+	rc := rs.got["m1"]
+	rs.mu.Unlock()
+	if rc.GetCode() != pb.Receipt_PROCESSED || rc.GetRoom() > uint32(fit) {
+		t.Fatalf("m1's receipt %v: room %d, but the mailbox's bytes took %d in all and were full", rc.GetCode(), rc.GetRoom(), fit)
+	}
+}
+
+// A mailbox of more places than a receipt's room can say (2^32) says as
+// much as it can, not its places cut to 32 bits (which reads 0 here).
+func TestReceiptRoomOfAHugeMailbox(t *testing.T) {
+	n := startNodeWith(t, "r", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = 1 << 60 })
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil },
+		node.WithMailbox(1<<32, mailbox.Reject), node.WithMailboxBytes(1<<60)); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	if rc := rs.deliverWait(t, n, streamEnv("a", "r", 1, 0)); rc.GetCode() != pb.Receipt_PROCESSED || rc.GetRoom() != math.MaxUint32 {
+		t.Fatalf("an empty mailbox of 2^32 places: %v, room %d", rc.GetCode(), rc.GetRoom())
 	}
 }
