@@ -251,6 +251,13 @@ var fastBackoff = partition.BackoffConfig{Base: time.Millisecond, Cap: 5 * time.
 // rmut adjust their configs. Cleanup closes both.
 func newRig(tb testing.TB, smut func(*outbox.Config), rmut func(*partition.Config)) *rig {
 	tb.Helper()
+	return newRigOver(tb, smut, rmut, nil)
+}
+
+// newRigOver is newRig whose relay delivers through over(the fake) (nil:
+// the fake itself).
+func newRigOver(tb testing.TB, smut func(*outbox.Config), rmut func(*partition.Config), over func(*fake) partition.Deliverer) *rig {
+	tb.Helper()
 	path := filepath.Join(tb.TempDir(), "outbox.db")
 	scfg := outbox.DefaultConfig(path)
 	scfg.LockTimeout = 200 * time.Millisecond
@@ -269,7 +276,11 @@ func newRig(tb testing.TB, smut func(*outbox.Config), rmut func(*partition.Confi
 	if rmut != nil {
 		rmut(&rcfg)
 	}
-	rg.relay, err = partition.New(rcfg, st, rg.fake)
+	var d partition.Deliverer = rg.fake
+	if over != nil {
+		d = over(rg.fake)
+	}
+	rg.relay, err = partition.New(rcfg, st, d)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -2,6 +2,9 @@ package partition_test
 
 import (
 	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/partition"
+	"google.golang.org/protobuf/proto"
 )
 
 // roomRig is a lane rig of BatchSize 8 (half: 4) whose receiver says its
@@ -131,5 +135,98 @@ func TestEarlyEmissionsFillALongRoundTrip(t *testing.T) {
 	}
 	if full == 0 {
 		t.Fatalf("no early emission took BatchSize (8) over a long round trip; early: %d", len(after))
+	}
+}
+
+// saying is the lane fake behind a receiver that says what it likes in
+// its receipts' room and arrived (say) and a Deliverer that says what it
+// likes as the link's round trip (rtt), its receipts coming back a little
+// later, as over a link.
+type saying struct {
+	*fake
+	mu  sync.Mutex
+	rnd *rand.Rand
+	say func(rnd *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt)
+	rtt func(rnd *rand.Rand) time.Duration
+}
+
+func (d *saying) MinRTT(string) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rtt == nil {
+		return 0
+	}
+	return d.rtt(d.rnd)
+}
+
+func (d *saying) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	rcs, err := d.fake.Deliver(ctx, node, envs)
+	time.Sleep(300 * time.Microsecond) // the link's delay on the receipts, not a wait for a state
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*pb.Receipt, len(rcs))
+	for i, rc := range rcs {
+		if rc != nil {
+			out[i] = proto.Clone(rc).(*pb.Receipt)
+			d.say(d.rnd, envs, out[i])
+		}
+	}
+	return out, err
+}
+
+// Whatever room, arrived and round trip a receiver and its link say, at
+// any BatchSize, a drain runs every message once and in order and
+// dead-letters none; the receiver refuses some (a full mailbox) now and
+// then, so that early emissions are refused and sent again.
+func TestAnyRoomOrRoundTripLosesNothing(t *testing.T) {
+	says := map[string]func(rnd *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt){
+		"most room, last arrived": func(_ *rand.Rand, _ []*pb.Envelope, rc *pb.Receipt) {
+			rc.Room, rc.Arrived = math.MaxUint32, math.MaxUint64
+		},
+		"most room, none arrived": func(_ *rand.Rand, _ []*pb.Envelope, rc *pb.Receipt) { rc.Room, rc.Arrived = math.MaxUint32, 0 },
+		"no room":                 func(_ *rand.Rand, _ []*pb.Envelope, rc *pb.Receipt) { rc.Room, rc.Arrived = 0, 1 },
+		"any": func(rnd *rand.Rand, _ []*pb.Envelope, rc *pb.Receipt) {
+			rc.Room = []uint32{0, 1, 3, 7, 100, math.MaxUint32, rnd.Uint32()}[rnd.IntN(7)]
+			rc.Arrived = []uint64{0, 1, math.MaxUint64, math.MaxUint64 - 1, rnd.Uint64(), rnd.Uint64N(10000)}[rnd.IntN(6)]
+		},
+		"arrived behind": func(rnd *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt) {
+			rc.Room, rc.Arrived = 1+rnd.Uint32N(20), envs[0].GetSequence()-min(envs[0].GetSequence(), 1000)
+		},
+		"arrived ahead": func(rnd *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt) {
+			rc.Room, rc.Arrived = 1+rnd.Uint32N(20), envs[len(envs)-1].GetSequence()+1+rnd.Uint64N(100)
+		},
+	}
+	rtts := map[string]func(rnd *rand.Rand) time.Duration{
+		"none":     nil,
+		"an hour":  func(*rand.Rand) time.Duration { return time.Hour },
+		"negative": func(*rand.Rand) time.Duration { return math.MinInt64 },
+		"any":      func(rnd *rand.Rand) time.Duration { return time.Duration(rnd.Int64()) - math.MaxInt64/2 },
+	}
+	seed := uint64(0)
+	for _, bs := range []int{1, 8, 64} {
+		for sn, say := range says {
+			for rn, rtt := range rtts {
+				seed++
+				t.Run(fmt.Sprintf("batch %d/%s/%s", bs, sn, rn), func(t *testing.T) {
+					rg := newRigOver(t, nil, func(c *partition.Config) { c.BatchSize = bs }, func(f *fake) partition.Deliverer {
+						return &saying{fake: f, rnd: rand.New(rand.NewPCG(seed, 37)), say: say, rtt: rtt}
+					})
+					var n int
+					rg.fake.set(func(f *fake) {
+						f.lane = true
+						f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+							if n++; n%97 == 0 {
+								return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 1}
+							}
+							return nil
+						}
+					})
+					drain(t, rg, names("m", 150))
+					if s := rg.store.Stats(); s.DLQDepth != 0 || s.DeadLettered != 0 {
+						t.Fatalf("dead letters: %d", s.DeadLettered)
+					}
+				})
+			}
+		}
 	}
 }

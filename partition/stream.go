@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -526,18 +527,22 @@ func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
 // highest sequence): the room the receiver's mailbox had as rc was
 // written, and the highest sequence of the stream that had reached it by
 // then. What of next had not is on its way and takes its share of that
-// room. taken is what the receiver takes from its mailbox while the
-// emission travels (takenInTransit): room it will have that rc could not
-// show. So the stream keeps in flight what the mailbox holds, and over a
-// long round trip what the receiver runs meanwhile too.
+// room. So the two emissions in flight hold no more than the mailbox.
+//
+// taken is what the receiver takes from its mailbox while an emission
+// crosses the link (takenInTransit). Over a long round trip a mailbox's
+// worth in flight leaves the receiver waiting, so a quarter of taken
+// counts as room too, once it comes to an eighth of BatchSize: the rest
+// is the margin for a pace that wavers (the pace is measured at the
+// sender, from receipts that may come bunched), which counting all of it
+// overran (a busy receiver refused). In process or on a fast link taken
+// is a few messages, and nothing is added.
 //
 // A receiver that does not say its room (an older one) gets half of
 // BatchSize (drainSize), which keeps two emissions in flight to what one
 // full one would be. Up to BatchSize; 0 when less than an eighth of it
 // would fit: nothing goes early, and the stream's next emission waits for
-// next's receipts. Were the receiver to take less than it did, it refuses
-// what does not fit (CAPACITY), and the stream backs off as for any
-// refusal.
+// next's receipts.
 func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int) int {
 	room, arrived := int(rc.GetRoom()), rc.GetArrived()
 	if room == 0 && arrived == 0 {
@@ -546,28 +551,32 @@ func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int)
 	i, _ := slices.BinarySearchFunc(next.envs, max(arrived, top)+1, func(e *pb.Envelope, seq uint64) int {
 		return cmp.Compare(e.GetSequence(), seq)
 	})
-	n := min(room-(len(next.envs)-i), r.drainSize()) + taken
-	if n < max(1, r.cfg.BatchSize/8) {
+	eighth := max(1, r.cfg.BatchSize/8)
+	bet := min(taken/4, r.cfg.BatchSize)
+	if bet < eighth {
+		bet = 0
+	}
+	n := min(room-(len(next.envs)-i), r.drainSize()) + bet
+	if n < eighth {
 		return 0
 	}
 	return min(n, r.cfg.BatchSize)
 }
 
-// takenInTransit estimates how many messages st's receiver takes from its
-// mailbox while an emission crosses the link: the n messages of an
-// emission whose receipts came took after the previous receipts (the pace
-// the receiver answers at), over the link's shortest round trip as the
-// Deliverer measures it (0 when it does not).
-func (r *Relay) takenInTransit(node string, n int, took time.Duration) int {
+// takenInTransit estimates how many messages a receiver that answers pace
+// messages a second takes from its mailbox while an emission crosses the
+// link: for the link's shortest round trip as the Deliverer measures it
+// (0 when it does not, or the pace is not known yet).
+func (r *Relay) takenInTransit(node string, pace float64) int {
 	rtt, ok := r.d.(minRTTer)
-	if !ok || took <= 0 {
+	if !ok || pace <= 0 {
 		return 0
 	}
-	t := int(min(int64(n)*int64(rtt.MinRTT(node))/int64(took), int64(r.cfg.BatchSize)))
-	if t < r.cfg.BatchSize/8 {
+	d := rtt.MinRTT(node)
+	if d <= 0 {
 		return 0
 	}
-	return t
+	return int(min(pace*d.Seconds(), math.MaxInt32))
 }
 
 // send builds the envelopes of msgs, the stream's next emission after the
@@ -740,11 +749,25 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	st.mu.Unlock()
 	slots = 0
 	next = r.follow(st, lim, cur, r.drainSize())
-	back := time.Now() // when the last receipts came; first, when cur went
+	// The pace the receiver answers at, in messages per second: each
+	// emission's messages over the time since the receipts before them,
+	// smoothed (a weight of a quarter, so one answer that came early or
+	// late does not sway it much); none before the second receipts.
+	var back time.Time
+	pace := 0.0
 	for {
 		<-cur.done
-		took := time.Since(back)
-		back = back.Add(took)
+		if now := time.Now(); !back.IsZero() && now.After(back) {
+			p := float64(len(cur.envs)) / now.Sub(back).Seconds()
+			if pace == 0 {
+				pace = p
+			} else {
+				pace += (p - pace) / 4
+			}
+			back = now
+		} else {
+			back = now
+		}
 		// The peer's share of the work is over when the receipts are back:
 		// free its AIMD slots now so other recipients of the node need not
 		// wait for this emission's ack fsync.
@@ -777,7 +800,7 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		default:
 			// The one after next goes before this Ack's fsync.
 			r.acking(st, acks, false)
-			after = r.follow(st, lim, next, r.earlySize(cur.lastReceipt(), cur.top(), next, r.takenInTransit(st.node, len(cur.envs), took)))
+			after = r.follow(st, lim, next, r.earlySize(cur.lastReceipt(), cur.top(), next, r.takenInTransit(st.node, pace)))
 		}
 		if len(acks) > 0 {
 			r.settle(st, acks, clean)
