@@ -353,15 +353,6 @@ type deliverer struct{ n *Node }
 
 func (d deliverer) Alive(peer string) bool { return d.n.alive(peer) }
 
-// MinRTT is the shortest round trip measured to peer (0 for this node,
-// or without a connection); the relay sizes what it sends ahead by it.
-func (d deliverer) MinRTT(peer string) time.Duration {
-	if peer == d.n.name {
-		return 0
-	}
-	return d.n.transport.MinRTT(peer)
-}
-
 func (d deliverer) Deliver(ctx context.Context, peer string, msgs []*pb.Envelope) ([]*pb.Receipt, error) {
 	if peer == d.n.name {
 		return d.n.deliverLocal(ctx, msgs)

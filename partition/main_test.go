@@ -72,10 +72,8 @@ type fake struct {
 	turned *sync.Cond       // on mu: a call left a queue
 	// room, when set, is what each PROCESSED receipt says the recipient's
 	// mailbox could take, each saying that nothing after its own message
-	// had reached the mailbox yet (a receiver that keeps up). minRTT is
-	// the link's shortest round trip, as MinRTT says it.
-	room   uint32
-	minRTT time.Duration
+	// had reached the mailbox yet (a receiver that keeps up).
+	room uint32
 }
 
 func newFake() *fake {
@@ -90,12 +88,6 @@ func (f *fake) Alive(node string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !f.down[node]
-}
-
-func (f *fake) MinRTT(string) time.Duration {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.minRTT
 }
 
 func (f *fake) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {

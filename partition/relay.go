@@ -35,16 +35,7 @@ type Deliverer interface {
 	// before: the relay then sends the stream's next emission without
 	// waiting for these receipts. A Deliverer that does not say so gets
 	// one emission per stream at a time.
-	//
-	// A Deliverer may also measure round trips (minRTTer): over a long one
-	// the relay then sends more of a draining stream ahead of its receipts.
 	Deliver(ctx context.Context, node string, msgs []*pb.Envelope) ([]*pb.Receipt, error)
-}
-
-// minRTTer is a Deliverer that says the shortest round trip it measured to
-// node (0: none), as the transport's QUIC connections do.
-type minRTTer interface {
-	MinRTT(node string) time.Duration
 }
 
 // PartitionOf maps a recipient to a partition in [0, partitions) by FNV-1a

@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -527,23 +526,28 @@ func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
 // highest sequence): the room the receiver's mailbox had as rc was
 // written, and the highest sequence of the stream that had reached it by
 // then. What of next had not is on its way and takes its share of that
-// room. So the two emissions in flight hold no more than the mailbox.
+// room, so the two emissions in flight never hold more than the mailbox:
+// a receiver, however slow or far, is not overrun by them.
 //
-// taken is what the receiver takes from its mailbox while an emission
-// crosses the link (takenInTransit). Over a long round trip a mailbox's
-// worth in flight leaves the receiver waiting, so a quarter of taken
-// counts as room too, once it comes to an eighth of BatchSize: the rest
-// is the margin for a pace that wavers (the pace is measured at the
-// sender, from receipts that may come bunched), which counting all of it
-// overran (a busy receiver refused). In process or on a fast link taken
-// is a few messages, and nothing is added.
+// Up to half of most, the largest room the receiver said in this run of
+// the stream (as near its mailbox's size as the sender can tell), and at
+// least half of BatchSize: a mailbox of one batch then takes two halves
+// in turn (one full emission would leave no room for the next, and the
+// stream would alternate between a full emission and none), one of two
+// batches or more takes two full ones, which over a long link carries
+// twice as much per round trip. Up to BatchSize; 0 when less than an
+// eighth of it would fit: nothing goes early, and the stream's next
+// emission waits for next's receipts.
+//
+// Not counted: what the receiver takes while an emission travels. A
+// sender cannot measure it (its receipts show the pace it was sent at, or
+// come bunched from a batch actor), and every bet on it overran busy and
+// idle receivers alike; a long link gains by a larger mailbox instead.
 //
 // A receiver that does not say its room (an older one) gets half of
 // BatchSize (drainSize), which keeps two emissions in flight to what one
-// full one would be. Up to BatchSize; 0 when less than an eighth of it
-// would fit: nothing goes early, and the stream's next emission waits for
-// next's receipts.
-func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int) int {
+// full one would be.
+func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, most int) int {
 	room, arrived := int(rc.GetRoom()), rc.GetArrived()
 	if room == 0 && arrived == 0 {
 		return r.drainSize()
@@ -551,32 +555,11 @@ func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, taken int)
 	i, _ := slices.BinarySearchFunc(next.envs, max(arrived, top)+1, func(e *pb.Envelope, seq uint64) int {
 		return cmp.Compare(e.GetSequence(), seq)
 	})
-	eighth := max(1, r.cfg.BatchSize/8)
-	bet := min(taken/4, r.cfg.BatchSize)
-	if bet < eighth {
-		bet = 0
-	}
-	n := min(room-(len(next.envs)-i), r.drainSize()) + bet
-	if n < eighth {
+	n := min(room-(len(next.envs)-i), max(r.drainSize(), most/2), r.cfg.BatchSize)
+	if n < max(1, r.cfg.BatchSize/8) {
 		return 0
 	}
-	return min(n, r.cfg.BatchSize)
-}
-
-// takenInTransit estimates how many messages a receiver that answers pace
-// messages a second takes from its mailbox while an emission crosses the
-// link: for the link's shortest round trip as the Deliverer measures it
-// (0 when it does not, or the pace is not known yet).
-func (r *Relay) takenInTransit(node string, pace float64) int {
-	rtt, ok := r.d.(minRTTer)
-	if !ok || pace <= 0 {
-		return 0
-	}
-	d := rtt.MinRTT(node)
-	if d <= 0 {
-		return 0
-	}
-	return int(min(pace*d.Seconds(), math.MaxInt32))
+	return n
 }
 
 // send builds the envelopes of msgs, the stream's next emission after the
@@ -749,25 +732,9 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	st.mu.Unlock()
 	slots = 0
 	next = r.follow(st, lim, cur, r.drainSize())
-	// The pace the receiver answers at, in messages per second: each
-	// emission's messages over the time since the receipts before them,
-	// smoothed (a weight of a quarter, so one answer that came early or
-	// late does not sway it much); none before the second receipts.
-	var back time.Time
-	pace := 0.0
+	most := 0 // the largest room the receiver said
 	for {
 		<-cur.done
-		if now := time.Now(); !back.IsZero() && now.After(back) {
-			p := float64(len(cur.envs)) / now.Sub(back).Seconds()
-			if pace == 0 {
-				pace = p
-			} else {
-				pace += (p - pace) / 4
-			}
-			back = now
-		} else {
-			back = now
-		}
 		// The peer's share of the work is over when the receipts are back:
 		// free its AIMD slots now so other recipients of the node need not
 		// wait for this emission's ack fsync.
@@ -800,7 +767,9 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 		default:
 			// The one after next goes before this Ack's fsync.
 			r.acking(st, acks, false)
-			after = r.follow(st, lim, next, r.earlySize(cur.lastReceipt(), cur.top(), next, r.takenInTransit(st.node, pace)))
+			rc := cur.lastReceipt()
+			most = max(most, int(rc.GetRoom()))
+			after = r.follow(st, lim, next, r.earlySize(rc, cur.top(), next, most))
 		}
 		if len(acks) > 0 {
 			r.settle(st, acks, clean)

@@ -2,10 +2,12 @@ package testnet
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -15,10 +17,19 @@ import (
 // recipient over a link with a one-way delay in each direction (sites
 // joined by a WAN): b.N messages of 128 B queued while the recipient's
 // node is stopped, then the rate from the first message its actor ran to
-// the last. Run it with a fixed count, e.g. -benchtime 20000x.
+// the last. Run it with a fixed count, e.g. -benchtime 20000x. The
+// recipient's mailbox holds one batch (the default, 1,024) or four.
 func BenchmarkDrainOverSlowLink(b *testing.B) {
-	for _, delay := range []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond} {
-		b.Run(delay.String(), func(b *testing.B) {
+	for _, tc := range []struct {
+		delay   time.Duration
+		mailbox int
+	}{{0, 1024}, {2 * time.Millisecond, 1024}, {10 * time.Millisecond, 1024}, {10 * time.Millisecond, 4096}} {
+		name := tc.delay.String()
+		if tc.mailbox != 1024 {
+			name += fmt.Sprintf("/mailbox=%d", tc.mailbox)
+		}
+		delay := tc.delay
+		b.Run(name, func(b *testing.B) {
 			var ran atomic.Int64
 			var first, last atomic.Int64
 			all := make(chan struct{})
@@ -34,7 +45,7 @@ func BenchmarkDrainOverSlowLink(b *testing.B) {
 						close(all)
 					}
 					return nil, nil
-				})
+				}, node.WithMailbox(tc.mailbox, mailbox.Reject))
 				return err
 			}))
 			if err := c.Stop(1); err != nil {

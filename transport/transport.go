@@ -589,21 +589,6 @@ func (t *Transport) connFor(ctx context.Context, node string) (*conn, error) {
 	}
 }
 
-// MinRTT returns the shortest round trip QUIC has measured on the
-// connection to node, 0 without one.
-func (t *Transport) MinRTT(node string) time.Duration {
-	t.mu.Lock()
-	var c *conn
-	if p := t.peers[node]; p != nil {
-		c = p.conn
-	}
-	t.mu.Unlock()
-	if c == nil {
-		return 0
-	}
-	return c.qc.ConnectionStats().MinRTT
-}
-
 // peerLocked returns the peer entry for name, creating it. t.mu must be held.
 func (t *Transport) peerLocked(name string) *peer {
 	p := t.peers[name]
