@@ -80,19 +80,28 @@ func afters(calls []call) (after, inFlight [][]*pb.Envelope) {
 	return after, inFlight
 }
 
+// drainSaying drains n messages through a roomRig saying room, checks
+// that each ran once, in order, every emission chained, and returns the
+// emissions sent early after receipts (afters).
+func drainSaying(t *testing.T, room uint32, n int) (rg *rig, after, inFlight [][]*pb.Envelope) {
+	t.Helper()
+	msgs := names("m", n)
+	rg = roomRig(t, room, n)
+	drain(t, rg, msgs)
+	calls := rg.fake.callsSnapshot()
+	chained(t, calls)
+	after, inFlight = afters(calls)
+	return rg, after, inFlight
+}
+
 // A receiver that says its mailbox holds 5 more, none of the emission in
 // flight having reached it yet, gets no more early than fits beside that
 // emission: the two never hold more than 5 (half of BatchSize each, 8,
 // before receivers said their room). Everything runs once, in order.
 func TestEarlyEmissionsKeepToTheRoomTheReceiverSays(t *testing.T) {
-	msgs := names("m", 60)
-	rg := roomRig(t, 5, len(msgs))
-	drain(t, rg, msgs)
-	calls := rg.fake.callsSnapshot()
-	chained(t, calls)
-	after, inFlight := afters(calls)
+	_, after, inFlight := drainSaying(t, 5, 60)
 	if len(after) == 0 {
-		t.Fatalf("nothing went early after receipts that said the room (%d emissions)", len(calls))
+		t.Fatal("nothing went early after receipts that said the room")
 	}
 	for i := range after {
 		if n := len(inFlight[i]) + len(after[i]); n > 5 {
@@ -104,12 +113,8 @@ func TestEarlyEmissionsKeepToTheRoomTheReceiverSays(t *testing.T) {
 // Room for less than an eighth of BatchSize beside the emission in flight:
 // nothing goes early; the stream's next emission waits for the receipts.
 func TestNothingEarlyWithoutRoomForIt(t *testing.T) {
-	msgs := names("m", 40)
-	rg := roomRig(t, 3, len(msgs))
-	drain(t, rg, msgs)
-	calls := rg.fake.callsSnapshot()
-	chained(t, calls)
-	if after, inFlight := afters(calls); len(after) > 0 {
+	rg, after, inFlight := drainSaying(t, 3, 40)
+	if len(after) > 0 {
 		t.Fatalf("an emission of %d went early beside one of %d in flight, the room said 3", len(after[0]), len(inFlight[0]))
 	}
 	if rg.relay.Stats().Pipelined == 0 {
@@ -121,12 +126,7 @@ func TestNothingEarlyWithoutRoomForIt(t *testing.T) {
 // emissions (BatchSize), two in flight: over a long link, twice what half
 // ones carry per round trip.
 func TestEarlyEmissionsFillALargeMailbox(t *testing.T) {
-	msgs := names("m", 60)
-	rg := roomRig(t, 1000, len(msgs))
-	drain(t, rg, msgs)
-	calls := rg.fake.callsSnapshot()
-	chained(t, calls)
-	after, _ := afters(calls)
+	_, after, _ := drainSaying(t, 1000, 60)
 	full := 0
 	for _, a := range after {
 		if len(a) == 8 {
