@@ -2,7 +2,6 @@ package testnet
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -16,19 +15,17 @@ import (
 )
 
 // drainShape is a drain into a receiver that works for its messages:
-// nodes 0..senders-1 queue total messages each for the sink on the last
-// node while it is down, the link gets delay each way, the sink comes
-// back and drains (each message taking work(i) in its handler).
+// node 0 queues total messages for the sink on node 1 while it is down,
+// the link gets delay each way, the sink comes back and drains (each
+// message taking work in its handler, or batch messages at a time in a
+// batch handler).
 type drainShape struct {
 	batchSize int
 	total     int
-	senders   int
 	delay     time.Duration
 	mailbox   int
-	bytes     int64 // WithMailboxBytes (0: the default)
-	batch     int   // WithBatch max (0: a plain handler)
-	work      func(i int64) time.Duration
-	body      func(i int) proto.Message
+	batch     int // WithBatch max (0: a plain handler)
+	work      time.Duration
 }
 
 // drainInto runs the drain s and checks that every message ran once, in
@@ -37,136 +34,91 @@ type drainShape struct {
 // its mailbox.
 func drainInto(t *testing.T, s drainShape) {
 	t.Helper()
-	if s.senders == 0 {
-		s.senders = 1
-	}
-	if s.body == nil {
-		s.body = func(i int) proto.Message { return wrapperspb.Int64(int64(i)) }
-	}
-	recv := s.senders
 	var mu sync.Mutex
-	ran := make(map[string][]int64)
-	dec := func(m *node.Message) (int64, error) {
+	var ran []int64
+	take := func(m *node.Message) error {
 		var v wrapperspb.Int64Value
-		if err := m.Decode(&v); err == nil {
-			return v.GetValue(), nil
+		if err := m.Decode(&v); err != nil {
+			return err
 		}
-		var b wrapperspb.BytesValue
-		if err := m.Decode(&b); err != nil {
-			return 0, err
-		}
-		var x int64
-		_, err := fmt.Sscanf(string(b.GetValue()[:12]), "%012d", &x)
-		return x, err
+		mu.Lock()
+		ran = append(ran, v.GetValue())
+		mu.Unlock()
+		return nil
 	}
-	cl := New(t, s.senders+1,
+	cl := New(t, 2,
 		WithConfig(func(_ int, cfg *node.Config) { cfg.Relay.BatchSize = s.batchSize }),
 		WithSpawn(func(i int, n *node.Node) error {
-			if i != recv {
+			if i != 1 {
 				return nil
 			}
 			opts := []node.SpawnOption{node.WithMailbox(s.mailbox, mailbox.Reject)}
-			if s.bytes > 0 {
-				opts = append(opts, node.WithMailboxBytes(s.bytes))
-			}
 			if s.batch > 0 {
 				opts = append(opts, node.WithBatch(func(_ context.Context, msgs []*node.Message) (int, error) {
-					var d time.Duration
 					for _, m := range msgs {
-						v, err := dec(m)
-						if err != nil {
+						if err := take(m); err != nil {
 							return 0, err
 						}
-						mu.Lock()
-						ran[m.From()] = append(ran[m.From()], v)
-						mu.Unlock()
-						d += s.work(v)
 					}
-					time.Sleep(d) // the batch's work, not a wait for a state
+					time.Sleep(time.Duration(len(msgs)) * s.work) // the batch's work, not a wait for a state
 					return len(msgs), nil
 				}, s.batch))
 			}
 			_, err := n.Spawn("sink", func(_ context.Context, m *node.Message) (proto.Message, error) {
-				v, err := dec(m)
-				if err != nil {
+				if err := take(m); err != nil {
 					return nil, err
 				}
-				mu.Lock()
-				ran[m.From()] = append(ran[m.From()], v)
-				mu.Unlock()
-				time.Sleep(s.work(v)) // the handler's work, not a wait for a state
+				time.Sleep(s.work) // the handler's work, not a wait for a state
 				return nil, nil
 			}, opts...)
 			return err
 		}))
-	if err := cl.Stop(recv); err != nil {
+	if err := cl.Stop(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := cl.WaitDown(recv, 30*time.Second); err != nil {
+	if err := cl.WaitDown(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	to := cl.Addr("sink", recv)
-	for snd := range s.senders {
-		ps := make([]*node.Pending, 0, s.total)
-		for i := range s.total {
-			p, err := cl.Node(snd).TellReliableAsync(ctx, to, s.body(i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ps = append(ps, p)
+	ps := make([]*node.Pending, 0, s.total)
+	for i := range s.total {
+		p, err := cl.Node(0).TellReliableAsync(ctx, cl.Addr("sink", 1), wrapperspb.Int64(int64(i)))
+		if err != nil {
+			t.Fatal(err)
 		}
-		for _, p := range ps {
-			if _, err := p.Wait(ctx); err != nil {
-				t.Fatal(err)
-			}
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		if _, err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if s.delay > 0 {
-		for snd := range s.senders {
-			for _, l := range [][2]int{{snd, recv}, {recv, snd}} {
-				if err := cl.Delay(l[0], l[1], s.delay); err != nil {
-					t.Fatal(err)
-				}
-			}
+	for _, l := range [][2]int{{0, 1}, {1, 0}} {
+		if err := cl.Delay(l[0], l[1], s.delay); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if err := cl.Restart(recv); err != nil {
+	if err := cl.Restart(1); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 180*time.Second, "the drain", func() bool {
-		for snd := range s.senders {
-			if cl.Node(snd).Outbox().Stats().Depth != 0 {
-				return false
-			}
-		}
-		return true
-	})
+	testutil.WaitFor(t, 180*time.Second, "the drain", func() bool { return cl.Node(0).Outbox().Stats().Depth == 0 })
 	mu.Lock()
 	defer mu.Unlock()
-	st := cl.Node(recv).Stats()
-	for snd := range s.senders {
-		got := ran[cl.Name(snd)]
-		if len(got) != s.total {
-			t.Errorf("sender %d: ran %d of %d", snd, len(got), s.total)
-		}
-		for i, v := range got {
-			if v != int64(i) {
-				t.Errorf("sender %d: ran %d at %d", snd, v, i)
-				break
-			}
-		}
-		if dl, err := cl.Node(snd).Outbox().DeadLetters(outbox.DLQFilter{}); err != nil || len(dl) > 0 {
-			t.Errorf("sender %d: dead letters %d (%v)", snd, len(dl), err)
+	if len(ran) != s.total {
+		t.Errorf("ran %d of %d", len(ran), s.total)
+	}
+	for i, v := range ran {
+		if v != int64(i) {
+			t.Errorf("ran %d at %d", v, i)
+			break
 		}
 	}
-	if st.RefusedFull > 0 || st.OutOfOrder > 0 {
+	if dl, err := cl.Node(0).Outbox().DeadLetters(outbox.DLQFilter{}); err != nil || len(dl) > 0 {
+		t.Errorf("dead letters %d (%v)", len(dl), err)
+	}
+	if st := cl.Node(1).Stats(); st.RefusedFull > 0 || st.OutOfOrder > 0 {
 		t.Errorf("the drain was refused: %d messages CAPACITY (mailbox full), %d OUT_OF_ORDER", st.RefusedFull, st.OutOfOrder)
 	}
-}
-
-func taking(d time.Duration) func(int64) time.Duration {
-	return func(int64) time.Duration { return d }
 }
 
 // An actor taking about 200 µs a message over a link of 5 ms each way,
@@ -175,7 +127,7 @@ func taking(d time.Duration) func(int64) time.Duration {
 // early emission fill the mailbox exactly at its pace, and every wavering
 // of that pace overran it.
 func TestBusyReceiverOverALinkIsNotOverrun(t *testing.T) {
-	drainInto(t, drainShape{batchSize: 64, total: 2000, delay: 5 * time.Millisecond, mailbox: 64, work: taking(200 * time.Microsecond)})
+	drainInto(t, drainShape{batchSize: 64, total: 2000, delay: 5 * time.Millisecond, mailbox: 64, work: 200 * time.Microsecond})
 }
 
 // A fast actor (about 50 µs a message) over a link of 10 ms each way: it
@@ -184,7 +136,7 @@ func TestBusyReceiverOverALinkIsNotOverrun(t *testing.T) {
 // round trip) landed a few ms behind a full one, before the receiver was
 // through it.
 func TestFastReceiverOverALongLinkIsNotOverrun(t *testing.T) {
-	drainInto(t, drainShape{batchSize: 64, total: 2000, delay: 10 * time.Millisecond, mailbox: 64, work: taking(50 * time.Microsecond)})
+	drainInto(t, drainShape{batchSize: 64, total: 2000, delay: 10 * time.Millisecond, mailbox: 64, work: 50 * time.Microsecond})
 }
 
 // A batch actor (up to 32 a call, about 500 µs a message) over a link of
@@ -192,5 +144,5 @@ func TestFastReceiverOverALongLinkIsNotOverrun(t *testing.T) {
 // the next together, so their receipts come moments apart, which read as
 // a pace several times the receiver's.
 func TestBatchReceiverOverALongLinkIsNotOverrun(t *testing.T) {
-	drainInto(t, drainShape{batchSize: 64, total: 1000, delay: 20 * time.Millisecond, mailbox: 64, batch: 32, work: taking(500 * time.Microsecond)})
+	drainInto(t, drainShape{batchSize: 64, total: 1000, delay: 20 * time.Millisecond, mailbox: 64, batch: 32, work: 500 * time.Microsecond})
 }
