@@ -526,8 +526,8 @@ func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
 // highest sequence): the room the receiver's mailbox had as rc was
 // written, and the highest sequence of the stream that had reached it by
 // then. What of next had not is on its way and takes its share of that
-// room, so the two emissions in flight never hold more than the mailbox:
-// a receiver, however slow or far, is not overrun by them.
+// room, so the emission never takes more than the mailbox has left beside
+// next: a receiver, however slow or far, is not overrun by it.
 //
 // Up to half of most, the largest room the receiver said in this run of
 // the stream (as near its mailbox's size as the sender can tell), and at
