@@ -167,7 +167,7 @@ func (d *saying) Deliver(ctx context.Context, node string, envs []*pb.Envelope) 
 // runs every message once and in order and
 // dead-letters none; the receiver refuses some (a full mailbox) now and
 // then, so that early emissions are refused and sent again.
-func TestAnyRoomOrRoundTripLosesNothing(t *testing.T) {
+func TestAnyRoomSaidLosesNothing(t *testing.T) {
 	says := map[string]func(rnd *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt){
 		"most room, last arrived": func(_ *rand.Rand, _ []*pb.Envelope, rc *pb.Receipt) {
 			rc.Room, rc.Arrived = math.MaxUint32, math.MaxUint64
