@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,11 @@ type stream struct {
 	// nothing early, since a watermark of a sequence that went early
 	// would look like one this stream set.
 	proven bool
+	// room is what the receiver said its mailbox could take in the last
+	// receipts the stream read, plus one (capped at 2^16-1; 0: it said
+	// nothing): the stream's next emission from the frontier, with nothing
+	// of the stream in flight, takes no more (dispatch, firstEarly).
+	room uint16
 }
 
 // settled reports that nothing of the stream is unresolved: a direct
@@ -458,6 +464,11 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	if n <= 0 {
 		return false
 	}
+	if st.room > 0 {
+		// The receiver said how much its mailbox takes: at least one, to
+		// hear again.
+		n = min(n, max(int(st.room)-1, 1))
+	}
 	g := lim.TryAcquire(n)
 	if g == 0 {
 		return false
@@ -489,6 +500,33 @@ type emission struct {
 
 	receipts []*pb.Receipt // valid once done is closed
 	err      error
+}
+
+// heard records in st.room the room the receiver said in rc, the last
+// receipt the stream read (nothing when it said nothing).
+func (r *Relay) heard(st *stream, rc *pb.Receipt) {
+	if rc.GetRoom() == 0 && rc.GetArrived() == 0 {
+		return
+	}
+	st.mu.Lock()
+	st.room = uint16(min(rc.GetRoom(), math.MaxUint16-1) + 1)
+	st.mu.Unlock()
+}
+
+// firstEarly is the size of the emission sent behind cur, a stream's
+// emission from the frontier, before any of its receipts: what the
+// receiver last said its mailbox could take (said; negative: it said
+// nothing), less cur, which has not arrived; at most half of BatchSize
+// (drainSize, also when it said nothing); 0 under an eighth of BatchSize.
+func (r *Relay) firstEarly(said int, cur *emission) int {
+	if said < 0 {
+		return r.drainSize()
+	}
+	n := min(said-len(cur.envs), r.drainSize())
+	if n < max(1, r.cfg.BatchSize/8) {
+		return 0
+	}
+	return n
 }
 
 // lastReceipt is the last of e's receipts (nil: none). Valid once done is
@@ -729,12 +767,14 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 	}
 	st.mu.Lock()
 	cur := r.send(st, req, msgs, 0, slots, r.drainSize())
+	said := int(st.room) - 1
 	st.mu.Unlock()
 	slots = 0
-	next = r.follow(st, lim, cur, r.drainSize())
-	most := 0 // the largest room the receiver said
+	next = r.follow(st, lim, cur, r.firstEarly(said, cur))
+	most := max(said, 0) // the largest room the receiver said
 	for {
 		<-cur.done
+		r.heard(st, cur.lastReceipt())
 		// The peer's share of the work is over when the receipts are back:
 		// free its AIMD slots now so other recipients of the node need not
 		// wait for this emission's ack fsync.
