@@ -223,3 +223,31 @@ func TestAnyRoomSaidLosesNothing(t *testing.T) {
 		}
 	}
 }
+
+// A receiver that was full for a moment (the receipts of a stream's first
+// emission say room 0), then is heard through a path whose receipts say
+// nothing of the room (a forwarder carries none; an older receiver): what
+// was said is forgotten, and the stream drains in full and early
+// emissions again. Remembered, it bounded every later emission to one
+// message, none early (631 emissions for 640 messages).
+func TestRoomNoLongerSaidIsForgotten(t *testing.T) {
+	const bs, n = 64, 640
+	var firstTop uint64 // the first emission's last message
+	rg := newRigOver(t, nil, func(c *partition.Config) { c.BatchSize = bs }, func(f *fake) partition.Deliverer {
+		return &saying{fake: f, rnd: rand.New(rand.NewPCG(1, 2)), say: func(_ *rand.Rand, envs []*pb.Envelope, rc *pb.Receipt) {
+			if top := envs[len(envs)-1].GetSequence(); firstTop == 0 || firstTop == top {
+				firstTop = top
+				rc.Room, rc.Arrived = 0, top // full as its last ran
+				return
+			}
+			rc.Room, rc.Arrived = 0, 0 // says nothing
+		}}
+	})
+	rg.fake.set(func(f *fake) { f.lane = true })
+	drain(t, rg, names("m", n))
+	calls := rg.fake.callsSnapshot()
+	chained(t, calls)
+	if len(calls) > 4*n/bs {
+		t.Fatalf("%d emissions for %d messages at BatchSize %d: the room said once (0) still bounds the stream", len(calls), n, bs)
+	}
+}

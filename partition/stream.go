@@ -503,13 +503,18 @@ type emission struct {
 }
 
 // heard records in st.room the room the receiver said in rc, the last
-// receipt the stream read (nothing when it said nothing).
+// receipt the stream read. A receipt that says nothing (through a
+// forwarder, which does not carry the room; from an older receiver)
+// forgets what was said before: a room said once, when the receiver was
+// momentarily full, must not bound the stream for the rest of its
+// backlog.
 func (r *Relay) heard(st *stream, rc *pb.Receipt) {
-	if rc.GetRoom() == 0 && rc.GetArrived() == 0 {
-		return
+	room := uint16(0)
+	if rc.GetRoom() != 0 || rc.GetArrived() != 0 {
+		room = uint16(min(rc.GetRoom(), math.MaxUint16-1) + 1)
 	}
 	st.mu.Lock()
-	st.room = uint16(min(rc.GetRoom(), math.MaxUint16-1) + 1)
+	st.room = room
 	st.mu.Unlock()
 }
 
