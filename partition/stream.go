@@ -509,13 +509,28 @@ type emission struct {
 // momentarily full, must not bound the stream for the rest of its
 // backlog.
 func (r *Relay) heard(st *stream, rc *pb.Receipt) {
-	room := uint16(0)
-	if rc.GetRoom() != 0 || rc.GetArrived() != 0 {
-		room = uint16(min(rc.GetRoom(), math.MaxUint16-1) + 1)
+	var stored uint16
+	if room, said := roomIn(rc); said {
+		stored = uint16(min(room, math.MaxUint16-1) + 1)
 	}
 	st.mu.Lock()
-	st.room = room
+	st.room = stored
 	st.mu.Unlock()
+}
+
+// roomIn is the room rc says the receiver's mailbox had; said is false
+// when rc says nothing of it (an older receiver, a forwarder's receipt).
+func roomIn(rc *pb.Receipt) (room int, said bool) {
+	return int(rc.GetRoom()), rc.GetRoom() != 0 || rc.GetArrived() != 0
+}
+
+// worthEarly is n as the size of an emission sent early: 0 under an
+// eighth of BatchSize, which is not worth one.
+func (r *Relay) worthEarly(n int) int {
+	if n < max(1, r.cfg.BatchSize/8) {
+		return 0
+	}
+	return n
 }
 
 // firstEarly is the size of the emission sent behind cur, a stream's
@@ -527,11 +542,7 @@ func (r *Relay) firstEarly(said int, cur *emission) int {
 	if said < 0 {
 		return r.drainSize()
 	}
-	n := min(said-len(cur.envs), r.drainSize())
-	if n < max(1, r.cfg.BatchSize/8) {
-		return 0
-	}
-	return n
+	return r.worthEarly(min(said-len(cur.envs), r.drainSize()))
 }
 
 // lastReceipt is the last of e's receipts (nil: none). Valid once done is
@@ -591,18 +602,14 @@ func (r *Relay) drainSize() int { return r.emissionSize(r.cfg.BatchSize + 1) }
 // BatchSize (drainSize), which keeps two emissions in flight to what one
 // full one would be.
 func (r *Relay) earlySize(rc *pb.Receipt, top uint64, next *emission, most int) int {
-	room, arrived := int(rc.GetRoom()), rc.GetArrived()
-	if room == 0 && arrived == 0 {
+	room, said := roomIn(rc)
+	if !said {
 		return r.drainSize()
 	}
-	i, _ := slices.BinarySearchFunc(next.envs, max(arrived, top)+1, func(e *pb.Envelope, seq uint64) int {
+	i, _ := slices.BinarySearchFunc(next.envs, max(rc.GetArrived(), top)+1, func(e *pb.Envelope, seq uint64) int {
 		return cmp.Compare(e.GetSequence(), seq)
 	})
-	n := min(room-(len(next.envs)-i), max(r.drainSize(), most/2), r.cfg.BatchSize)
-	if n < max(1, r.cfg.BatchSize/8) {
-		return 0
-	}
-	return n
+	return r.worthEarly(min(room-(len(next.envs)-i), max(r.drainSize(), most/2), r.cfg.BatchSize))
 }
 
 // send builds the envelopes of msgs, the stream's next emission after the
@@ -813,7 +820,9 @@ func (r *Relay) deliver(st *stream, lim *Limiter, slots int, req outbox.HeadRequ
 			// The one after next goes before this Ack's fsync.
 			r.acking(st, acks, false)
 			rc := cur.lastReceipt()
-			most = max(most, int(rc.GetRoom()))
+			if room, said := roomIn(rc); said {
+				most = max(most, room)
+			}
 			after = r.follow(st, lim, next, r.earlySize(rc, cur.top(), next, most))
 		}
 		if len(acks) > 0 {
