@@ -17,7 +17,7 @@ import (
 
 func sampleFrames() []*pb.Frame {
 	return []*pb.Frame{
-		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: []uint32{1}, Cluster: "c"}}},
+		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: []uint32{1}, Cluster: "c", GoneConnection: 0x0123456789abcdef}}},
 		{Kind: &pb.Frame_Envelope{Envelope: &pb.Envelope{MsgId: "m", Recipient: "a@n", Headers: map[string]string{"k": "v"}}}},
 		{Kind: &pb.Frame_Receipt{Receipt: &pb.Receipt{MsgId: "m", Code: pb.Receipt_CAPACITY, RetryAfterMs: 50}}},
 		{Kind: &pb.Frame_Goaway{Goaway: &pb.GoAway{Code: 1, Reason: "bye"}}},

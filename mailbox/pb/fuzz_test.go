@@ -29,7 +29,7 @@ func seedFrames(tb testing.TB) [][]byte {
 		StreamEpoch: 5, CoalesceKey: "hb",
 	}
 	frames := []*pb.Frame{
-		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: pb.SupportedVersions(), Cluster: "c", OutboxId: make([]byte, 16)}}},
+		{Kind: &pb.Frame_Hello{Hello: &pb.Hello{NodeName: "n1", BootId: "b", ProtocolVersions: pb.SupportedVersions(), Cluster: "c", OutboxId: make([]byte, 16), GoneConnection: 0x0123456789abcdef}}},
 		{Kind: &pb.Frame_Envelope{Envelope: env}},
 		{Kind: &pb.Frame_Receipt{Receipt: &pb.Receipt{MsgId: "m1", Code: pb.Receipt_CAPACITY, RetryAfterMs: 50, Message: "full", Watermark: 9}}},
 		{Kind: &pb.Frame_Goaway{Goaway: &pb.GoAway{Code: 1, Reason: "shutdown"}}},

@@ -873,8 +873,13 @@ type Hello struct {
 	Features         []string               `protobuf:"bytes,6,rep,name=features,proto3" json:"features,omitempty"`                                // optional capabilities (e.g. "forward"); unknown ones are ignored
 	MaxFrameSize     uint32                 `protobuf:"varint,7,opt,name=max_frame_size,json=maxFrameSize,proto3" json:"max_frame_size,omitempty"` // the largest frame the node accepts; 0 (not announced): taken as the reader's own
 	MaxReadBytes     uint64                 `protobuf:"varint,8,opt,name=max_read_bytes,json=maxReadBytes,proto3" json:"max_read_bytes,omitempty"` // bytes of large frames the node reads at once on one connection; 0: taken as the reader's own
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The id of the last connection with the receiver that the sender no
+	// longer has (0: none): a connection the receiver still holds with this
+	// id is dead, whatever the simultaneous-dial tie-break would keep. A
+	// connection's id is 8 bytes of its TLS exporter, the same at both ends.
+	GoneConnection uint64 `protobuf:"fixed64,9,opt,name=gone_connection,json=goneConnection,proto3" json:"gone_connection,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -959,6 +964,13 @@ func (x *Hello) GetMaxFrameSize() uint32 {
 func (x *Hello) GetMaxReadBytes() uint64 {
 	if x != nil {
 		return x.MaxReadBytes
+	}
+	return 0
+}
+
+func (x *Hello) GetGoneConnection() uint64 {
+	if x != nil {
+		return x.GoneConnection
 	}
 	return 0
 }
@@ -1459,7 +1471,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x10ReceiptSignature\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
-	"\tsignature\x18\x03 \x01(\fR\tsignature\"\x89\x02\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xb2\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1468,7 +1480,8 @@ const file_meshnode_proto_rawDesc = "" +
 	"\toutbox_id\x18\x05 \x01(\fR\boutboxId\x12\x1a\n" +
 	"\bfeatures\x18\x06 \x03(\tR\bfeatures\x12$\n" +
 	"\x0emax_frame_size\x18\a \x01(\rR\fmaxFrameSize\x12$\n" +
-	"\x0emax_read_bytes\x18\b \x01(\x04R\fmaxReadBytes\"4\n" +
+	"\x0emax_read_bytes\x18\b \x01(\x04R\fmaxReadBytes\x12'\n" +
+	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd1\x01\n" +
