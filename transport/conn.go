@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -28,6 +29,7 @@ type conn struct {
 	peer     PeerInfo
 	stats    *peer                  // set by register
 	dialed   bool                   // this node dialed it
+	id       uint64                 // the same at both ends (connID); 0 if TLS gave none
 	remote   netip.AddrPort         // the peer's UDP address
 	done     chan struct{}          // closed by shutdown
 	reads    *readBudget            // bytes of large frames being read, all streams together
@@ -144,6 +146,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		peer:    PeerInfo{Name: ph.GetNodeName(), BootID: ph.GetBootId(), OutboxID: [16]byte(ph.GetOutboxId())},
 		dialed:  dialed,
 		remote:  remoteAddrPort(qc),
+		id:      connID(qc),
 		done:    make(chan struct{}),
 		reads:   newReadBudget(t.cfg.MaxReadBytes),
 		waiters: make(map[string]*waiter),
@@ -206,6 +209,21 @@ func largeSlots(ownRead int, announced uint64, maxFrame int) int {
 		read = announced
 	}
 	return int(max(1, min(read/uint64(maxFrame), maxLanes+1)))
+}
+
+// connIDLabel names the TLS exporter output that is a connection's id.
+const connIDLabel = "EXPORTER-meshnode-connection-id"
+
+// connID is 8 bytes of qc's TLS exporter: both ends derive the same value
+// from the handshake, with no extra round trip, and every connection
+// another (but by a 2^-64 chance). 0 when TLS gives none.
+func connID(qc *quic.Conn) uint64 {
+	cs := qc.ConnectionState().TLS
+	b, err := cs.ExportKeyingMaterial(connIDLabel, nil, 8)
+	if err != nil || len(b) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
 }
 
 func (t *Transport) hello() *pb.Hello {

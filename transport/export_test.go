@@ -138,3 +138,14 @@ func Waiting(t *Transport, node string) int {
 	}
 	return c.waiting()
 }
+
+// ConnID returns the id of t's live connection to node (0 without one).
+func ConnID(t *Transport, node string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	if p == nil || p.conn == nil || p.conn.isClosed() {
+		return 0
+	}
+	return p.conn.id
+}
