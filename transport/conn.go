@@ -30,6 +30,7 @@ type conn struct {
 	stats    *peer                  // set by register
 	dialed   bool                   // this node dialed it
 	id       uint64                 // the same at both ends (connID); 0 if TLS gave none
+	peerGone uint64                 // the connection the peer's Hello said it no longer has (0: none)
 	remote   netip.AddrPort         // the peer's UDP address
 	done     chan struct{}          // closed by shutdown
 	reads    *readBudget            // bytes of large frames being read, all streams together
@@ -117,7 +118,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	var ctrlStream *quic.ReceiveStream
 	var err error
 	if dialed {
-		if ctrl, err = t.sendHello(ctx, qc); err != nil {
+		if ctrl, err = t.sendHello(ctx, qc, expect); err != nil {
 			return nil, err
 		}
 		if ph, br, ctrlStream, err = t.readHello(ctx, qc); err != nil {
@@ -136,7 +137,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		return nil, err
 	}
 	if !dialed {
-		if ctrl, err = t.sendHello(ctx, qc); err != nil {
+		if ctrl, err = t.sendHello(ctx, qc, ph.GetNodeName()); err != nil {
 			return nil, err
 		}
 	}
@@ -153,6 +154,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
 		born:     time.Now(),
+		peerGone: ph.GetGoneConnection(),
 	}
 	c.large = newLargeGate(largeSlots(t.cfg.MaxReadBytes, ph.GetMaxReadBytes(), c.maxFrame))
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
@@ -216,7 +218,8 @@ const connIDLabel = "EXPORTER-meshnode-connection-id"
 
 // connID is 8 bytes of qc's TLS exporter: both ends derive the same value
 // from the handshake, with no extra round trip, and every connection
-// another (but by a 2^-64 chance). 0 when TLS gives none.
+// another (but by a 2^-64 chance). 0 when TLS gives none; a Hello naming 0
+// names no connection.
 func connID(qc *quic.Conn) uint64 {
 	cs := qc.ConnectionState().TLS
 	b, err := cs.ExportKeyingMaterial(connIDLabel, nil, 8)
@@ -226,7 +229,8 @@ func connID(qc *quic.Conn) uint64 {
 	return binary.BigEndian.Uint64(b)
 }
 
-func (t *Transport) hello() *pb.Hello {
+// hello is the Hello this node sends peer.
+func (t *Transport) hello(peer string) *pb.Hello {
 	h := &pb.Hello{
 		NodeName:         t.cfg.NodeName,
 		BootId:           t.cfg.BootID,
@@ -235,6 +239,7 @@ func (t *Transport) hello() *pb.Hello {
 		OutboxId:         t.cfg.OutboxID[:],
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
+		GoneConnection:   t.goneFor(peer),
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)
@@ -242,14 +247,14 @@ func (t *Transport) hello() *pb.Hello {
 	return h
 }
 
-// sendHello opens the control stream and writes our Hello on it.
-func (t *Transport) sendHello(ctx context.Context, qc *quic.Conn) (*quic.SendStream, error) {
+// sendHello opens the control stream and writes our Hello to peer on it.
+func (t *Transport) sendHello(ctx context.Context, qc *quic.Conn, peer string) (*quic.SendStream, error) {
 	s, err := qc.OpenUniStreamSync(ctx)
 	if err != nil {
 		_ = qc.CloseWithError(CodeProtocol, "cannot open control stream")
 		return nil, fmt.Errorf("transport: open control stream: %w", closeCause(qc, err))
 	}
-	b, err := AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Hello{Hello: t.hello()}})
+	b, err := AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Hello{Hello: t.hello(peer)}})
 	if err == nil {
 		_, err = s.Write(b)
 	}

@@ -144,6 +144,17 @@
 //     tie-break waits for the winning connection instead of failing.
 //     A connection from a peer with a new boot id replaces the old one
 //     (CodeReplaced), as does a second connection dialed by the same side.
+//   - A connection's id is 8 bytes of its TLS exporter, the same at both
+//     ends. Each Hello names the last connection with the receiver that
+//     the sender no longer has (ClosePeer, idle, lost, replaced): a node
+//     that still holds it as live, because its CONNECTION_CLOSE was lost
+//     in a partition, replaces it with the new connection (CodeReplaced)
+//     whoever dialed it, rather than keeping it by the tie-break and
+//     leaving the peer's dial waiting for a connection the peer closed.
+//     With a node of an earlier release, which neither sends nor reads
+//     the name, the tie-break decides as before: the peer's dial fails
+//     after HandshakeTimeout until the stale connection ends (within
+//     MaxIdleTimeout).
 //   - A connection we dialed is replaced when the Resolver returns a
 //     different IP:port for the peer (it restarted elsewhere). Connections
 //     the peer dialed are not judged by address (their source address need

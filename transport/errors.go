@@ -141,6 +141,6 @@ const (
 	CodeProtocol      quic.ApplicationErrorCode = 4 // malformed or unexpected frame
 	CodeFrameTooLarge quic.ApplicationErrorCode = 5 // a length prefix above MaxFrameSize
 	CodeDuplicate     quic.ApplicationErrorCode = 6 // a second connection for the same peer pair lost the tie-break
-	CodeReplaced      quic.ApplicationErrorCode = 7 // the peer restarted (new boot id) or moved address
+	CodeReplaced      quic.ApplicationErrorCode = 7 // a newer connection took its place: the peer restarted, moved, dialed again, or had closed it
 	CodeIdle          quic.ApplicationErrorCode = 8 // no frame either way for IdleConnTimeout; the next send dials again
 )

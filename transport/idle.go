@@ -85,7 +85,7 @@ func (t *Transport) idleConns(now time.Time) []*conn {
 		if now.Sub(p.idle.since) < t.cfg.IdleConnTimeout || c.queued.Load() > 0 || c.waiting() > 0 {
 			continue
 		}
-		p.conn = nil // sends from now on dial a new connection
+		p.setConn(nil) // sends from now on dial a new connection
 		c.idle.Store(true)
 		p.idle = idleWatch{}
 		out = append(out, c)

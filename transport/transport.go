@@ -74,9 +74,32 @@ type peer struct {
 
 	// Guarded by Transport.mu.
 	conn       *conn
+	gone       uint64    // the id of the last conn that left this entry (setConn); 0: none
 	idle       idleWatch // when conn last carried a frame (idle.go)
 	dialing    *dialCall
 	registered chan struct{} // closed and replaced whenever conn is set
+}
+
+// setConn makes c (nil: none) the peer's connection. The one it takes the
+// place of is on its way to shutdown: its id goes into the next Hello to
+// the peer, which may still hold it as live when its CONNECTION_CLOSE was
+// lost (register). Transport.mu must be held.
+func (p *peer) setConn(c *conn) {
+	if p.conn != nil && p.conn != c {
+		p.gone = p.conn.id
+	}
+	p.conn = c
+}
+
+// goneFor is the id of the last connection with node that this node no
+// longer has (0: none), for the Hello it sends node.
+func (t *Transport) goneFor(node string) uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.peers[node]; p != nil {
+		return p.gone
+	}
+	return 0
 }
 
 // dialCall lets concurrent senders share one dial.
@@ -562,7 +585,8 @@ func (t *Transport) connFor(ctx context.Context, node string) (*conn, error) {
 			t.mu.Unlock()
 			return c, nil
 		}
-		stale, p.conn = c, nil
+		stale = c
+		p.setConn(nil)
 	}
 	d := p.dialing
 	if d == nil {
@@ -675,6 +699,15 @@ func (t *Transport) dialConn(node, addr string) (*conn, error) {
 
 // register installs c as the connection of its peer, resolving duplicates.
 // It returns the connection to close (c or the one it replaces), if any.
+//
+// A connection the peer's Hello names as gone is dead, whoever dialed it:
+// the peer shut it down, but its CONNECTION_CLOSE may have been lost (a
+// partition), and until this side's idle timeout it looks live. Keeping it
+// over c by the simultaneous-dial tie-break would leave the peer waiting
+// for a connection it no longer has. A Hello names only a connection its
+// sender has shut down, so this never drops a live one, nor the winner of
+// a genuine simultaneous dial, which neither side shuts down: there the
+// tie-break decides, the same way on both sides.
 func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCode, reason string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -692,10 +725,13 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 	}()
 	switch {
 	case old == nil || old.isClosed():
-		p.conn = c
+		p.setConn(c)
 		return old, CodeNormal, "replaced"
+	case c.peerGone != 0 && c.peerGone == old.id:
+		p.setConn(c)
+		return old, CodeReplaced, "the peer no longer has this connection"
 	case old.peer.BootID != c.peer.BootID:
-		p.conn = c
+		p.setConn(c)
 		return old, CodeReplaced, "peer restarted with boot id " + c.peer.BootID
 	case old.dialed != c.dialed:
 		// Both sides dialed at once. Both keep the connection dialed by the
@@ -705,13 +741,13 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 			winner = old
 		}
 		if winner == c {
-			p.conn = c
+			p.setConn(c)
 			return old, CodeDuplicate, "duplicate connection (simultaneous dial)"
 		}
 		return c, CodeDuplicate, "duplicate connection (simultaneous dial)"
 	default:
 		// Same dialer twice: the peer re-dialed, so it considers the old one gone.
-		p.conn = c
+		p.setConn(c)
 		return old, CodeReplaced, "superseded by a newer connection"
 	}
 }
@@ -720,7 +756,7 @@ func (t *Transport) register(c *conn) (loser *conn, code quic.ApplicationErrorCo
 func (t *Transport) unregister(c *conn) {
 	t.mu.Lock()
 	if p := t.peers[c.peer.Name]; p != nil && p.conn == c {
-		p.conn = nil
+		p.setConn(nil)
 	}
 	t.mu.Unlock()
 }
@@ -731,7 +767,8 @@ func (t *Transport) ClosePeer(node, reason string) {
 	t.mu.Lock()
 	var c *conn
 	if p := t.peers[node]; p != nil {
-		c, p.conn = p.conn, nil
+		c = p.conn
+		p.setConn(nil)
 	}
 	t.mu.Unlock()
 	if c != nil {
@@ -794,7 +831,7 @@ func (t *Transport) Close() error {
 		for _, p := range t.peers {
 			if p.conn != nil {
 				conns = append(conns, p.conn)
-				p.conn = nil
+				p.setConn(nil)
 			}
 		}
 		t.mu.Unlock()
