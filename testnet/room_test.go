@@ -146,3 +146,81 @@ func TestFastReceiverOverALongLinkIsNotOverrun(t *testing.T) {
 func TestBatchReceiverOverALongLinkIsNotOverrun(t *testing.T) {
 	drainInto(t, drainShape{batchSize: 64, total: 1000, delay: 20 * time.Millisecond, mailbox: 64, batch: 32, work: 500 * time.Microsecond})
 }
+
+// Two senders drain into one actor at once (a thundering herd after a
+// partition heals): a mailbox of 16, about 200 µs a message. Each
+// receipt tells its sender its share of the mailbox's room, so together
+// they send no more than it takes; only what the first emissions send
+// before any receipt (sized without word of the room) may be refused.
+// Told the whole room, each filled it: hundreds of refusals.
+func TestTwoSendersShareASmallMailbox(t *testing.T) {
+	const each, places = 800, 16
+	var mu sync.Mutex
+	ran := map[string][]int64{}
+	cl := New(t, 3, WithSpawn(func(i int, n *node.Node) error {
+		if i != 2 {
+			return nil
+		}
+		_, err := n.Spawn("sink", func(_ context.Context, m *node.Message) (proto.Message, error) {
+			var v wrapperspb.Int64Value
+			if err := m.Decode(&v); err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			ran[m.From()] = append(ran[m.From()], v.GetValue())
+			mu.Unlock()
+			time.Sleep(200 * time.Microsecond) // the handler's work, not a wait for a state
+			return nil, nil
+		}, node.WithMailbox(places, mailbox.Reject))
+		return err
+	}))
+	if err := cl.Stop(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.WaitDown(2, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for s := range 2 {
+		ps := make([]*node.Pending, 0, each)
+		for i := range each {
+			p, err := cl.Node(s).TellReliableAsync(ctx, cl.Addr("sink", 2), wrapperspb.Int64(int64(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ps = append(ps, p)
+		}
+		for _, p := range ps {
+			if _, err := p.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := cl.Restart(2); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 120*time.Second, "both drains", func() bool {
+		return cl.Node(0).Outbox().Stats().Depth == 0 && cl.Node(1).Outbox().Stats().Depth == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for s := range 2 {
+		if got := len(ran[cl.Name(s)]); got != each {
+			t.Errorf("ran %d of node %d's %d", got, s, each)
+		}
+		for i, v := range ran[cl.Name(s)] {
+			if v != int64(i) {
+				t.Errorf("node %d's message %d ran at %d", s, v, i)
+				break
+			}
+		}
+		if dl, err := cl.Node(s).Outbox().DeadLetters(outbox.DLQFilter{}); err != nil || len(dl) > 0 {
+			t.Errorf("node %d: dead letters %d (%v)", s, len(dl), err)
+		}
+	}
+	st := cl.Node(2).Stats()
+	t.Logf("the receiver refused %d for room", st.RefusedFull)
+	if st.RefusedFull > 2*places {
+		t.Errorf("the receiver refused %d deliveries for room (CAPACITY); want at most %d, what the first emissions may overrun", st.RefusedFull, 2*places)
+	}
+}
