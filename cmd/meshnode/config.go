@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/meshnode/meshnode/internal/admin"
 	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 	"github.com/spf13/pflag"
 )
 
@@ -43,6 +45,11 @@ type Config struct {
 	Inboxes         []string `toml:"inboxes"`          // inbox actors declared at start (none)
 	InboxCapacity   int      `toml:"inbox_capacity"`   // unacknowledged messages per inbox before senders are told to back off (100000)
 	Pprof           bool     `toml:"pprof"`            // serve /debug/pprof/ on admin_addr (false)
+	// How long a receiver keeps an idle stream's watermark, and how much
+	// sooner a sender gives a queued message up ("720h" and "168h"; a
+	// whole number of days may be written "30d"). The same on every node.
+	StreamRetention string `toml:"stream_retention"`
+	RetentionMargin string `toml:"retention_margin"`
 }
 
 // DefaultConfig returns the defaults; the name is the host name.
@@ -63,7 +70,50 @@ func DefaultConfig() Config {
 		LogLevel:        "info",
 		MailboxCapacity: 1024,
 		InboxCapacity:   inbox.DefaultConfig("").MaxMessages,
+		StreamRetention: days(outbox.DefaultConfig("").StreamRetention),
+		RetentionMargin: days(outbox.DefaultConfig("").RetentionMargin),
 	}
+}
+
+// days writes d as a whole number of days ("30d") when it is one, else as
+// Go writes a duration.
+func days(d time.Duration) string {
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+// parseSpan reads a duration as Go writes one ("720h", "90m") or a whole
+// number of days ("30d").
+func parseSpan(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		v, err := strconv.ParseUint(n, 10, 16)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a whole number of days", s)
+		}
+		return time.Duration(v) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration such as 720h or 30d", s)
+	}
+	return d, nil
+}
+
+// retention returns the stream retention and its margin.
+func (c Config) retention() (keep, margin time.Duration, err error) {
+	if keep, err = parseSpan(c.StreamRetention); err != nil {
+		return 0, 0, fmt.Errorf("stream_retention: %w", err)
+	}
+	if margin, err = parseSpan(c.RetentionMargin); err != nil {
+		return 0, 0, fmt.Errorf("retention_margin: %w", err)
+	}
+	if margin <= 0 || margin >= keep {
+		return 0, 0, fmt.Errorf("retention_margin %s must be positive and below stream_retention %s: senders give a message up that much sooner than receivers forget its stream", c.RetentionMargin, c.StreamRetention)
+	}
+	return keep, margin, nil
 }
 
 // certFiles returns the certificate and key paths, derived when unset.
@@ -133,6 +183,9 @@ func (c Config) Validate() error {
 	if c.CAFile == "" {
 		return bad("ca_file is empty (create a CA with `meshnode ca init` and set --ca-file)")
 	}
+	if _, _, err := c.retention(); err != nil {
+		return bad("%v", err)
+	}
 	return nil
 }
 
@@ -171,6 +224,8 @@ var settings = []setting{
 	{key: "inboxes", usage: "inbox actor to declare at start (repeat or comma-separate)", list: true, strs: func(c *Config) *[]string { return &c.Inboxes }},
 	{key: "inbox_capacity", usage: "unacknowledged messages per inbox before senders back off", num: func(c *Config) *int { return &c.InboxCapacity }},
 	{key: "pprof", usage: "serve Go profiles at /debug/pprof/ on admin_addr", boolean: func(c *Config) *bool { return &c.Pprof }},
+	{key: "stream_retention", usage: "how long a receiver keeps an idle stream's watermark (e.g. 720h or 30d; the same on every node)", str: func(c *Config) *string { return &c.StreamRetention }},
+	{key: "retention_margin", usage: "how much sooner than stream_retention a sender gives a queued message up (the same on every node)", str: func(c *Config) *string { return &c.RetentionMargin }},
 }
 
 // addFlags registers every setting as a flag showing its default and env var.

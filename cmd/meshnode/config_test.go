@@ -2,11 +2,15 @@ package main
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/transport"
 	"github.com/spf13/pflag"
 )
 
@@ -111,6 +115,12 @@ func TestConfigErrors(t *testing.T) {
 		{"bad inbox name", "", nil, []string{"--inboxes", "a@b"}, "inboxes"},
 		{"bad name", "", nil, []string{"--name", "a b"}, "name"},
 		{"empty data dir", "", nil, []string{"--data-dir", ""}, "data_dir"},
+		{"retention not a duration", "stream_retention = \"a month\"\n", nil, nil, "stream_retention"},
+		{"retention in fractional days", "", nil, []string{"--stream-retention", "1.5d"}, "whole number of days"},
+		{"margin not a duration", "", map[string]string{"MESHNODE_RETENTION_MARGIN": "soon"}, nil, "retention_margin"},
+		{"margin above retention", "", nil, []string{"--stream-retention", "7d", "--retention-margin", "8d"}, "below stream_retention"},
+		{"margin equal to retention", "", nil, []string{"--stream-retention", "48h", "--retention-margin", "2d"}, "below stream_retention"},
+		{"no margin", "", nil, []string{"--retention-margin", "0s"}, "must be positive"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,5 +143,57 @@ func TestCertFilesDefaultNextToCA(t *testing.T) {
 	cert, key := c.certFiles()
 	if cert != filepath.Join("x", "n1.crt") || key != filepath.Join("x", "n1.key") {
 		t.Fatalf("cert %s key %s", cert, key)
+	}
+}
+
+// The retention settings reach the node's outbox, in days or as Go
+// durations; the defaults are the outbox's.
+func TestRetentionReachesTheOutbox(t *testing.T) {
+	def := outbox.DefaultConfig("")
+	for _, tc := range []struct {
+		args         []string
+		keep, margin time.Duration
+	}{
+		{nil, def.StreamRetention, def.RetentionMargin},
+		{[]string{"--stream-retention", "90d", "--retention-margin", "240h"}, 90 * 24 * time.Hour, 10 * 24 * time.Hour},
+		{[]string{"--stream-retention", "2h30m", "--retention-margin", "30m"}, 150 * time.Minute, 30 * time.Minute},
+	} {
+		cfg, err := loadWith(t, "", nil, tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		keep, margin, err := cfg.retention()
+		if err != nil || keep != tc.keep || margin != tc.margin {
+			t.Errorf("%v: retention %v, margin %v (%v); want %v and %v", tc.args, keep, margin, err, tc.keep, tc.margin)
+		}
+	}
+	// And into the node's config.
+	dir := t.TempDir()
+	ca, err := transport.NewCA("test", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := ca.Issue("n1", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range map[string][]byte{"ca.crt": ca.CertPEM(), "n1.crt": crt, "n1.key": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := loadWith(t, "", nil, "--name", "n1", "--ca-file", filepath.Join(dir, "ca.crt"), "--stream-retention", "90d", "--retention-margin", "10d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nodeConfig(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc.Outbox.StreamRetention != 90*24*time.Hour || nc.Outbox.RetentionMargin != 10*24*time.Hour {
+		t.Errorf("the node's outbox keeps streams %v with a margin of %v; want 90 and 10 days", nc.Outbox.StreamRetention, nc.Outbox.RetentionMargin)
+	}
+	if c := DefaultConfig(); c.StreamRetention != "30d" || c.RetentionMargin != "7d" {
+		t.Errorf("defaults written %q and %q; want 30d and 7d, as the README says", c.StreamRetention, c.RetentionMargin)
 	}
 }

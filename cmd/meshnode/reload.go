@@ -78,6 +78,7 @@ func (d *daemonState) reload(load func() (Config, error)) {
 		"admin_addr": next.AdminAddr != d.cfg.AdminAddr, "log_format": next.LogFormat != d.cfg.LogFormat,
 		"mailbox_capacity": next.MailboxCapacity != d.cfg.MailboxCapacity, "inbox_capacity": next.InboxCapacity != d.cfg.InboxCapacity,
 		"gossip_key_file": next.GossipKeyFile != d.cfg.GossipKeyFile, "pprof": next.Pprof != d.cfg.Pprof,
+		"stream_retention": next.StreamRetention != d.cfg.StreamRetention, "retention_margin": next.RetentionMargin != d.cfg.RetentionMargin,
 	} {
 		if changed {
 			restart = append(restart, key)

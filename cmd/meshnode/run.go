@@ -71,6 +71,11 @@ func nodeConfig(cfg Config, logger *slog.Logger) (node.Config, error) {
 	nc.Cluster, nc.DataDir, nc.GossipAddr, nc.QUICAddr, nc.Join = cfg.Cluster, cfg.DataDir, cfg.GossipAddr, cfg.QUICAddr, cfg.Join
 	nc.MailboxCapacity = cfg.MailboxCapacity
 	nc.Logger = logger
+	keep, margin, err := cfg.retention()
+	if err != nil {
+		return nc, fmt.Errorf("%w: %w", errBadConfig, err)
+	}
+	nc.Outbox.StreamRetention, nc.Outbox.RetentionMargin = keep, margin
 	id, err := loadIdentity(cfg)
 	if err != nil {
 		return nc, err
