@@ -96,7 +96,8 @@
 //     serves the relay's sweeper, which expires messages of queues nobody
 //     reads (a peer that is down): it lists each at its TTL deadline, and
 //     the relay gives up one never sent at once and one that was sent
-//     MaxClockSkew later.
+//     MaxClockSkew later; ExpiryCandidatesAfter lets it go on past
+//     candidates it cannot give up yet, however many.
 //   - Coalescing: a newer OVERWRITE version replaces the waiting one and
 //     sits at its own (newer) sequence; an older version arriving later is
 //     dropped as Superseded. The index entry outlives the delivery (and

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -177,4 +178,50 @@ func typesOf(msgs []*pb.StoredMessage) []string {
 		out = append(out, m.GetEnvelope().GetType())
 	}
 	return out
+}
+
+// ExpiryCandidatesAfter goes on after the last candidate of an earlier
+// look: every candidate with a TTL deadline comes once, in deadline
+// order, and the queue heads past MaxAge come with the look that reached
+// the last of them.
+func TestExpiryCandidatesAfterGoesOn(t *testing.T) {
+	e := open(t, func(c *outbox.Config) {
+		c.StreamRetention = 10 * time.Hour
+		c.RetentionMargin = 2 * time.Hour
+	})
+	var want []uint64
+	for i := range 7 {
+		want = append(want, e.withTTL(t, "a@n1", fmt.Sprintf("a-%d", i), time.Duration(i+1)*time.Second))
+	}
+	e.send(t, "c@n3", "c-none")
+	e.clk.Advance(9 * time.Hour) // every TTL over; both queues' heads past MaxAge
+	var got []uint64
+	heads := 0
+	after := outbox.Expiring{}
+	for look := 0; ; look++ {
+		if look == 10 {
+			t.Fatalf("no end after 10 looks: %v", got)
+		}
+		c, next, err := e.ExpiryCandidatesAfter(e.ElapsedMs(), 3, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range c {
+			if x.DeadlineMs != 0 {
+				got = append(got, x.Seq)
+			} else {
+				heads++
+			}
+		}
+		if len(c) < 3 || c[len(c)-1].DeadlineMs == 0 {
+			break // the end of the candidates with a TTL deadline
+		}
+		if next != e.ElapsedMs() {
+			t.Fatalf("a full look says the next is at %d, want now (%d)", next, e.ElapsedMs())
+		}
+		after = c[len(c)-1]
+	}
+	if !slices.Equal(got, want) || heads != 2 {
+		t.Fatalf("looks of 3 gave TTL candidates %v and %d heads; want %v once each, in order, and 2 heads", got, heads, want)
+	}
 }

@@ -295,10 +295,29 @@ type Expiring struct {
 // sent, decides when to give each up (a sent one only MaxClockSkew after
 // its deadline) and calls Expire.
 func (s *Store) ExpiryCandidates(nowMs int64, limit int) (out []Expiring, next int64, err error) {
+	return s.ExpiryCandidatesAfter(nowMs, limit, Expiring{})
+}
+
+// ExpiryCandidatesAfter is ExpiryCandidates going on from after, the last
+// candidate with a TTL deadline of an earlier call that returned limit of
+// them (the zero Expiring: from the first): a caller that can give none
+// of those up yet (sent ones waiting out the clock skew, ones in flight)
+// is not held to them. Candidates whose age passed the retention limit
+// come after those with a TTL deadline, from the call that reached the
+// last of them.
+func (s *Store) ExpiryCandidatesAfter(nowMs int64, limit int, after Expiring) (out []Expiring, next int64, err error) {
 	maxAge := s.cfg.MaxAge().Milliseconds()
+	from := after.DeadlineMs != 0
 	err = s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketExpiry).Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		k, _ := c.First()
+		if from {
+			ak := expiryKey(after.DeadlineMs, after.Seq, after.Recipient)
+			if k, _ = c.Seek(ak); k != nil && bytes.Equal(k, ak) {
+				k, _ = c.Next()
+			}
+		}
+		for ; k != nil; k, _ = c.Next() {
 			dl := int64(seqOf(k))
 			if dl > nowMs {
 				next = dl
@@ -314,6 +333,9 @@ func (s *Store) ExpiryCandidates(nowMs int64, limit int) (out []Expiring, next i
 	})
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: expiry candidates: %w", err)
+	}
+	if len(out) >= limit {
+		return out, next, nil // the rest after them, next time
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()

@@ -91,8 +91,17 @@ type Relay struct {
 	sweepAt   atomic.Int64
 	sweepWake chan struct{}
 	// expireWait is the sweeper's wait after its give-ups were refused by
-	// the disk (0 after one that was not). Owned by the sweeper.
+	// the disk (0 after one that was not). Owned by the sweeper, as is
+	// the pass below.
 	expireWait time.Duration
+	// A pass of the sweeper over the expiry candidates takes several looks
+	// when more than expiryLook of them cannot be given up yet: expireFrom
+	// is the last of the previous look (zero: the pass starts), passWake
+	// the earliest time one skipped so far can be (0: none), passBusy
+	// whether one skipped was its emission's or its Ack's to decide.
+	expireFrom outbox.Expiring
+	passWake   int64
+	passBusy   bool
 
 	// committed carries SendAsync's commits to the complete goroutine.
 	committed commits
@@ -467,16 +476,36 @@ func (r *Relay) sweepOnce() time.Duration {
 	return wait
 }
 
+// expiryLook is how many candidates the sweeper reads at a time.
+const expiryLook = 1024
+
+// earliest is the earlier of two times, 0 being none.
+func earliest(a, b int64) int64 {
+	if a == 0 || (b != 0 && b < a) {
+		return b
+	}
+	return a
+}
+
 // expireDue expires what is due and returns how long to wait for the next.
+// It reads expiryLook candidates at a time; when it could give none of a
+// full look up, it goes on after them at once rather than read the same
+// again, so that however many wait out the clock skew or are in flight,
+// they hold back no later one that is due.
 func (r *Relay) expireDue() time.Duration {
 	now := r.store.ElapsedMs()
-	cands, next, err := r.store.ExpiryCandidates(now, 1024)
+	cands, next, err := r.store.ExpiryCandidatesAfter(now, expiryLook, r.expireFrom)
 	if err != nil {
+		r.expireFrom, r.passWake, r.passBusy = outbox.Expiring{}, 0, false
 		if r.ctx.Err() == nil {
 			r.cfg.Logger.Warn("relay: expiry sweep", "err", err)
 		}
 		return time.Minute
 	}
+	// A full look stopped at candidates with a TTL deadline: the next one
+	// goes on after the last of them.
+	full := len(cands) >= expiryLook && cands[len(cands)-1].DeadlineMs != 0
+	wake := int64(0) // the earliest time one skipped here can be given up
 	type group struct {
 		seqs   []uint64
 		reason string
@@ -509,9 +538,7 @@ func (r *Relay) expireDue() time.Duration {
 			default:
 				// A copy may still be at the receiver, whose clock measures
 				// the same TTL: wait out the skew.
-				if next == 0 || c.DeadlineMs+r.skew < next {
-					next = c.DeadlineMs + r.skew
-				}
+				wake = earliest(wake, c.DeadlineMs+r.skew)
 				continue
 			}
 		}
@@ -536,22 +563,31 @@ func (r *Relay) expireDue() time.Duration {
 	if len(byKey) > 0 {
 		r.wakeAll()
 	}
-	if !refused {
-		r.expireWait = 0
-	}
-	switch {
-	case refused:
+	if refused {
 		// The disk refused: looking again at once would meet it again.
+		r.expireFrom, r.passWake, r.passBusy = outbox.Expiring{}, 0, false
 		r.expireWait = nextWriteRetry(r.expireWait)
 		return r.expireWait
+	}
+	r.expireWait = 0
+	r.passWake, r.passBusy = earliest(r.passWake, wake), r.passBusy || busy
+	if full {
+		// Go on after this look at once: later candidates may be due.
+		r.expireFrom = cands[len(cands)-1]
+		return 0
+	}
+	// The pass is over: what it skipped decides when to look again.
+	next, busy = earliest(next, r.passWake), r.passBusy
+	r.expireFrom, r.passWake, r.passBusy = outbox.Expiring{}, 0, false
+	switch {
 	case len(byKey) > 0:
 		// More may be due at once (the next head of an old queue); a busy
 		// candidate is looked at again then too, and holds no other back.
 		return 0
-	case busy:
+	case busy && (next == 0 || next-now > time.Second.Milliseconds()):
 		return time.Second // its emission or Ack decides; nothing else was due
 	case next == 0:
 		return time.Minute
 	}
-	return time.Duration(next-now) * time.Millisecond
+	return time.Duration(max(next-now, 0)) * time.Millisecond
 }

@@ -86,3 +86,53 @@ func TestSweepGoesOnPastABusyCandidate(t *testing.T) {
 		t.Fatalf("with only the busy candidate left the sweep looks again in %v, want within a second", wait)
 	}
 }
+
+// Sent messages whose TTL ran out wait out the clock skew before they are
+// given up (a copy may still run at the receiver). More of them than the
+// sweeper looks at at once (1,024) hold back no other queue: b@n2's, never
+// sent, whose TTL ran out after theirs, are given up in the same sweep.
+// And the sweeper does not look again at once (it would read the same
+// waiting ones every 10 ms for the whole skew) but when the first skew ends.
+func TestSweepGoesOnPastMessagesWaitingOutTheSkew(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	skew := r.store.Config().MaxClockSkew
+	store := func(rcpt string, n int, ttl int64) uint64 {
+		t.Helper()
+		sms := make([]*pb.StoredMessage, n)
+		for i := range sms {
+			sms[i] = &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: "t", TtlMs: ttl}}
+		}
+		for _, err := range r.Store(context.Background(), sms) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		return sms[n-1].GetEnvelope().GetSequence()
+	}
+	last := store("a@n1", 1100, 1000) // deadlines first
+	store("b@n2", 5, 2000)
+	st, err := r.lockStream("a@n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.emittedHW = last // all of a@n1's were sent; none is in flight now
+	st.mu.Unlock()
+	clk.Advance(3 * time.Second) // every TTL over, no skew
+
+	wait := time.Duration(0)
+	for range 10 { // a pass may take several looks, each going on at once
+		if wait = r.sweepOnce(); wait != 0 {
+			break
+		}
+	}
+	if got := r.store.Pending("b@n2"); got != 0 {
+		t.Fatalf("b@n2's 5 expired messages, never sent, still queued behind a@n1's 1,100 waiting out the skew: %d left", got)
+	}
+	if got := r.store.Pending("a@n1"); got != 1100 {
+		t.Fatalf("a@n1: %d left, want all 1,100 (their skew has not passed)", got)
+	}
+	if want := skew - 2*time.Second; wait < want-time.Second || wait > want {
+		t.Fatalf("the sweeper looks again in %v; want when the first skew ends, in about %v", wait, want)
+	}
+}
