@@ -225,3 +225,32 @@ func TestExpiryCandidatesAfterGoesOn(t *testing.T) {
 		t.Fatalf("looks of 3 gave TTL candidates %v and %d heads; want %v once each, in order, and 2 heads", got, heads, want)
 	}
 }
+
+// The candidate a look stopped at is given up (or acked) before the next
+// look: the next goes on with the one after it, skipping none.
+func TestExpiryCandidatesAfterACandidateGivenUp(t *testing.T) {
+	e := open(t, nil)
+	var want []uint64
+	for i := range 6 {
+		want = append(want, e.withTTL(t, "a@n1", fmt.Sprintf("a-%d", i), time.Duration(i+1)*time.Second))
+	}
+	e.clk.Advance(time.Minute)
+	c, _, err := e.ExpiryCandidatesAfter(e.ElapsedMs(), 2, outbox.Expiring{})
+	if err != nil || len(c) != 2 {
+		t.Fatal(c, err)
+	}
+	if _, err := e.Expire("a@n1", []uint64{c[1].Seq}, outbox.ReasonExpired); err != nil {
+		t.Fatal(err)
+	}
+	c2, _, err := e.ExpiryCandidatesAfter(e.ElapsedMs(), 10, c[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for _, x := range c2 {
+		got = append(got, x.Seq)
+	}
+	if !slices.Equal(got, want[2:]) {
+		t.Fatalf("got %v want %v", got, want[2:])
+	}
+}

@@ -289,8 +289,9 @@ type Expiring struct {
 }
 
 // ExpiryCandidates returns up to limit queued messages whose TTL deadline
-// or age limit has passed at nowMs, oldest deadline first, and the
-// earliest time (elapsed ms) another one's will (0 = none known). The
+// has passed at nowMs, oldest deadline first, then the head of every
+// queue whose age limit has, and the earliest time (elapsed ms) another
+// one's will (0 = none known; now when limit cut the list short). The
 // relay, which knows which of them were sent and which streams are being
 // sent, decides when to give each up (a sent one only MaxClockSkew after
 // its deadline) and calls Expire.
@@ -342,10 +343,10 @@ func (s *Store) ExpiryCandidatesAfter(nowMs int64, limit int, after Expiring) (o
 	for _, st := range s.queues {
 		at := st.oldestMs + maxAge
 		if at <= nowMs {
-			if len(out) < limit {
-				out = append(out, Expiring{Recipient: st.name, Seq: st.headSeq})
-			}
-			at = nowMs
+			// At most one a queue, and the caller decides when: not
+			// bounded by limit, nor a reason to look again now.
+			out = append(out, Expiring{Recipient: st.name, Seq: st.headSeq})
+			continue
 		}
 		if next == 0 || at < next {
 			next = at

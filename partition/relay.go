@@ -102,6 +102,10 @@ type Relay struct {
 	expireFrom outbox.Expiring
 	passWake   int64
 	passBusy   bool
+	// storedSince is the earliest TTL deadline of a message stored since
+	// the pass began (0: none; expiresAt): its commit may land behind the
+	// cursor, after the look that would have seen it.
+	storedSince atomic.Int64
 
 	// committed carries SendAsync's commits to the complete goroutine.
 	committed commits
@@ -457,6 +461,12 @@ func (r *Relay) sweep() {
 // expiresAt is the store's hook: a message whose TTL ends at deadlineMs was
 // stored. It wakes the sweeper if that is before its next look.
 func (r *Relay) expiresAt(deadlineMs int64) {
+	for {
+		cur := r.storedSince.Load()
+		if (cur != 0 && cur <= deadlineMs) || r.storedSince.CompareAndSwap(cur, deadlineMs) {
+			break
+		}
+	}
 	if deadlineMs < r.sweepAt.Load() {
 		select {
 		case r.sweepWake <- struct{}{}:
@@ -493,6 +503,9 @@ func earliest(a, b int64) int64 {
 // again, so that however many wait out the clock skew or are in flight,
 // they hold back no later one that is due.
 func (r *Relay) expireDue() time.Duration {
+	if r.expireFrom == (outbox.Expiring{}) {
+		r.storedSince.Store(0) // a pass begins
+	}
 	now := r.store.ElapsedMs()
 	cands, next, err := r.store.ExpiryCandidatesAfter(now, expiryLook, r.expireFrom)
 	if err != nil {
@@ -576,15 +589,17 @@ func (r *Relay) expireDue() time.Duration {
 		r.expireFrom = cands[len(cands)-1]
 		return 0
 	}
-	// The pass is over: what it skipped decides when to look again.
-	next, busy = earliest(next, r.passWake), r.passBusy
+	// The pass is over: what it skipped, and what was stored meanwhile
+	// (it may be behind where the pass went on from), decide when to look
+	// again.
+	next, busy = earliest(earliest(next, r.passWake), r.storedSince.Load()), r.passBusy
 	r.expireFrom, r.passWake, r.passBusy = outbox.Expiring{}, 0, false
 	switch {
 	case len(byKey) > 0:
 		// More may be due at once (the next head of an old queue); a busy
 		// candidate is looked at again then too, and holds no other back.
 		return 0
-	case busy && (next == 0 || next-now > time.Second.Milliseconds()):
+	case busy && (next == 0 || next-now >= time.Second.Milliseconds()):
 		return time.Second // its emission or Ack decides; nothing else was due
 	case next == 0:
 		return time.Minute
