@@ -68,10 +68,7 @@ type actor struct {
 	// reliable deliveries in the mailbox; waiting is set while one refused
 	// or dropped for room is expected back (nil: none).
 	streamsQueued atomic.Int32
-	// contenders counts the streams that contended for the mailbox
-	// lately, among which the room a receipt says is shared (share.go).
-	contenders contenders
-	waiting    atomic.Pointer[roomWait]
+	waiting       atomic.Pointer[roomWait]
 }
 
 // streamOpts are an actor's options for its reliable streams.
@@ -118,7 +115,6 @@ type delivery struct {
 	replyCh    chan<- localReply // local ask: where the reply goes
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
 	queued     bool              // a reliable delivery counted in its actor's streamsQueued
-	st         *inStream         // while queued: its stream, whose queued count holds it (nil: none)
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
 	values     context.Context   // local tell or ask: the caller's context, for its values
@@ -235,15 +231,9 @@ func (a *actor) keepsRoom() (keep bool, keepBytes int64) {
 }
 
 // postStream puts a reliable message's delivery into the actor's mailbox.
-func (a *actor) postStream(d *delivery, st *inStream) error {
+func (a *actor) postStream(d *delivery) error {
 	d.queued = true
 	a.streamsQueued.Add(1)
-	if st != nil {
-		d.st = st
-		if st.queued.Add(1) > 1 {
-			a.contend(st, a.window()) // more than one of its messages at once
-		}
-	}
 	err := a.mb.Post(d)
 	if err != nil {
 		a.left(d) // not queued (or already dropped, under DropNewest)
@@ -261,10 +251,6 @@ func (a *actor) left(d *delivery) {
 	if d.queued {
 		d.queued = false
 		a.streamsQueued.Add(-1)
-	}
-	if d.st != nil {
-		d.st.queued.Add(-1)
-		d.st = nil
 	}
 }
 
@@ -546,29 +532,19 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 }
 
 // receipt answers d, a message of the stream st (nil: not known), with r,
-// saying what of the mailbox is st's to fill (sayRoom) and the highest
-// sequence of st that had reached it by then: its sender sizes what it
-// sends ahead of its receipts by them.
+// saying how many more messages like d a's mailbox could take as it is
+// written (its places and bytes, and what d's sender may still queue at
+// this node), and the highest sequence of st that had reached it by then:
+// its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.MsgId = d.env.GetMsgId()
-	a.sayRoom(d, st, r, false)
-	d.receipt(r)
-}
-
-// sayRoom puts in r how many more messages like d, of the stream st, a's
-// mailbox could take now (its places and bytes, and what d's sender may
-// still queue at this node), shared evenly among the streams contending
-// for it (share.go), and the highest sequence of st posted to it. Each
-// sender sizes what it sends ahead by its share: two senders told the
-// whole room would each fill it, and one of them be refused.
-func (a *actor) sayRoom(d *delivery, st *inStream, r *pb.Receipt, refused bool) {
 	size := envBytes(d.env)
 	room := min(a.mb.Room(size), a.n.peerRoom(d.from, size))
+	r.Room = uint32(min(room, math.MaxUint32))
 	if st != nil {
-		room /= a.sharing(st, refused)
 		r.Arrived = st.arrived.Load()
 	}
-	r.Room = uint32(min(room, math.MaxUint32))
+	d.receipt(r)
 }
 
 // call runs the handler, turning a panic into a permanent error.

@@ -139,19 +139,9 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 			return
 		}
 	}
-	// full refuses d for room. Its receipt says the room there is (none,
-	// or less than d needs): the sender does not send its next emission
-	// from the frontier at the size it would without word of the room.
-	full := func(msg string, retry time.Duration) {
-		if reply != nil {
-			r := &pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_CAPACITY, Message: msg, RetryAfterMs: retry.Milliseconds()}
-			a.sayRoom(d, st, r, true)
-			reply(r)
-		}
-	}
 	if from.Name != n.name && !n.charge(d, from.Name) {
 		err := &CapacityError{RetryAfter: peerFullRetry}
-		full("node: the sender's messages fill this node's mailboxes", peerFullRetry)
+		receipt(pb.Receipt_CAPACITY, "node: the sender's messages fill this node's mailboxes", peerFullRetry, 0)
 		if d.remoteAsk {
 			n.respond(from.Name, env, nil, err)
 		}
@@ -159,7 +149,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	}
 	var err error
 	if stream {
-		err = a.postStream(d, st)
+		err = a.postStream(d)
 	} else {
 		err = a.post(d)
 	}
@@ -174,7 +164,7 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	switch {
 	case errors.As(err, &ce):
 		n.stats.refusedFull.Add(1)
-		full(err.Error(), ce.RetryAfter)
+		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
 		if d.remoteAsk {
 			n.respond(from.Name, env, nil, err)
 		}

@@ -101,10 +101,6 @@ type inStream struct {
 	// mailbox; receipts carry it, with the mailbox's room, so that its
 	// sender can tell what of its messages the room already counts.
 	arrived atomic.Uint64
-	// queued counts its messages in the actor's mailbox; contended is
-	// the last window in which it contended for the mailbox (share.go).
-	queued    atomic.Int32
-	contended atomic.Uint32
 
 	// cmu guards the field below: at most one commit of the stream is with
 	// the store, and what waits for durability meanwhile is gathered in

@@ -1,7 +1,6 @@
 // Package demo is the guided tour behind `meshnode demo` and `make demo`: a
 // three-node cluster in one process showing tell, ask, tell-reliable through
-// a partition and the rejoin, and a thundering herd paced by the leader's
-// receipts and AIMD.
+// a partition and the rejoin, and a thundering herd paced by AIMD.
 package demo
 
 import (
@@ -199,9 +198,7 @@ type herdResult struct {
 }
 
 // thunderingHerd: n1 and n2 queue messages for a slow leader on n0 with a
-// small mailbox, then all arrive at once; each follower sends ahead only
-// its share of the leader's free mailbox places, which its receipts say,
-// AIMD backs off after a refusal, and nothing is lost.
+// small mailbox, then all arrive at once; AIMD backs off and nothing is lost.
 func thunderingHerd(ctx context.Context, c *testnet.Cluster, cfg Config, p *printer) (herdResult, error) {
 	n0 := c.Node(0)
 	var processed atomic.Int64
@@ -270,8 +267,7 @@ func thunderingHerd(ctx context.Context, c *testnet.Cluster, cfg Config, p *prin
 	res.processed = int(processed.Load())
 	res.capacity = int(n0.Stats().RefusedFull)
 	p.say("AIMD limit of n1 toward n0, sampled every 250 ms: %s", strings.Join(samples, " → "))
-	p.say("the leader refused %d deliveries with CAPACITY: each receipt told its sender its share of the leader's free mailbox places", res.capacity)
-	p.say("(the two followers' shares together), and a refused one waits the hint while its sender halves its limit")
+	p.say("the leader refused %d deliveries with CAPACITY; senders halved their limit and retried after the hint", res.capacity)
 	return res, nil
 }
 
