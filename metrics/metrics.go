@@ -91,6 +91,7 @@ var (
 	dCoalesced      = newDesc("meshnode_outbox_coalesced_total", "Waiting messages replaced by a newer one with the same overwrite key.", prometheus.CounterValue)
 	dCommits        = newDesc("meshnode_outbox_fsyncs_total", "Outbox write transactions committed; each syncs the file to disk (bbolt: two fdatasyncs). Fewer than enqueued means group commit is batching.", prometheus.CounterValue)
 	dRestores       = newDesc("meshnode_outbox_stream_restores_total", "Streams this node started again in a new epoch because a receiver had seen sequences its outbox never sent on them, or other messages under them: the outbox went back (restored from a backup). Messages it sent after the backup are unknown to it; alert on any increase.", prometheus.CounterValue)
+	dForgotten      = newDesc("meshnode_outbox_streams_forgotten_total", "Receiver streams this node forgot after they were idle for the stream retention (their watermarks and the inboxes' records of them).", prometheus.CounterValue)
 	dCommitFails    = newDesc("meshnode_outbox_commit_failures_total", "Outbox write transactions that failed (a full or failing disk). Sends in them returned the error; acks of delivered messages are retried.", prometheus.CounterValue)
 
 	dPeerDepth  = newDesc("meshnode_outbox_peer_depth", "Messages waiting in the outbox for one destination node.", prometheus.GaugeValue, "peer")
@@ -107,7 +108,7 @@ var (
 
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit, dFwdRefused, dForwarded,
-	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits, dCommitFails, dRestores,
+	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits, dCommitFails, dRestores, dForgotten,
 	dConns, dGossip, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dPeerWrites, dMailboxDepth, dMailboxDrops}
 
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
@@ -302,6 +303,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dCommits, float64(os.Fsyncs))
 	emit(dCommitFails, float64(os.CommitFailures))
 	emit(dRestores, float64(os.Restores))
+	emit(dForgotten, float64(os.StreamsForgotten))
 
 	ps := c.src.PeerStats()
 	conns := 0

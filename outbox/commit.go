@@ -308,6 +308,7 @@ func (s *Store) commit(ops []*op) {
 			}
 		}
 	}
+	s.forgotten.Add(uint64(len(b.forgot)))
 	if f := s.cfg.OnForget; f != nil && len(b.forgot) > 0 {
 		f(b.forgot)
 	}

@@ -19,6 +19,10 @@ type Stats struct {
 	DLQDepth       int    // records in the DLQ
 	Fsyncs         uint64 // committed transactions (one fsync each)
 	CommitFailures uint64 // transactions that failed (a full or failing disk); their callers got the error
+	// StreamsForgotten counts the receiver streams this node forgot,
+	// idle for StreamRetention: their watermarks are gone (and, through
+	// OnForget, what was kept beside them).
+	StreamsForgotten uint64
 }
 
 // Stats returns a snapshot. It walks the per-recipient queues, so it is
@@ -35,6 +39,8 @@ func (s *Store) Stats() Stats {
 		Superseded:     s.superseded.Load(),
 		Fsyncs:         s.fsyncs.Load(),
 		CommitFailures: s.commitFails.Load(),
+
+		StreamsForgotten: s.forgotten.Load(),
 	}
 	nowMs := s.clock.nowMs()
 	oldest, any := int64(0), false

@@ -122,6 +122,7 @@ type Store struct {
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
 	coalesced, superseded, fsyncs, commitFails          atomic.Uint64
 	edits                                               atomic.Uint64 // Edits
+	forgotten                                           atomic.Uint64 // Stats.StreamsForgotten
 
 }
 

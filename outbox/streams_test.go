@@ -312,6 +312,9 @@ func TestStreamRetentionForgetsIdleStreams(t *testing.T) {
 	if c := count(); c != 1 {
 		t.Fatalf("%d stream records left, want only the young one", c)
 	}
+	if got := e.Stats().StreamsForgotten; got != n+2 {
+		t.Errorf("Stats counts %d streams forgotten, want %d", got, n+2)
+	}
 	mu.Lock()
 	if len(forgot) != n+2 || !forgot[string(outbox.StreamKey("n2", [16]byte{}, 1, "old0"))] || forgot[string(young)] {
 		t.Errorf("told of %d forgotten streams with their watermarks (young among them: %v), want the %d old ones", len(forgot), forgot[string(young)], n+2)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/testutil"
+	bolt "go.etcd.io/bbolt"
 )
 
 // freePort returns a port free for both TCP and UDP on 127.0.0.1 (memberlist
@@ -476,5 +478,75 @@ func TestHelpHasExamples(t *testing.T) {
 				t.Errorf("%q has no Example", sub.CommandPath())
 			}
 		}
+	}
+}
+
+// A stream idle for stream_retention is forgotten by its receiver, and the
+// daemon's inbox drops its record of it too (the node's OnForget wired to
+// the inbox). f1 sends one message to f2's inbox; f2 keeps sending to its
+// own inbox, whose commits run the housekeeping, until it counts a stream
+// forgotten; then f2's inbox file holds no stream of f1's.
+func TestForgottenStreamLeavesTheInbox(t *testing.T) {
+	c := newCluster(t, "f1", "f2")
+	for _, d := range c.nodes {
+		f, err := os.OpenFile(d.config, os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.WriteString("stream_retention = \"3s\"\nretention_margin = \"1s\"\n")
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.start(t)
+	}
+	f1, f2 := c.nodes[0], c.nodes[1]
+	for _, d := range c.nodes {
+		testutil.WaitFor(t, 15*time.Second, d.name+" sees 2 alive members", func() bool { return aliveCount(t, d) == 2 })
+	}
+	if out := f1.cli(t, "send", "box@f2", `{"n": 1}`); strings.TrimSpace(out) != "Delivered" {
+		t.Fatalf("send: %q", out)
+	}
+	streamsOf := func(node string) (n int) {
+		db, err := bolt.Open(filepath.Join(f2.dataDir, "inbox.db"), 0o600, &bolt.Options{ReadOnly: true, Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		prefix := append([]byte{byte(len(node))}, node...) // how a stream key starts
+		if err := db.View(func(tx *bolt.Tx) error {
+			b := tx.Bucket([]byte("streams"))
+			if b == nil {
+				return errors.New("no streams bucket in inbox.db")
+			}
+			return b.ForEach(func(k, _ []byte) error {
+				if bytes.HasPrefix(k, prefix) {
+					n++
+				}
+				return nil
+			})
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var st struct {
+		StreamsForgotten uint64 `json:"streams_forgotten"`
+	}
+	testutil.WaitFor(t, 30*time.Second, "f2 forgets f1's stream", func() bool {
+		f2.cli(t, "send", "box@f2", `{"n": 2}`)
+		if err := json.Unmarshal([]byte(f2.cli(t, "outbox", "stats", "--json")), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.StreamsForgotten > 0
+	})
+	f2.stop(t)
+	if n := streamsOf("f1"); n != 0 {
+		t.Fatalf("f2 forgot %d streams, yet its inbox still holds %d of f1's", st.StreamsForgotten, n)
+	}
+	if n := streamsOf("f2"); n != 1 {
+		t.Fatalf("f2's inbox holds %d streams of its own, want 1 (it kept sending on it)", n)
 	}
 }

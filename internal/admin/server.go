@@ -341,6 +341,7 @@ type OutboxStatsJSON struct {
 	Fsyncs           uint64         `json:"fsyncs"`
 	CommitFailures   uint64         `json:"commit_failures"`
 	StreamRestores   uint64         `json:"stream_restores"`
+	StreamsForgotten uint64         `json:"streams_forgotten"`
 }
 
 func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
@@ -350,6 +351,7 @@ func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
 		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
 		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced,
 		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs, CommitFailures: st.CommitFailures, StreamRestores: st.Restores,
+		StreamsForgotten: st.StreamsForgotten,
 	})
 }
 

@@ -79,7 +79,7 @@ func (f *fakeBackend) Stats() node.Stats {
 }
 
 func (f *fakeBackend) OutboxStats() node.OutboxStats {
-	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second, CommitFailures: 6},
+	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second, CommitFailures: 6, StreamsForgotten: 7},
 		LimitByPeer: map[string]int{"n2": 10}, Restores: 2}
 }
 
@@ -298,7 +298,7 @@ func TestOutboxStatsHandler(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("outbox stats: %d %v", status, out)
 	}
-	for k, want := range map[string]float64{"depth": 4, "oldest_age_seconds": 1, "commit_failures": 6, "stream_restores": 2} {
+	for k, want := range map[string]float64{"depth": 4, "oldest_age_seconds": 1, "commit_failures": 6, "stream_restores": 2, "streams_forgotten": 7} {
 		if out[k] != want {
 			t.Errorf("%s = %v, want %v (%v)", k, out[k], want, out)
 		}
