@@ -50,20 +50,8 @@ func TestSweepLeavesMessagesWhoseAckIsCommitting(t *testing.T) {
 func TestSweepGoesOnPastABusyCandidate(t *testing.T) {
 	clk := outbox.NewManualClock(time.Now())
 	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
-	store := func(rcpt string, n int, ttl int64) {
-		t.Helper()
-		sms := make([]*pb.StoredMessage, n)
-		for i := range sms {
-			sms[i] = &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: "t", TtlMs: ttl}}
-		}
-		for _, err := range r.Store(context.Background(), sms) {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	store("a@n1", 1, 1000) // its deadline first
-	store("b@n2", 1500, 2000)
+	sweepStore(t, r, "a@n1", 1, 1000) // its deadline first
+	sweepStore(t, r, "b@n2", 1500, 2000)
 	st, err := r.lockStream("a@n1")
 	if err != nil {
 		t.Fatal(err)
@@ -98,35 +86,12 @@ func TestSweepGoesOnPastMessagesWaitingOutTheSkew(t *testing.T) {
 	clk := outbox.NewManualClock(time.Now())
 	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
 	skew := r.store.Config().MaxClockSkew
-	store := func(rcpt string, n int, ttl int64) uint64 {
-		t.Helper()
-		sms := make([]*pb.StoredMessage, n)
-		for i := range sms {
-			sms[i] = &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: rcpt, Sender: "app@n0", Type: "t", TtlMs: ttl}}
-		}
-		for _, err := range r.Store(context.Background(), sms) {
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
-		return sms[n-1].GetEnvelope().GetSequence()
-	}
-	last := store("a@n1", 1100, 1000) // deadlines first
-	store("b@n2", 5, 2000)
-	st, err := r.lockStream("a@n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.emittedHW = last // all of a@n1's were sent; none is in flight now
-	st.mu.Unlock()
-	clk.Advance(3 * time.Second) // every TTL over, no skew
+	last := sweepStore(t, r, "a@n1", 1100, 1000) // deadlines first
+	sweepStore(t, r, "b@n2", 5, 2000)
+	sweepSet(t, r, "a@n1", func(st *stream) { st.emittedHW = last }) // all sent; none in flight now
+	clk.Advance(3 * time.Second)                                     // every TTL over, no skew
 
-	wait := time.Duration(0)
-	for range 10 { // a pass may take several looks, each going on at once
-		if wait = r.sweepOnce(); wait != 0 {
-			break
-		}
-	}
+	wait := sweepPass(t, r) // a pass may take several looks, each going on at once
 	if got := r.store.Pending("b@n2"); got != 0 {
 		t.Fatalf("b@n2's 5 expired messages, never sent, still queued behind a@n1's 1,100 waiting out the skew: %d left", got)
 	}
