@@ -83,13 +83,8 @@ func TestSweepGoesOnPastABusyCandidate(t *testing.T) {
 // And the sweeper does not look again at once (it would read the same
 // waiting ones every 10 ms for the whole skew) but when the first skew ends.
 func TestSweepGoesOnPastMessagesWaitingOutTheSkew(t *testing.T) {
-	clk := outbox.NewManualClock(time.Now())
-	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	r, _ := behindTheSkew(t)
 	skew := r.store.Config().MaxClockSkew
-	last := sweepStore(t, r, "a@n1", 1100, 1000) // deadlines first
-	sweepStore(t, r, "b@n2", 5, 2000)
-	sweepSet(t, r, "a@n1", func(st *stream) { st.emittedHW = last }) // all sent; none in flight now
-	clk.Advance(3 * time.Second)                                     // every TTL over, no skew
 
 	wait := sweepPass(t, r) // a pass may take several looks, each going on at once
 	if got := r.store.Pending("b@n2"); got != 0 {
@@ -248,14 +243,8 @@ func sweepPass(t *testing.T, r *Relay) time.Duration {
 // Sent messages whose skew ends while the pass is past them are given up
 // by the next pass at once.
 func TestSweepGivesUpWhatsSkewEndedWhileItWentOn(t *testing.T) {
-	clk := outbox.NewManualClock(time.Now())
-	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	r, clk := behindTheSkew(t)
 	skew := r.store.Config().MaxClockSkew
-	last := sweepStore(t, r, "a@n1", 1100, 1000)
-	sweepStore(t, r, "b@n2", 5, 2000)
-	sweepSet(t, r, "a@n1", func(st *stream) { st.emittedHW = last })
-	sweepSet(t, r, "b@n2", func(*stream) {})
-	clk.Advance(3 * time.Second)
 	if w := r.sweepOnce(); w != 0 {
 		t.Fatalf("full look: %v", w)
 	}
@@ -309,13 +298,7 @@ func TestSweepReachesAnOldQueueHeadAfterAFullLook(t *testing.T) {
 // The disk refuses a give-up in the middle of a pass; once it takes them
 // again, everything due goes.
 func TestSweepStartsAgainAfterTheDiskRefusedAGiveUp(t *testing.T) {
-	clk := outbox.NewManualClock(time.Now())
-	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
-	last := sweepStore(t, r, "a@n1", 1100, 1000)
-	sweepStore(t, r, "b@n2", 5, 2000)
-	sweepSet(t, r, "a@n1", func(st *stream) { st.emittedHW = last })
-	sweepSet(t, r, "b@n2", func(*stream) {})
-	clk.Advance(3 * time.Second)
+	r, _ := behindTheSkew(t)
 	if w := r.sweepOnce(); w != 0 {
 		t.Fatalf("full look: %v", w)
 	}
@@ -329,4 +312,20 @@ func TestSweepStartsAgainAfterTheDiskRefusedAGiveUp(t *testing.T) {
 	if b := r.store.Pending("b@n2"); b != 0 {
 		t.Fatalf("b left %d wait %v", b, w)
 	}
+}
+
+// behindTheSkew is a relay on a manual clock with 1,100 messages for
+// a@n1, all sent (none in flight), then 5 for b@n2, never sent; the clock
+// is past every TTL (1 and 2 s) but not a@n1's skew: more waiting than a
+// look reads, with due ones behind them.
+func behindTheSkew(t *testing.T) (*Relay, *outbox.ManualClock) {
+	t.Helper()
+	clk := outbox.NewManualClock(time.Now())
+	r := newTestRelayWith(t, nopDeliverer{}, func(c *outbox.Config) { c.Clock = clk })
+	last := sweepStore(t, r, "a@n1", 1100, 1000) // deadlines first
+	sweepStore(t, r, "b@n2", 5, 2000)
+	sweepSet(t, r, "a@n1", func(st *stream) { st.emittedHW = last })
+	sweepSet(t, r, "b@n2", func(*stream) {})
+	clk.Advance(3 * time.Second)
+	return r, clk
 }

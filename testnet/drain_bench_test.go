@@ -54,27 +54,9 @@ func BenchmarkDrainOverSlowLink(b *testing.B) {
 			if err := c.WaitDown(1, 30*time.Second); err != nil {
 				b.Fatal(err)
 			}
-			ctx := context.Background()
-			to := c.Addr("sink", 1)
 			msg := wrapperspb.Bytes(make([]byte, 128))
-			pending := make([]*node.Pending, 0, b.N)
-			for range b.N {
-				p, err := c.Node(0).TellReliableAsync(ctx, to, msg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				pending = append(pending, p)
-			}
-			for _, p := range pending {
-				if _, err := p.Wait(ctx); err != nil {
-					b.Fatal(err)
-				}
-			}
-			for _, l := range [][2]int{{0, 1}, {1, 0}} {
-				if err := c.Delay(l[0], l[1], delay); err != nil {
-					b.Fatal(err)
-				}
-			}
+			queueReliable(b, c, c.Addr("sink", 1), b.N, func(int) proto.Message { return msg })
+			delayBothWays(b, c, delay)
 			b.ResetTimer()
 			if err := c.Restart(1); err != nil {
 				b.Fatal(err)

@@ -79,25 +79,8 @@ func drainInto(t *testing.T, s drainShape) {
 	if err := cl.WaitDown(1, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	ps := make([]*node.Pending, 0, s.total)
-	for i := range s.total {
-		p, err := cl.Node(0).TellReliableAsync(ctx, cl.Addr("sink", 1), wrapperspb.Int64(int64(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps = append(ps, p)
-	}
-	for _, p := range ps {
-		if _, err := p.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, l := range [][2]int{{0, 1}, {1, 0}} {
-		if err := cl.Delay(l[0], l[1], s.delay); err != nil {
-			t.Fatal(err)
-		}
-	}
+	queueReliable(t, cl, cl.Addr("sink", 1), s.total, func(i int) proto.Message { return wrapperspb.Int64(int64(i)) })
+	delayBothWays(t, cl, s.delay)
 	if err := cl.Restart(1); err != nil {
 		t.Fatal(err)
 	}
@@ -145,4 +128,34 @@ func TestFastReceiverOverALongLinkIsNotOverrun(t *testing.T) {
 // a pace several times the receiver's.
 func TestBatchReceiverOverALongLinkIsNotOverrun(t *testing.T) {
 	drainInto(t, drainShape{batchSize: 64, total: 1000, delay: 20 * time.Millisecond, mailbox: 64, batch: 32, work: 500 * time.Microsecond})
+}
+
+// queueReliable has node 0 of c queue n reliable messages for to (msg(i)
+// the i-th) and waits until each is stored.
+func queueReliable(tb testing.TB, c *Cluster, to node.Address, n int, msg func(i int) proto.Message) {
+	tb.Helper()
+	ctx := context.Background()
+	ps := make([]*node.Pending, 0, n)
+	for i := range n {
+		p, err := c.Node(0).TellReliableAsync(ctx, to, msg(i))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	for _, p := range ps {
+		if _, err := p.Wait(ctx); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// delayBothWays delays the link between nodes 0 and 1 of c by d each way.
+func delayBothWays(tb testing.TB, c *Cluster, d time.Duration) {
+	tb.Helper()
+	for _, l := range [][2]int{{0, 1}, {1, 0}} {
+		if err := c.Delay(l[0], l[1], d); err != nil {
+			tb.Fatal(err)
+		}
+	}
 }
