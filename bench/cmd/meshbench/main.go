@@ -45,7 +45,7 @@ func run() error {
 	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.IntVar(&cfg.AIMDMax, "aimd-max", 0, "the relay's AIMD maximum per peer (0: the node's default)")
 	flag.IntVar(&cfg.RelayBatch, "relay-batch", 0, "the relay's messages per emission (0: the node's default)")
-	flag.StringVar(&cfg.Profiles, "profiles", "", "write CPU profiles of the meshnode parts of tell and drain (tell.pprof, drain.pprof) to this directory")
+	flag.StringVar(&cfg.Profiles, "profiles", "", "write CPU profiles of the meshnode parts of tell, ask (its concurrent askers) and drain (tell.pprof, ask.pprof, drain.pprof) to this directory")
 	curves := flag.String("curves", "", "with -only curves: write tell.svg and drain.svg to this directory")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	flag.Parse()

@@ -20,8 +20,8 @@ func (e *env) askPhase() ([]Row, error) {
 	payload := make([]byte, e.cfg.Payload)
 	var ms, ns []askFigures
 	var q50s, q99s []float64
-	for range e.cfg.Rounds {
-		m, err := e.meshAsk(payload)
+	for round := range e.cfg.Rounds {
+		m, err := e.meshAsk(payload, round == 0)
 		if err != nil {
 			return nil, err
 		}
@@ -92,15 +92,26 @@ type askFigures struct {
 
 // measureAsks takes both measurements of askFigures; newRT returns a
 // round trip that one goroutine may call repeatedly.
-func (e *env) measureAsks(what string, newRT func() func() error) (f askFigures, err error) {
+// measureAsks measures sequential round trips, then concurrent ones; with
+// profile set, -profiles writes the concurrent measurement as ask.pprof.
+func (e *env) measureAsks(what string, profile bool, newRT func() func() error) (f askFigures, err error) {
 	if f.p50, f.p99, err = latencies(e.cfg, what, newRT()); err != nil {
 		return f, err
 	}
+	stop := func() {}
+	if profile {
+		if stop, err = e.profile("ask"); err != nil {
+			return f, err
+		}
+	}
 	f.rate, f.cp50, f.cp99, err = concurrentRoundTrips(e.cfg, what, e.cfg.Askers, newRT)
+	stop()
 	return f, err
 }
 
-func (e *env) meshAsk(payload []byte) (askFigures, error) {
+// meshAsk: n1 asks an echo actor on n2. With profile set, its concurrent
+// measurement is the one -profiles writes.
+func (e *env) meshAsk(payload []byte, profile bool) (askFigures, error) {
 	a, b, err := e.pair("ask")
 	if err != nil {
 		return askFigures{}, err
@@ -115,7 +126,7 @@ func (e *env) meshAsk(payload []byte) (askFigures, error) {
 	}
 	req := wrapperspb.Bytes(payload)
 	ctx := context.Background()
-	return e.measureAsks("meshnode ask", func() func() error {
+	return e.measureAsks("meshnode ask", profile, func() func() error {
 		var resp wrapperspb.BytesValue
 		return func() error {
 			if err := a.Ask(ctx, to, req, &resp); err != nil {
@@ -151,7 +162,7 @@ func (e *env) natsRequest(payload []byte) (askFigures, error) {
 	if err := rep.Flush(); err != nil {
 		return askFigures{}, fmt.Errorf("bench: nats flush: %w", err)
 	}
-	return e.measureAsks("NATS request-reply", func() func() error {
+	return e.measureAsks("NATS request-reply", false, func() func() error {
 		return func() error {
 			m, err := req.Request("bench.ask", payload, 10*time.Second)
 			if err != nil {

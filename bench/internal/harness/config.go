@@ -37,7 +37,7 @@ type Config struct {
 	WorkDir    string        // parent of the temporary data directories
 	Timeout    time.Duration // deadline of one phase's end state (all received / drained)
 	Progress   io.Writer     // progress lines while running; nil = none
-	Profiles   string        // directory for CPU profiles of the meshnode parts of tell and drain; "" = none
+	Profiles   string        // directory for CPU profiles of the meshnode parts of tell, ask and drain; "" = none
 	AIMDMax    int           // the relay's AIMD maximum per peer (partition Limiter.Max); 0 = the node's default
 	RelayBatch int           // the relay's messages per emission (partition BatchSize); 0 = the node's default
 }
