@@ -76,7 +76,7 @@ type ResponseRegistry struct {
 }
 
 type waiter struct {
-	ch   chan *pb.Envelope // buffer 1: Deliver never blocks
+	ch   chan *pb.Envelope // buffered, empty when registered: Deliver never blocks
 	at   time.Time         // registration time, for Prune
 	peer string            // the only peer whose response this waiter takes
 }
@@ -141,27 +141,42 @@ func (r *ResponseRegistry) shard(id string) *registryShard {
 // arrived (buffered), it is in the channel at once. A channel whose waiter
 // is pruned is closed (receive gives nil, false).
 func (r *ResponseRegistry) Register(correlationID, peer string) (<-chan *pb.Envelope, error) {
+	ch := make(chan *pb.Envelope, 1)
+	if err := r.RegisterChan(correlationID, peer, ch); err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+// RegisterChan is Register with a channel of the caller's: empty, with a
+// buffer of at least 1. It receives one response, or is closed if its
+// waiter is pruned. Once a response was received from it, the registry no
+// longer holds it and the caller may register it again (one allocation
+// less per ask); after Cancel it may still receive nothing or hold one.
+func (r *ResponseRegistry) RegisterChan(correlationID, peer string, ch chan *pb.Envelope) error {
 	if correlationID == "" {
-		return nil, fmt.Errorf("mailbox: register: %w", ErrEmptyCorrelation)
+		return fmt.Errorf("mailbox: register: %w", ErrEmptyCorrelation)
+	}
+	if cap(ch) == 0 || len(ch) != 0 {
+		return fmt.Errorf("mailbox: register %q: the channel must be empty and buffered (cap %d, len %d)", correlationID, cap(ch), len(ch))
 	}
 	s := r.shard(correlationID)
-	ch := make(chan *pb.Envelope, 1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.waiters[correlationID]; ok {
-		return nil, fmt.Errorf("mailbox: register %q: %w", correlationID, ErrDuplicateCorrelation)
+		return fmt.Errorf("mailbox: register %q: %w", correlationID, ErrDuplicateCorrelation)
 	}
 	if r.early.n.Load() > 0 {
 		if env := r.early.take(earlyKey{peer, correlationID}); env != nil {
 			ch <- env
-			return ch, nil
+			return nil
 		}
 	}
 	if s.waiters == nil {
 		s.waiters = make(map[string]waiter)
 	}
 	s.waiters[correlationID] = waiter{ch: ch, at: time.Now(), peer: peer}
-	return ch, nil
+	return nil
 }
 
 // Deliver hands env, a response that came from peer, to the waiter of
@@ -184,8 +199,13 @@ func (r *ResponseRegistry) Deliver(peer string, env *pb.Envelope) (delivered boo
 			return false
 		}
 		delete(s.waiters, id)
-		w.ch <- env // buffer 1 and one send per waiter: never blocks
-		return true
+		select {
+		case w.ch <- env: // one send per waiter into an empty buffer
+			return true
+		default: // a caller's channel that was not empty: never block
+			r.dropped.Add(1)
+			return false
+		}
 	}
 	// Under the shard's lock, so a Register of this id either found the
 	// waiter gone above or finds the response in the buffer.
@@ -260,7 +280,7 @@ type RegistryStats struct {
 	Early      int    // responses kept for a Register
 	EarlyBytes int    // their charged bytes
 	Refused    uint64 // responses from another peer than the one asked
-	Dropped    uint64 // responses without a waiter that were not kept, or evicted
+	Dropped    uint64 // responses without a waiter that were not kept, or evicted, or that found their waiter's channel full
 }
 
 // Stats returns a snapshot.

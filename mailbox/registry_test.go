@@ -88,6 +88,47 @@ func TestRegistryRegisterThenDeliver(t *testing.T) {
 	assertLen(t, r, 0, 1)
 }
 
+// TestRegistryChannelOfTheCaller: RegisterChan takes the caller's
+// channel, which after its response can wait for the next; a channel that
+// could block Deliver is refused, and one that filled up meanwhile never
+// blocks it.
+func TestRegistryChannelOfTheCaller(t *testing.T) {
+	r := newRegistry(t, nil)
+	ch := make(chan *pb.Envelope, 1)
+	for _, id := range []string{"c1", "c2"} {
+		if err := r.RegisterChan(id, "n2", ch); err != nil {
+			t.Fatal(err)
+		}
+		if !r.Deliver("n2", response(id)) {
+			t.Fatalf("Deliver %s = false with a waiter", id)
+		}
+		if got := recvNow(t, ch); got.GetMsgId() != "r-"+id {
+			t.Fatalf("got %v, want the response to %s", got, id)
+		}
+	}
+	assertLen(t, r, 0, 0)
+	if err := r.RegisterChan("c3", "n2", make(chan *pb.Envelope)); err == nil {
+		t.Fatal("an unbuffered channel was taken: Deliver would block")
+	}
+	full := make(chan *pb.Envelope, 1)
+	full <- response("other")
+	if err := r.RegisterChan("c3", "n2", full); err == nil {
+		t.Fatal("a channel holding a response was taken")
+	}
+	// Filled by the caller after registering: Deliver drops, never blocks.
+	ch2 := make(chan *pb.Envelope, 1)
+	if err := r.RegisterChan("c4", "n2", ch2); err != nil {
+		t.Fatal(err)
+	}
+	ch2 <- response("other")
+	if r.Deliver("n2", response("c4")) {
+		t.Fatal("Deliver into a full channel = true")
+	}
+	if st := r.Stats(); st.Dropped != 1 {
+		t.Fatalf("stats %+v, want the response counted as dropped", st)
+	}
+}
+
 // TestRegistryOnlyTheAskedPeerAnswers: a response from any other peer
 // than the one the waiter named is refused, and does not use up the
 // waiter: the real answer still gets through.

@@ -337,14 +337,15 @@ func (a *actor) handle(d *delivery) {
 	n, env := a.n, d.env
 	ctx := n.ctx
 	if d.deadlineMs > 0 {
+		now := time.Now()
 		dl := d.deadline
 		if dl.IsZero() {
-			dl = time.Now().Add(time.Duration(d.deadlineMs-n.store.ElapsedMs()) * time.Millisecond)
+			dl = now.Add(time.Duration(d.deadlineMs-n.store.ElapsedMs()) * time.Millisecond)
 		}
 		lazy := withLazyDeadline(ctx, dl)
 		defer lazy.release()
 		ctx = lazy
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if !now.Before(lazy.deadline) {
 			// Its caller's deadline passed while it waited in the mailbox:
 			// nobody waits for the outcome any more.
 			n.stats.expired.Add(1)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -156,7 +157,7 @@ func (n *Node) send(ctx context.Context, c *Call) error {
 	case CallTell:
 		return n.tell(ctx, c)
 	case CallAsk:
-		return n.ask(ctx, c)
+		return n.ask(ctx, c, time.Now())
 	case CallReliable:
 		out, err := n.tellReliable(ctx, c)
 		c.Outcome = out

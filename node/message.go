@@ -206,29 +206,42 @@ const maxPooledBody = 64 << 10
 
 func getOutEnv() *outEnv { return outEnvs.Get().(*outEnv) }
 
-// fill sets the envelope as Node.envelope does, with msg packed as packBody does.
-func (o *outEnv) fill(from string, to Address, kind pb.RpcMeta_Kind, msg proto.Message) error {
+// fill sets the envelope as Node.envelope does, made at now, with msg packed as packBody does.
+func (o *outEnv) fill(from string, to Address, kind pb.RpcMeta_Kind, msg proto.Message, now time.Time) error {
 	if o.fromStr == "" || o.from != from {
 		o.from, o.fromStr = from, Address{Node: from}.String()
 	}
 	if o.toStr == "" || o.to != to {
 		o.to, o.toStr = to, to.String()
 	}
+	o.reset(o.fromStr, o.toStr, kind, now)
+	return o.setBody(msg)
+}
+
+// reset empties the envelope and sets its header fields: a new msg id,
+// sender, recipient, the time it was made (now) and the RPC kind.
+func (o *outEnv) reset(sender, recipient string, kind pb.RpcMeta_Kind, now time.Time) {
 	value := o.body.Value[:0]
 	o.env.Reset()
 	o.rpc.Reset()
 	o.body.Reset()
+	o.body.Value = value
 	o.env.ProtocolVersion = pb.ProtocolVersion
 	o.env.MsgId = mailbox.NewID()
-	o.env.Sender = o.fromStr
-	o.env.Recipient = o.toStr
-	o.env.CreatedAtUnixMs = time.Now().UnixMilli()
+	o.env.Sender = sender
+	o.env.Recipient = recipient
+	o.env.CreatedAtUnixMs = now.UnixMilli()
 	o.rpc.Kind = kind
 	o.env.Rpc = &o.rpc
+}
+
+// setBody packs msg into the envelope's body as packBody does, in o's
+// buffer; a nil msg leaves the envelope without a body.
+func (o *outEnv) setBody(msg proto.Message) error {
 	if msg == nil {
 		return nil
 	}
-	value, err := proto.MarshalOptions{}.MarshalAppend(value, msg)
+	value, err := proto.MarshalOptions{}.MarshalAppend(o.body.Value[:0], msg)
 	if err != nil {
 		return fmt.Errorf("node: encode body: %w", err)
 	}

@@ -209,27 +209,35 @@ func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr er
 		replyTo = Address{Node: to}
 		recipient = replyTo.String()
 	}
-	env := &pb.Envelope{
-		ProtocolVersion: pb.ProtocolVersion,
-		MsgId:           mailbox.NewID(),
-		Sender:          req.GetRecipient(),
-		Recipient:       recipient,
-		CreatedAtUnixMs: time.Now().UnixMilli(),
-		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
-	}
-	if herr != nil {
-		mailbox.SetError(env, herr)
-	} else if reply != nil {
-		body, err := packBody(reply)
-		if err != nil {
-			mailbox.SetError(env, err)
-		} else {
-			env.Body = body
-		}
-	}
 	if replyTo.Node == n.name {
+		// The asker keeps the envelope: not a pooled one.
+		env := &pb.Envelope{
+			ProtocolVersion: pb.ProtocolVersion,
+			MsgId:           mailbox.NewID(),
+			Sender:          req.GetRecipient(),
+			Recipient:       recipient,
+			CreatedAtUnixMs: time.Now().UnixMilli(),
+			Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_RESPONSE, CorrelationId: req.GetRpc().GetCorrelationId()},
+		}
+		if herr == nil {
+			env.Body, herr = packBody(reply)
+		}
+		mailbox.SetError(env, herr)
 		n.responses.Deliver(n.name, env)
 		return
+	}
+	// Pooled: the transport has encoded the envelope when Send returns.
+	o := getOutEnv()
+	defer o.release()
+	o.reset(req.GetRecipient(), recipient, pb.RpcMeta_RESPONSE, time.Now())
+	o.rpc.CorrelationId = req.GetRpc().GetCorrelationId()
+	env := &o.env
+	if herr == nil {
+		herr = o.setBody(reply)
+	}
+	if herr != nil {
+		env.Body = nil
+		mailbox.SetError(env, herr)
 	}
 	if err := n.transport.CheckSendTo(env, replyTo.Node); err != nil {
 		// Too large for the asker's frames (or ours), a reply or a long

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -206,3 +207,67 @@ func memberState(n *node.Node, name string) string {
 }
 
 var _ = fmt.Sprint
+
+// TestAsksAtTheirDeadlineGetOnlyTheirOwnReply: asks whose responses
+// arrive around their deadline, many at once; each ask that succeeds gets
+// its own reply, and each that fails fails by its deadline (an asker's
+// response channel is reused only once its response was received).
+func TestAsksAtTheirDeadlineGetOnlyTheirOwnReply(t *testing.T) {
+	nodes := cluster(t, 2)
+	ctx := ctxT(t)
+	nodes[1].Spawn("late", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		var s wrapperspb.StringValue
+		if err := m.Decode(&s); err != nil {
+			return nil, err
+		}
+		time.Sleep(time.Duration(len(s.GetValue())%3) * 300 * time.Microsecond) // the handler's work
+		return wrapperspb.String("re:" + s.GetValue()), nil
+	}, node.WithMailbox(4096, mailbox.Reject))
+	to := node.Addr("late", nodes[1].Name())
+	// The deadlines spread around the round trip's time on this machine.
+	var resp wrapperspb.StringValue
+	var rtt time.Duration
+	for range 20 {
+		start := time.Now()
+		if err := nodes[0].Ask(ctx, to, wrapperspb.String("warm-up"), &resp); err != nil {
+			t.Fatal(err)
+		}
+		rtt += time.Since(start) / 20
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok, late int
+	errs := make(chan error, 8)
+	for g := range 8 {
+		wg.Go(func() {
+			var resp wrapperspb.StringValue
+			for i := range 250 {
+				q := fmt.Sprintf("%d-%d%s", g, i, strings.Repeat("x", i%3))
+				short, cancel := context.WithTimeout(ctx, rtt/2+time.Duration(i%7)*rtt/3)
+				err := nodes[0].Ask(short, to, wrapperspb.String(q), &resp)
+				cancel()
+				mu.Lock()
+				switch {
+				case err == nil && resp.GetValue() != "re:"+q:
+					errs <- fmt.Errorf("ask %q got %q", q, resp.GetValue())
+				case err == nil:
+					ok++
+				case errors.Is(err, context.DeadlineExceeded):
+					late++
+				default:
+					errs <- fmt.Errorf("ask %q: %w", q, err)
+				}
+				mu.Unlock()
+				if len(errs) > 0 {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d answered, %d past their deadline", ok, late)
+}

@@ -84,13 +84,14 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 	}
 	o := getOutEnv()
 	defer o.release()
-	if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request); err != nil {
+	now := time.Now()
+	if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request, now); err != nil {
 		return err
 	}
 	o.setCall(c)
 	if dl, ok := ctx.Deadline(); ok {
 		// The time left, not the deadline: the two clocks need not agree.
-		o.env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
+		o.env.TtlMs = max(dl.Sub(now).Milliseconds(), 1)
 	}
 	if err := n.transport.Send(ctx, c.To.Node, &o.env); err != nil {
 		n.stats.tellFailed.Add(1)
@@ -116,13 +117,13 @@ func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp prot
 	switch {
 	case len(opts) == 0 && n.invoke == nil:
 		c := Call{Kind: CallAsk, To: to, Request: req, Reply: resp}
-		err = n.ask(ctx, &c)
+		err = n.ask(ctx, &c, start)
 	default:
 		var c *Call
 		if c, err = n.newCall(CallAsk, to, req, resp, opts); err != nil {
 			err = fmt.Errorf("node: ask %s: %w", to, err)
 		} else if n.invoke == nil {
-			err = n.ask(ctx, c)
+			err = n.ask(ctx, c, start)
 		} else {
 			err = n.invoke(ctx, c)
 		}
@@ -133,7 +134,7 @@ func (n *Node) Ask(ctx context.Context, to Address, req proto.Message, resp prot
 }
 
 // ask is Ask without interceptors. It does not keep c.
-func (n *Node) ask(ctx context.Context, c *Call) error {
+func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 	to := c.To
 	if err := n.check("ask", to); err != nil {
 		return err
@@ -157,7 +158,7 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 		// so the ask still ends at AskTimeout.
 		t := getAskTimer(n.cfg.AskTimeout)
 		defer putAskTimer(t)
-		expired, dl = t.C, time.Now().Add(n.cfg.AskTimeout)
+		expired, dl = t.C, now.Add(n.cfg.AskTimeout)
 	}
 	if to.Node == n.name {
 		return n.askLocal(ctx, c)
@@ -169,24 +170,24 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	}
 	o := getOutEnv()
 	defer func() { o.release() }() // o is released early, on the success path
-	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, c.Request); err != nil {
+	if err := o.fill(n.name, to, pb.RpcMeta_REQUEST, c.Request, now); err != nil {
 		return err
 	}
 	o.setCall(c)
 	env := &o.env
 	// The time left, not the deadline: the two clocks need not agree.
-	env.TtlMs = max(time.Until(dl).Milliseconds(), 1)
+	env.TtlMs = max(dl.Sub(now).Milliseconds(), 1)
 	corr := env.GetMsgId()
 	o.rpc.CorrelationId = corr
 	o.rpc.ReplyTo = env.GetSender() // "@node": the node, not an actor, receives the RESPONSE
 	// Only to.Node may answer it: another member's response is refused.
-	ch, err := n.responses.Register(corr, to.Node)
-	if err != nil {
+	ch := getAskChan()
+	if err := n.responses.RegisterChan(corr, to.Node, ch); err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	n.trackAsk(to.Node, corr)
 	defer n.untrackAsk(to.Node, corr)
-	err = n.transport.Send(ctx, to.Node, env)
+	err := n.transport.Send(ctx, to.Node, env)
 	o.release() // before the wait: another send can reuse it meanwhile
 	o = nil
 	if err != nil {
@@ -195,6 +196,10 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 	}
 	select {
 	case r := <-ch:
+		if r != nil {
+			// Received: the registry holds ch no more.
+			askChans.Put(ch)
+		}
 		if err := mailbox.ErrorOf(r); err != nil {
 			var re *RemoteError
 			if errors.As(err, &re) && re.Code == mailbox.Unavailable {
@@ -221,6 +226,17 @@ func (n *Node) ask(ctx context.Context, c *Call) error {
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
 	}
+}
+
+// askChans are the response channels of asks that received their
+// response: empty, and no longer held by the registry.
+var askChans sync.Pool
+
+func getAskChan() chan *pb.Envelope {
+	if ch, ok := askChans.Get().(chan *pb.Envelope); ok {
+		return ch
+	}
+	return make(chan *pb.Envelope, 1)
 }
 
 // askTimers are the stopped timers of asks without a deadline. A stopped
