@@ -270,8 +270,9 @@ func TestCloseIdempotentAndSendAfterClose(t *testing.T) {
 	}
 }
 
-// ForgetPeer keeps a connected peer and drops one whose connection was
-// closed; a later send makes a new entry.
+// ForgetPeer keeps a connected peer, and one whose connection was closed
+// until that connection would have idled out at the peer; then it drops
+// it, and a later send makes a new entry.
 func TestForgetPeer(t *testing.T) {
 	ca := newCA(t)
 	r := newResolver()
@@ -286,9 +287,10 @@ func TestForgetPeer(t *testing.T) {
 		t.Fatal("ForgetPeer dropped a connected peer")
 	}
 	a.ClosePeer("b", "test says so")
-	if !a.ForgetPeer("b") {
-		t.Fatal("ForgetPeer kept a peer with no connection")
+	if a.ForgetPeer("b") {
+		t.Fatal("ForgetPeer dropped a peer whose connection left an instant ago")
 	}
+	testutil.WaitFor(t, 10*time.Second, "ForgetPeer drops b once its connection idled out", func() bool { return a.ForgetPeer("b") })
 	if _, ok := a.PeerStats()["b"]; ok {
 		t.Fatal("PeerStats still lists a forgotten peer")
 	}

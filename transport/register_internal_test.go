@@ -1,6 +1,12 @@
 package transport
 
-import "testing"
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
 
 // registerCase is one decision of register: the connection a node holds
 // (old) and a new one (c), by who dialed each and what the peer's Hello on
@@ -108,5 +114,45 @@ func TestGoneFollowsTheRegisteredConnection(t *testing.T) {
 	tr.unregister(x)
 	if got := tr.goneFor("b"); got != oldID {
 		t.Fatalf("gone %#x after a second unregister, want %#x", got, uint64(oldID))
+	}
+}
+
+// A dial that gave way to the peer's and waited in vain says what
+// happened and what to check, not only that the peer is unreachable.
+func TestAwaitConnSaysWhatToCheck(t *testing.T) {
+	tr := &Transport{cfg: Config{NodeName: "a", HandshakeTimeout: time.Millisecond}, peers: map[string]*peer{}, ctx: context.Background()}
+	err := tr.awaitConn(&peer{name: "b"})
+	if !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("awaitConn = %v, want ErrUnreachable", err)
+	}
+	for _, want := range []string{"gave way to b's", "handshake timeout (1ms)", "the next send dials again", "check that b can reach this node's address"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("awaitConn's error %q does not say %q", err, want)
+		}
+	}
+}
+
+// A departed peer's entry is kept while the peer may still hold the last
+// connection (until it idles out there), so that a Hello after it comes
+// back still names that connection as gone; then it is forgotten.
+func TestForgetPeerKeepsTheGoneConnectionUntilItIdlesOut(t *testing.T) {
+	tr := &Transport{cfg: Config{NodeName: "a", MaxIdleTimeout: time.Hour}, peers: map[string]*peer{}}
+	x := &conn{t: tr, peer: PeerInfo{Name: "b", BootID: "boot-1"}, dialed: true, id: oldID}
+	tr.register(x)
+	tr.unregister(x)
+	if tr.ForgetPeer("b") {
+		t.Fatal("forgot b while it may still hold the connection that left an instant ago")
+	}
+	if got := tr.goneFor("b"); got != oldID {
+		t.Fatalf("the next Hello to b names %#x as gone, want %#x", got, uint64(oldID))
+	}
+	tr.mu.Lock()
+	tr.peers["b"].goneAt = time.Now().Add(-time.Hour)
+	tr.mu.Unlock()
+	if !tr.ForgetPeer("b") {
+		t.Fatal("kept b past MaxIdleTimeout after its last connection left")
+	}
+	if got := tr.goneFor("b"); got != 0 {
+		t.Fatalf("gone %#x after b was forgotten, want 0", got)
 	}
 }

@@ -75,6 +75,7 @@ type peer struct {
 	// Guarded by Transport.mu.
 	conn       *conn
 	gone       uint64    // the id of the last conn that left this entry (setConn); 0: none
+	goneAt     time.Time // when it left
 	idle       idleWatch // when conn last carried a frame (idle.go)
 	dialing    *dialCall
 	registered chan struct{} // closed and replaced whenever conn is set
@@ -86,7 +87,7 @@ type peer struct {
 // lost (register). Transport.mu must be held.
 func (p *peer) setConn(c *conn) {
 	if p.conn != nil && p.conn != c {
-		p.gone = p.conn.id
+		p.gone, p.goneAt = p.conn.id, time.Now()
 	}
 	p.conn = c
 }
@@ -663,7 +664,9 @@ func (t *Transport) awaitConn(p *peer) error {
 		select {
 		case <-ch:
 		case <-timer.C:
-			return fmt.Errorf("transport: connect to %s: %w: lost the simultaneous-dial tie-break and the peer's connection never arrived", p.name, ErrUnreachable)
+			return fmt.Errorf("transport: connect to %s: %w: both ends dialed at once and this node's dial gave way to %s's, "+
+				"whose connection did not arrive within the handshake timeout (%v); the next send dials again "+
+				"(if this repeats, check that %s can reach this node's address)", p.name, ErrUnreachable, p.name, t.cfg.HandshakeTimeout, p.name)
 		case <-t.ctx.Done():
 			return ErrClosed
 		}
@@ -783,7 +786,10 @@ func (t *Transport) ClosePeer(node, reason string) {
 // once it has left the cluster, so that peers coming and going do not grow
 // the transport's memory. It reports whether it did: a peer with a
 // connection, a dial in flight or a caller waiting for its connection is
-// kept. A later send or an incoming connection makes a new entry.
+// kept, and so is one whose last connection left less than MaxIdleTimeout
+// ago: the peer may still hold that connection (its close lost on the way)
+// until it idles out there, and the next Hello must name it as gone. A
+// later send or an incoming connection makes a new entry.
 func (t *Transport) ForgetPeer(node string) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -792,6 +798,9 @@ func (t *Transport) ForgetPeer(node string) bool {
 		return true
 	}
 	if p.conn != nil || p.dialing != nil || p.registered != nil {
+		return false
+	}
+	if p.gone != 0 && time.Since(p.goneAt) < t.cfg.MaxIdleTimeout {
 		return false
 	}
 	delete(t.peers, node)
