@@ -168,8 +168,13 @@ func (r *ResponseRegistry) RegisterChan(correlationID, peer string, ch chan *pb.
 	}
 	if r.early.n.Load() > 0 {
 		if env := r.early.take(earlyKey{peer, correlationID}); env != nil {
-			ch <- env
-			return nil
+			select {
+			case ch <- env:
+				return nil
+			default: // the caller filled its channel meanwhile: never block under the lock
+				r.dropped.Add(1)
+				return fmt.Errorf("mailbox: register %q: the channel filled before its response was put in it", correlationID)
+			}
 		}
 	}
 	if s.waiters == nil {

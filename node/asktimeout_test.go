@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,5 +84,35 @@ func TestRemoteAskWithoutDeadline(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// An ask still waiting when the response registry prunes its waiter
+// (AskResponseTTL) fails with DeadlineExceeded: it is not a success
+// without a reply.
+func TestAskOutlivingTheResponseTTLFails(t *testing.T) {
+	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
+		cfg.AskResponseTTL = 20 * time.Millisecond
+	})
+	ctx := ctxT(t)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	if _, err := nodes[1].Spawn("stuck", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, errors.New("too late")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	long, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	to := node.Addr("stuck", nodes[1].Name())
+	for _, resp := range []proto.Message{nil, &wrapperspb.StringValue{}} {
+		err := nodes[0].Ask(long, to, wrapperspb.String("q"), resp)
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "AskResponseTTL") {
+			t.Fatalf("Ask (reply into %T) = %v, want DeadlineExceeded naming AskResponseTTL", resp, err)
+		}
 	}
 }

@@ -63,7 +63,7 @@ type Config struct {
 	MailboxCapacity int              // default mailbox capacity of spawned actors (1024)
 	Overflow        mailbox.Overflow // default overflow strategy of spawned actors (Reject)
 	AskTimeout      time.Duration    // deadline for Ask when the context has none (10 s)
-	AskResponseTTL  time.Duration    // early responses and orphaned waiters are pruned after this (1 min)
+	AskResponseTTL  time.Duration    // early responses and waiters are pruned after this (1 min); an ask still waiting fails with context.DeadlineExceeded
 	// SpawnGrace: for this long after Start, a reliable message for an
 	// actor that does not exist here is answered "not yet" (the sender
 	// waits, uncounted) rather than "no such actor" (which counts toward

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -270,4 +271,153 @@ func TestAsksAtTheirDeadlineGetOnlyTheirOwnReply(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("%d answered, %d past their deadline", ok, late)
+}
+
+// mixedReply is what the "mix" actor answers to q: a reply of a kind
+// and size, an error, a capacity error, nothing, or an empty body.
+func mixedReply(q string) (proto.Message, error) {
+	kind, arg, _ := strings.Cut(q, ":")
+	switch kind {
+	case "s": // a string of a size
+		n, _ := strconv.Atoi(arg[:strings.IndexByte(arg, '/')])
+		return wrapperspb.String(strings.Repeat(string(rune('a'+len(q)%26)), n) + "|" + q), nil
+	case "i":
+		v, _ := strconv.ParseInt(arg[:strings.IndexByte(arg, '/')], 10, 64)
+		return wrapperspb.Int64(v), nil
+	case "e":
+		return nil, errors.New("handler failed for " + q)
+	case "c":
+		return nil, &node.CapacityError{RetryAfter: 1234 * time.Millisecond}
+	case "n":
+		return nil, nil
+	case "b": // an empty body
+		return wrapperspb.String(""), nil
+	}
+	return nil, fmt.Errorf("unknown %q", q)
+}
+
+// TestPooledResponsesOfEveryKindAlternate: replies of different types and
+// sizes (empty, small, over the pooled body bound), handler errors with and
+// without a retry-after, and nil replies alternate through the pooled
+// response envelope while tells with headers go the other way through the
+// same pool; every asker gets exactly its own outcome.
+func TestPooledResponsesOfEveryKindAlternate(t *testing.T) {
+	nodes := cluster(t, 2)
+	ctx := ctxT(t)
+	for _, n := range nodes {
+		if _, err := n.Spawn("mix", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+			var s wrapperspb.StringValue
+			if err := m.Decode(&s); err != nil {
+				return nil, err
+			}
+			return mixedReply(s.GetValue())
+		}, node.WithMailbox(8192, mailbox.Reject)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := n.Spawn("sink", func(ctx context.Context, m *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kinds := []string{"s:%d/", "i:%d/", "e:", "c:", "n:", "b:", "s:%d/"}
+	sizes := []int{0, 1, 100, 70 << 10, 3, 5000}
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := range 16 {
+		from, to := nodes[g%2], nodes[1-g%2]
+		addr := node.Addr("mix", to.Name())
+		wg.Go(func() {
+			for i := range 150 {
+				if g%4 == 3 {
+					_ = from.Tell(ctx, node.Addr("sink", to.Name()), wrapperspb.String("t"), node.WithHeaders(map[string]string{"x-a": "1", "x-b": "2"}))
+				}
+				k := kinds[(i+g)%len(kinds)]
+				var q string
+				if strings.Contains(k, "%d") {
+					q = fmt.Sprintf(k, sizes[(i*7+g)%len(sizes)])
+				} else {
+					q = k
+				}
+				q += fmt.Sprintf("g%d-i%d", g, i)
+				wantMsg, wantErr := mixedReply(q)
+				var err error
+				var gotS wrapperspb.StringValue
+				var gotI wrapperspb.Int64Value
+				switch wantMsg.(type) {
+				case *wrapperspb.Int64Value:
+					err = from.Ask(ctx, addr, wrapperspb.String(q), &gotI)
+				case nil:
+					err = from.Ask(ctx, addr, wrapperspb.String(q), nil)
+				default:
+					err = from.Ask(ctx, addr, wrapperspb.String(q), &gotS)
+				}
+				var bad error
+				switch {
+				case wantErr != nil:
+					var ce *node.CapacityError
+					var re *node.RemoteError
+					if k == "c:" {
+						if !errors.As(err, &ce) || ce.RetryAfter != 1234*time.Millisecond {
+							bad = fmt.Errorf("ask %q: %v, want a capacity error with retry 1.234s", q, err)
+						}
+					} else if errors.As(err, &ce) || !errors.As(err, &re) || !strings.Contains(re.Message, q) {
+						bad = fmt.Errorf("ask %q: %#v, want a remote error naming it", q, err)
+					}
+				case err != nil:
+					bad = fmt.Errorf("ask %q: %v", q, err)
+				case wantMsg == nil:
+				default:
+					var got proto.Message = &gotS
+					if _, ok := wantMsg.(*wrapperspb.Int64Value); ok {
+						got = &gotI
+					}
+					if !proto.Equal(got, wantMsg) {
+						bad = fmt.Errorf("ask %q got a different reply (%d bytes)", q, proto.Size(got))
+					}
+				}
+				if bad != nil {
+					errs <- bad
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestBothSidesAskingAtOnceLoseNoAsk: two nodes with no connection yet ask
+// each other at once from many goroutines; every ask is answered (none
+// waits out its deadline because its request went out on a connection
+// the simultaneous-dial tie-break then closed).
+func TestBothSidesAskingAtOnceLoseNoAsk(t *testing.T) {
+	nodes := cluster(t, 2)
+	for _, n := range nodes {
+		if _, err := n.Spawn("echo", echo); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctxT(t), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for g := range 16 {
+		from, to := nodes[g%2], nodes[1-g%2]
+		wg.Go(func() {
+			var resp wrapperspb.StringValue
+			for i := range 20 {
+				if err := from.Ask(ctx, node.Addr("echo", to.Name()), wrapperspb.String(from.Name()), &resp); err != nil {
+					errs <- fmt.Errorf("asker %d, ask %d, %s -> %s: %w", g, i, from.Name(), to.Name(), err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
 }

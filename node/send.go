@@ -195,11 +195,13 @@ func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 		return fmt.Errorf("node: ask %s: %w", to, n.mapSendErr(err))
 	}
 	select {
-	case r := <-ch:
-		if r != nil {
-			// Received: the registry holds ch no more.
-			askChans.Put(ch)
+	case r, ok := <-ch:
+		if !ok {
+			// Pruned: the ask outlived AskResponseTTL, after which the
+			// registry no longer keeps a waiter.
+			return fmt.Errorf("node: ask %s: no response within AskResponseTTL (%v): %w", to, n.cfg.AskResponseTTL, context.DeadlineExceeded)
 		}
+		askChans.Put(ch) // received: the registry holds ch no more
 		if err := mailbox.ErrorOf(r); err != nil {
 			var re *RemoteError
 			if errors.As(err, &re) && re.Code == mailbox.Unavailable {
