@@ -137,6 +137,13 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		return nil, err
 	}
 	if !dialed {
+		// Decided before this side's Hello: a dialer that hears no Hello
+		// never sends on a connection that will be closed under it.
+		if !t.admitIncoming(ph) {
+			_ = qc.CloseWithError(CodeDuplicate, "duplicate connection (simultaneous dial)")
+			return nil, nil // this node's own connection serves; not an error
+		}
+		defer t.admitted(ph.GetNodeName())
 		if ctrl, err = t.sendHello(ctx, qc, ph.GetNodeName()); err != nil {
 			return nil, err
 		}

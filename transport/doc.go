@@ -140,8 +140,16 @@
 //     because reply must not block.
 //   - Simultaneous dials: both sides keep the connection dialed by the
 //     lexically smaller node name and close the other with CodeDuplicate;
-//     waiters on the closed one get ErrConnLost; a dial that lost the
-//     tie-break waits for the winning connection instead of failing.
+//     a dial that lost the tie-break waits for the winning connection
+//     instead of failing. The node with the smaller name decides before it
+//     answers the larger one's Hello (admitIncoming): with its own dial in
+//     flight, or a live connection it dialed, it refuses the incoming one
+//     unanswered, so the larger never sends on a connection that is then
+//     closed under what it sent (decided after the answer, those frames
+//     were lost: tells, and asks that waited out their deadline). A node
+//     setting up a peer's incoming connection waits for it instead of
+//     dialing a second. Races left to the tie-break at registration fail
+//     the losing connection's waiters with ErrConnLost.
 //     A connection from a peer with a new boot id replaces the old one
 //     (CodeReplaced), as does a second connection dialed by the same side.
 //   - A connection's id is 8 bytes of its TLS exporter, the same at both

@@ -19,8 +19,8 @@ func TestLargeFramesBothWaysOnEveryLane(t *testing.T) {
 	ra, rb := &recorder{}, &recorder{}
 	a := startNode(t, testConfig(t, ca, "a"), r, ra)
 	b := startNode(t, testConfig(t, ca, "b"), r, rb)
-	// One connection first: a simultaneous dial drops what was queued on
-	// the losing connection, which is not what this test is about.
+	// One connection first: how the two settle on one connection is not
+	// what this test is about.
 	if _, err := a.Request(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_ACCEPTED)); err != nil {
 		t.Fatal(err)
 	}

@@ -305,3 +305,47 @@ func TestForgetPeer(t *testing.T) {
 		t.Fatal("no entry for the peer after it was sent to again")
 	}
 }
+
+// TestSimultaneousFirstSendsLoseNothing: both peers send to each other at
+// once with no connection yet, many frames each. One of the two dials
+// loses the tie-break, and it is refused before its dialer hears an
+// answer, so nothing is ever sent on a connection that is then closed:
+// every frame arrives. (Decided after the answer, the frames sent on the
+// losing connection in the meantime were lost.)
+func TestSimultaneousFirstSendsLoseNothing(t *testing.T) {
+	ca := newCA(t)
+	const senders, each = 4, 50
+	for round := range 8 {
+		r := newResolver()
+		ra, rb := &recorder{}, &recorder{}
+		a := startNode(t, testConfig(t, ca, "a"), r, ra)
+		b := startNode(t, testConfig(t, ca, "b"), r, rb)
+		var wg sync.WaitGroup
+		errs := make(chan error, 2*senders)
+		for _, p := range []struct {
+			from *node
+			to   string
+		}{{a, "b"}, {b, "a"}} {
+			for range senders {
+				wg.Go(func() {
+					for range each {
+						if err := p.from.Send(ctxT(t, 5*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
+							errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
+							return
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d: all %d frames each way", round, senders*each), func() bool {
+			return ra.count.Load() == senders*each && rb.count.Load() == senders*each
+		})
+		_ = a.Close()
+		_ = b.Close()
+	}
+}

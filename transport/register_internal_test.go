@@ -156,3 +156,20 @@ func TestForgetPeerKeepsTheGoneConnectionUntilItIdlesOut(t *testing.T) {
 		t.Fatalf("gone %#x after b was forgotten, want 0", got)
 	}
 }
+
+// A caller that waited for the peer's connection in vain no longer holds
+// the entry: once the last connection idled out, a departed peer is
+// forgotten (the node's pruning would otherwise retry it forever).
+func TestForgetPeerAfterAWaitForTheConnectionGaveUp(t *testing.T) {
+	tr := &Transport{cfg: Config{NodeName: "a", HandshakeTimeout: time.Millisecond, MaxIdleTimeout: time.Hour},
+		peers: map[string]*peer{}, ctx: context.Background()}
+	tr.mu.Lock()
+	p := tr.peerLocked("b")
+	tr.mu.Unlock()
+	if err := tr.awaitConn(p); err == nil {
+		t.Fatal("awaitConn without a connection = nil")
+	}
+	if !tr.ForgetPeer("b") {
+		t.Fatal("kept b after the only caller waiting for its connection gave up")
+	}
+}

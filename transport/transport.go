@@ -79,6 +79,8 @@ type peer struct {
 	idle       idleWatch // when conn last carried a frame (idle.go)
 	dialing    *dialCall
 	registered chan struct{} // closed and replaced whenever conn is set
+	awaiting   int           // callers in awaitConn
+	accepting  int           // incoming connections between admitIncoming and register
 }
 
 // setConn makes c (nil: none) the peer's connection. The one it takes the
@@ -627,11 +629,19 @@ func (t *Transport) peerLocked(name string) *peer {
 // dial runs one shared dial to p; its result goes to d.
 func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 	defer t.wg.Done()
-	c, err := t.dialConn(p.name, addr)
-	if errors.Is(err, errDuplicate) {
-		// The peer kept the connection it dialed to us; wait for it to be
-		// registered here too.
-		err = t.awaitConn(p)
+	t.mu.Lock()
+	accepting := p.accepting > 0
+	t.mu.Unlock()
+	var c *conn
+	var err error
+	// While the peer's own connection is being set up (admitted), that one
+	// serves: a second would close one of the two under what was sent on it.
+	if !accepting || t.awaitConn(p) != nil {
+		if c, err = t.dialConn(p.name, addr); errors.Is(err, errDuplicate) {
+			// The peer kept the connection it dialed to us; wait for it to
+			// be registered here too.
+			err = t.awaitConn(p)
+		}
 	}
 	t.mu.Lock()
 	if err == nil {
@@ -650,6 +660,14 @@ func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 func (t *Transport) awaitConn(p *peer) error {
 	timer := time.NewTimer(t.cfg.HandshakeTimeout)
 	defer timer.Stop()
+	t.mu.Lock()
+	p.awaiting++
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		p.awaiting--
+		t.mu.Unlock()
+	}()
 	for {
 		t.mu.Lock()
 		if p.conn != nil {
@@ -698,6 +716,44 @@ func (t *Transport) dialConn(node, addr string) (*conn, error) {
 		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
 	}
 	return c, nil
+}
+
+// admitIncoming decides, before this node answers the Hello h of an
+// incoming connection, whether the connection may serve: not when the
+// simultaneous-dial tie-break would close it at once, that is when this
+// node's name is the smaller one and it has a dial to that peer in flight,
+// or a live connection it dialed that the peer neither replaced (a new
+// boot id) nor names as gone. Refused before the answer, the dialer never
+// sends on it: its dial fails as a duplicate and waits for this node's
+// connection. Deciding at register instead, after the answer, lost what the
+// dialer had already sent on it. An admitted connection counts as being
+// set up (connFor waits for it rather than dialing a second one) until
+// admitted is called.
+func (t *Transport) admitIncoming(h *pb.Hello) bool {
+	name := h.GetNodeName()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peerLocked(name)
+	if t.cfg.NodeName < name {
+		if p.dialing != nil {
+			return false
+		}
+		if c := p.conn; c != nil && c.dialed && !c.isClosed() && c.peer.BootID == h.GetBootId() && c.id != h.GetGoneConnection() {
+			return false
+		}
+	}
+	p.accepting++
+	return true
+}
+
+// admitted ends what admitIncoming began for a connection from name,
+// once it was registered or failed.
+func (t *Transport) admitted(name string) {
+	t.mu.Lock()
+	if p := t.peers[name]; p != nil && p.accepting > 0 {
+		p.accepting--
+	}
+	t.mu.Unlock()
 }
 
 // register installs c as the connection of its peer, resolving duplicates.
@@ -797,7 +853,7 @@ func (t *Transport) ForgetPeer(node string) bool {
 	if p == nil {
 		return true
 	}
-	if p.conn != nil || p.dialing != nil || p.registered != nil {
+	if p.conn != nil || p.dialing != nil || p.awaiting > 0 || p.accepting > 0 {
 		return false
 	}
 	if p.gone != 0 && time.Since(p.goneAt) < t.cfg.MaxIdleTimeout {
