@@ -142,11 +142,18 @@
 //     lexically smaller node name and close the other with CodeDuplicate;
 //     a dial that lost the tie-break waits for the winning connection
 //     instead of failing. The node with the smaller name decides before it
-//     answers the larger one's Hello (admitIncoming): with its own dial in
-//     flight, or a live connection it dialed, it refuses the incoming one
-//     unanswered, so the larger never sends on a connection that is then
-//     closed under what it sent (decided after the answer, those frames
-//     were lost: tells, and asks that waited out their deadline). A node
+//     answers the larger one's Hello (admitIncoming): with its own dial
+//     past its QUIC handshake, or a live connection it dialed, it refuses
+//     the incoming one unanswered, so the larger never sends on a
+//     connection that is then closed under what it sent (decided after the
+//     answer, those frames were lost: tells, and asks that waited out their
+//     deadline). A dial that finds, after its QUIC handshake, a connection
+//     of the peer's admitted or registered meanwhile is dropped before its
+//     Hello (dialConn); both decisions are taken under Transport.mu, so
+//     exactly one of the two connections goes on, which need not be the one
+//     the smaller name dialed. A dial still in its handshake refuses
+//     nothing: a node that cannot reach its peer (a NAT) is reached by the
+//     peer's dial, and its own failed dial returns that connection. A node
 //     setting up a peer's incoming connection waits for it instead of
 //     dialing a second. Races left to the tie-break at registration fail
 //     the losing connection's waiters with ErrConnLost.

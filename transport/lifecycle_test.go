@@ -176,7 +176,7 @@ func TestPeerRestart(t *testing.T) {
 }
 
 // TestSimultaneousDial has both peers dial each other at once, many times;
-// they settle on one connection, the one dialed by the smaller name.
+// they settle on one connection, the same at both ends.
 func TestSimultaneousDial(t *testing.T) {
 	ca := newCA(t)
 	for round := range 5 {
@@ -209,10 +209,10 @@ func TestSimultaneousDial(t *testing.T) {
 		for err := range errs {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		testutil.WaitFor(t, 5*time.Second, "one connection, dialed by a", func() bool {
+		testutil.WaitFor(t, 5*time.Second, "one connection, dialed by one of them", func() bool {
 			okA, dialedA := transport.ConnInfo(a.Transport, "b")
 			okB, dialedB := transport.ConnInfo(b.Transport, "a")
-			return okA && okB && dialedA && !dialedB
+			return okA && okB && dialedA != dialedB && transport.ConnID(a.Transport, "b") == transport.ConnID(b.Transport, "a")
 		})
 		_ = a.Close()
 		_ = b.Close()
@@ -344,6 +344,55 @@ func TestSimultaneousFirstSendsLoseNothing(t *testing.T) {
 		}
 		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d: all %d frames each way", round, senders*each), func() bool {
 			return ra.count.Load() == senders*each && rb.count.Load() == senders*each
+		})
+		_ = a.Close()
+		_ = b.Close()
+	}
+}
+
+// TestOneWayReachabilityWithBothSendingAtOnce: a cannot reach b (behind a
+// NAT, say: its packets to b go nowhere), b can reach a, and both send
+// first at once. a's dial, still in its QUIC handshake, does not refuse
+// b's connection (the smaller name's refusal waits for a dial that has
+// reached the peer), and a's sends go out on b's connection once a's own
+// dial gives up. Every frame arrives and no send fails.
+func TestOneWayReachabilityWithBothSendingAtOnce(t *testing.T) {
+	ca := newCA(t)
+	hole, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = hole.Close() }) // never read: a's handshake gets no answer
+	const each = 50
+	for round := range 1 {
+		rA, rB := newResolver(), newResolver()
+		ra, rb := &recorder{}, &recorder{}
+		a := startNode(t, testConfig(t, ca, "a"), rA, ra)
+		b := startNode(t, testConfig(t, ca, "b"), rB, rb)
+		rA.Set("b", hole.LocalAddr().String())
+		rB.Set("a", a.LocalAddr().String())
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for _, p := range []struct {
+			from *node
+			to   string
+		}{{a, "b"}, {b, "a"}} {
+			wg.Go(func() {
+				for range each {
+					if err := p.from.Send(ctxT(t, 10*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
+						errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d: all %d frames each way", round, each), func() bool {
+			return ra.count.Load() == each && rb.count.Load() == each
 		})
 		_ = a.Close()
 		_ = b.Close()

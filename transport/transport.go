@@ -110,6 +110,10 @@ type dialCall struct {
 	done chan struct{}
 	c    *conn // set before done is closed
 	err  error // set before done is closed
+
+	// handshaken: the QUIC handshake completed (the peer is reachable this
+	// way) and the Hello is next. Guarded by Transport.mu.
+	handshaken bool
 }
 
 // Transport is a QUIC endpoint: it listens and dials on one UDP socket and
@@ -256,7 +260,7 @@ func (t *Transport) acceptLoop() {
 			defer t.wg.Done()
 			ctx, cancel := context.WithTimeout(t.ctx, t.cfg.HandshakeTimeout)
 			defer cancel()
-			if _, err := t.setup(ctx, qc, false, ""); err != nil && !errors.Is(err, ErrIncompatible) {
+			if _, err := t.setup(ctx, qc, false, ""); err != nil && !errors.Is(err, ErrIncompatible) && !errors.Is(err, errDuplicate) {
 				t.log.Warn("incoming connection refused", "remote", qc.RemoteAddr(), "err", err)
 			}
 		}()
@@ -637,13 +641,18 @@ func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 	// While the peer's own connection is being set up (admitted), that one
 	// serves: a second would close one of the two under what was sent on it.
 	if !accepting || t.awaitConn(p) != nil {
-		if c, err = t.dialConn(p.name, addr); errors.Is(err, errDuplicate) {
+		if c, err = t.dialConn(p.name, addr, d); errors.Is(err, errDuplicate) {
 			// The peer kept the connection it dialed to us; wait for it to
 			// be registered here too.
 			err = t.awaitConn(p)
 		}
 	}
 	t.mu.Lock()
+	if err != nil && p.conn != nil && !p.conn.isClosed() {
+		// The peer's connection came in meanwhile (this dial may have failed
+		// only because this node cannot reach it, behind a NAT say).
+		err = nil
+	}
 	if err == nil {
 		c = p.conn // the winner of a simultaneous dial may be the incoming connection
 		if c == nil {
@@ -691,7 +700,7 @@ func (t *Transport) awaitConn(p *peer) error {
 	}
 }
 
-func (t *Transport) dialConn(node, addr string) (*conn, error) {
+func (t *Transport) dialConn(node, addr string, d *dialCall) (*conn, error) {
 	ctx, cancel := context.WithTimeout(t.ctx, t.cfg.HandshakeTimeout)
 	defer cancel()
 	ua, err := net.ResolveUDPAddr("udp", addr)
@@ -708,6 +717,22 @@ func (t *Transport) dialConn(node, addr string) (*conn, error) {
 		t.dialRefused(node, addr, err)
 		return nil, fmt.Errorf("transport: dial %s at %s: %w: %w", node, addr, ErrUnreachable, err)
 	}
+	// Before this side's Hello: a connection of the peer's that was
+	// admitted or registered meanwhile serves, and this one is dropped
+	// unused. Otherwise this dial now counts against the peer's dials
+	// (admitIncoming): under Transport.mu, one of the two decisions comes
+	// first, so exactly one of the two connections goes on.
+	t.mu.Lock()
+	p := t.peers[node]
+	meanwhile := p != nil && (p.accepting > 0 || p.conn != nil && !p.conn.isClosed())
+	if !meanwhile {
+		d.handshaken = true
+	}
+	t.mu.Unlock()
+	if meanwhile {
+		_ = qc.CloseWithError(CodeDuplicate, "duplicate connection (the peer's came in meanwhile)")
+		return nil, errDuplicate
+	}
 	c, err := t.setup(ctx, qc, true, node)
 	if err != nil {
 		if t.ctx.Err() != nil {
@@ -721,9 +746,13 @@ func (t *Transport) dialConn(node, addr string) (*conn, error) {
 // admitIncoming decides, before this node answers the Hello h of an
 // incoming connection, whether the connection may serve: not when the
 // simultaneous-dial tie-break would close it at once, that is when this
-// node's name is the smaller one and it has a dial to that peer in flight,
-// or a live connection it dialed that the peer neither replaced (a new
-// boot id) nor names as gone. Refused before the answer, the dialer never
+// node's name is the smaller one and it has a dial to that peer past its
+// QUIC handshake (so the peer is reachable that way), or a live connection
+// it dialed that the peer neither replaced (a new boot id) nor names as
+// gone. A dial still in its handshake does not count: this node may be
+// unable to reach the peer (a NAT), and the peer's dial is then the only
+// way; such a dial is dropped before its Hello if the peer's connection is
+// registered first (dialConn). Refused before the answer, the dialer never
 // sends on it: its dial fails as a duplicate and waits for this node's
 // connection. Deciding at register instead, after the answer, lost what the
 // dialer had already sent on it. An admitted connection counts as being
@@ -735,7 +764,7 @@ func (t *Transport) admitIncoming(h *pb.Hello) bool {
 	defer t.mu.Unlock()
 	p := t.peerLocked(name)
 	if t.cfg.NodeName < name {
-		if p.dialing != nil {
+		if p.dialing != nil && p.dialing.handshaken {
 			return false
 		}
 		if c := p.conn; c != nil && c.dialed && !c.isClosed() && c.peer.BootID == h.GetBootId() && c.id != h.GetGoneConnection() {
