@@ -149,3 +149,11 @@ func ConnID(t *Transport, node string) uint64 {
 	}
 	return p.conn.id
 }
+
+// Dialing reports whether t has a dial to node in flight.
+func Dialing(t *Transport, node string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	p := t.peers[node]
+	return p != nil && p.dialing != nil
+}
