@@ -320,26 +320,11 @@ func TestSimultaneousFirstSendsLoseNothing(t *testing.T) {
 		ra, rb := &recorder{}, &recorder{}
 		a := startNode(t, testConfig(t, ca, "a"), r, ra)
 		b := startNode(t, testConfig(t, ca, "b"), r, rb)
-		var wg sync.WaitGroup
-		errs := make(chan error, 2*senders)
-		for _, p := range []struct {
-			from *node
-			to   string
-		}{{a, "b"}, {b, "a"}} {
-			for range senders {
-				wg.Go(func() {
-					for range each {
-						if err := p.from.Send(ctxT(t, 5*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
-							errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
-							return
-						}
-					}
-				})
-			}
+		var all []sender
+		for range senders {
+			all = append(all, sender{from: a, to: "b"}, sender{from: b, to: "a"})
 		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		if err := sendAtOnce(t, each, all...); err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
 		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d: all %d frames each way", round, senders*each), func() bool {
@@ -365,24 +350,7 @@ func TestOneWayReachabilityWithBothSendingAtOnce(t *testing.T) {
 	b := startNode(t, testConfig(t, ca, "b"), rB, rb)
 	rA.Set("b", silentAddr(t)) // a's handshake gets no answer
 	rB.Set("a", a.LocalAddr().String())
-	var wg sync.WaitGroup
-	errs := make(chan error, 2)
-	for _, p := range []struct {
-		from *node
-		to   string
-	}{{a, "b"}, {b, "a"}} {
-		wg.Go(func() {
-			for range each {
-				if err := p.from.Send(ctxT(t, 10*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
-					errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := sendAtOnce(t, each, sender{from: a, to: "b"}, sender{from: b, to: "a"}); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("all %d frames each way", each), func() bool {

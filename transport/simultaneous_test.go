@@ -28,6 +28,60 @@ func silentAddr(t *testing.T) string {
 	return pc.LocalAddr().String()
 }
 
+// sender is one goroutine of sendAtOnce: from sends to to after delay.
+type sender struct {
+	from  *node
+	to    string
+	delay time.Duration
+}
+
+// sendAtOnce runs every sender at once, each sending each fire-and-forget
+// frames after its delay, and returns the first send's error.
+func sendAtOnce(t *testing.T, each int, senders ...sender) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(senders))
+	for _, p := range senders {
+		wg.Go(func() {
+			time.Sleep(p.delay) // the start the round draws, not a wait for a state
+			for range each {
+				if err := p.from.Send(ctxT(t, 10*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
+					errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// keepDialing makes from send to peer again and again (a reliable sender
+// retrying) until the returned stop is called, and returns once a dial
+// to peer is in flight.
+func keepDialing(t *testing.T, from *node, peer string) (stop func()) {
+	t.Helper()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_ = from.Send(ctx, peer, envTo(t, "x@"+peer, pb.Envelope_RECEIPT_NONE))
+			cancel()
+		}
+	})
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
+	t.Cleanup(stop)
+	testutil.WaitFor(t, 5*time.Second, from.name+" dialing "+peer, func() bool { return transport.Dialing(from.Transport, peer) })
+	return stop
+}
+
 // TestLargerReachesSmallerWhileTheSmallersDialsGoNowhere: a (the smaller name)
 // cannot reach b: its resolver still gives b's old address (b moved; the
 // membership update has not come yet), and its dial there is in flight
@@ -46,22 +100,7 @@ func TestLargerReachesSmallerWhileTheSmallersDialsGoNowhere(t *testing.T) {
 
 	// a keeps trying to send to b (a reliable sender retrying), one dial
 	// after another.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = a.Send(ctx, "b", envTo(t, "x@b", pb.Envelope_RECEIPT_NONE))
-			cancel()
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-	testutil.WaitFor(t, 5*time.Second, "a dialing b", func() bool { return transport.Dialing(a.Transport, "b") })
+	defer keepDialing(t, a, "b")()
 
 	// b is a reliable caller: it retries, for four handshake timeouts.
 	start := time.Now()
@@ -86,28 +125,9 @@ func TestManyRoundsOfBothSendingFirstAfterRandomDelays(t *testing.T) {
 		ra, rb := &recorder{}, &recorder{}
 		a := startNode(t, testConfig(t, ca, "a"), r, ra)
 		b := startNode(t, testConfig(t, ca, "b"), r, rb)
-		var wg sync.WaitGroup
-		errs := make(chan error, 4)
 		da := time.Duration(rand.IntN(3000)) * time.Microsecond
 		db := time.Duration(rand.IntN(3000)) * time.Microsecond
-		for _, p := range []struct {
-			from  *node
-			to    string
-			delay time.Duration
-		}{{a, "b", da}, {b, "a", db}, {a, "b", db}, {b, "a", da}} {
-			wg.Go(func() {
-				time.Sleep(p.delay)
-				for range each {
-					if err := p.from.Send(ctxT(t, 5*time.Second), p.to, envTo(t, "x@"+p.to, pb.Envelope_RECEIPT_NONE)); err != nil {
-						errs <- fmt.Errorf("%s -> %s: %w", p.from.name, p.to, err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
+		if err := sendAtOnce(t, each, sender{a, "b", da}, sender{b, "a", db}, sender{a, "b", db}, sender{b, "a", da}); err != nil {
 			t.Fatalf("round %d (delays %v %v): %v", round, da, db, err)
 		}
 		testutil.WaitFor(t, 5*time.Second, fmt.Sprintf("round %d (delays %v %v): all %d frames each way", round, da, db, 2*each), func() bool {
@@ -193,22 +213,7 @@ func TestRestartedLargerReachesSmallerDialingItsOldAddress(t *testing.T) {
 	b2 := startNode(t, cfgB2, rb, &recorder{})
 	rb.Set("a", a.LocalAddr().String())
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			_ = a.Send(ctx, "b", envTo(t, "x@b", pb.Envelope_RECEIPT_NONE))
-			cancel()
-		}
-	})
-	defer func() { close(stop); wg.Wait() }()
-	testutil.WaitFor(t, 5*time.Second, "a dialing b's old address", func() bool { return transport.Dialing(a.Transport, "b") })
+	defer keepDialing(t, a, "b")() // to b's old address
 
 	start := time.Now()
 	var err error
