@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,25 +24,40 @@ import (
 )
 
 // freePort returns a port free for both TCP and UDP on 127.0.0.1 (memberlist
-// uses both on the gossip port; QUIC uses UDP).
+// uses both on the gossip port; QUIC uses UDP). The daemon binds it later,
+// so it is drawn below Linux's ephemeral range (32768 and up by default):
+// a port the kernel handed out for ":0" could be given to another test's
+// socket in between, one below the range only to an explicit bind.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 200 {
+		port := 20000 + rand.IntN(12000)
+		if handedOut.ports[port] {
+			continue // free now, but another daemon of this run may bind it yet
 		}
-		port := l.Addr().(*net.TCPAddr).Port
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
 		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
 		_ = l.Close()
 		if err == nil {
 			_ = u.Close()
+			handedOut.ports[port] = true
 			return port
 		}
 	}
 	tb.Fatal("no free port")
 	return 0
 }
+
+// handedOut is every port freePort returned in this run.
+var handedOut = struct {
+	sync.Mutex // guards ports
+	ports      map[int]bool
+}{ports: map[int]bool{}}
 
 // cli runs the binary and returns its stdout, stderr and error.
 func cli(tb testing.TB, stdin string, args ...string) (string, string, error) {
