@@ -297,10 +297,12 @@ func (s *Store) commit(ops []*op) {
 	s.fsyncs.Add(1)
 	s.applyEffects(b)
 	s.forgetPendingKeys(ops)
-	s.finish(ops)
+	// Before the callers hear of their commit: whoever learns a message
+	// is stored can count on the sweeper knowing its deadline.
 	if f := s.onExpiry.Load(); f != nil && b.minDeadline != 0 {
 		(*f)(b.minDeadline)
 	}
+	s.finish(ops)
 	if f := s.onEnqueue.Load(); f != nil {
 		for r, d := range b.q {
 			if d.enqueued && !d.empty {

@@ -438,8 +438,9 @@ func (s *Store) SetOnEnqueue(f func(recipient string)) {
 }
 
 // SetOnExpiry installs the relay's sweeper hook: after a commit that stored
-// messages with a TTL, it is called with the earliest TTL deadline among
-// them (elapsed ms). It must not block.
+// messages with a TTL, and before its callers return (or their done
+// callbacks run), it is called with the earliest TTL deadline among them
+// (elapsed ms). It must not block.
 func (s *Store) SetOnExpiry(f func(deadlineMs int64)) {
 	if f == nil {
 		s.onExpiry.Store(nil)
