@@ -357,13 +357,13 @@ func TestPooledResponsesOfEveryKindAlternate(t *testing.T) {
 					var re *node.RemoteError
 					if k == "c:" {
 						if !errors.As(err, &ce) || ce.RetryAfter != 1234*time.Millisecond {
-							bad = fmt.Errorf("ask %q: %v, want a capacity error with retry 1.234s", q, err)
+							bad = fmt.Errorf("ask %q: %w, want a capacity error with retry 1.234s", q, err)
 						}
 					} else if errors.As(err, &ce) || !errors.As(err, &re) || !strings.Contains(re.Message, q) {
-						bad = fmt.Errorf("ask %q: %#v, want a remote error naming it", q, err)
+						bad = fmt.Errorf("ask %q: %w, want a remote error naming it", q, err)
 					}
 				case err != nil:
-					bad = fmt.Errorf("ask %q: %v", q, err)
+					bad = fmt.Errorf("ask %q: %w", q, err)
 				case wantMsg == nil:
 				default:
 					var got proto.Message = &gotS
