@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
 )
 
 // registerCase is one decision of register: the connection a node holds
@@ -171,5 +173,31 @@ func TestForgetPeerAfterAWaitForTheConnectionGaveUp(t *testing.T) {
 	}
 	if !tr.ForgetPeer("b") {
 		t.Fatal("kept b after the only caller waiting for its connection gave up")
+	}
+}
+
+// A dial waiting for the peer's connection that this node was setting up
+// goes on at once when that setup fails, instead of after HandshakeTimeout.
+func TestAwaitAcceptedEndsWhenTheSetupFails(t *testing.T) {
+	tr := &Transport{cfg: Config{NodeName: "a", HandshakeTimeout: time.Hour}, peers: map[string]*peer{}, ctx: context.Background()}
+	tr.mu.Lock()
+	p := tr.peerLocked("b")
+	p.accepting = 1
+	tr.mu.Unlock()
+	done := make(chan error, 1)
+	go func() { done <- tr.awaitAccepted(p) }()
+	testutil.WaitFor(t, 5*time.Second, "a caller waiting", func() bool {
+		tr.mu.Lock()
+		defer tr.mu.Unlock()
+		return p.awaiting == 1 && p.registered != nil
+	})
+	tr.admitted("b") // its setup failed: never registered
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrUnreachable) {
+			t.Fatalf("awaitAccepted = %v, want ErrUnreachable", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("awaitAccepted still waits after the setup it waited for failed")
 	}
 }

@@ -640,7 +640,7 @@ func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 	var err error
 	// While the peer's own connection is being set up (admitted), that one
 	// serves: a second would close one of the two under what was sent on it.
-	if !accepting || t.awaitConn(p) != nil {
+	if !accepting || t.awaitAccepted(p) != nil {
 		if c, err = t.dialConn(p.name, addr, d); errors.Is(err, errDuplicate) {
 			// The peer kept the connection it dialed to us; wait for it to
 			// be registered here too.
@@ -666,7 +666,15 @@ func (t *Transport) dial(p *peer, d *dialCall, addr string) {
 }
 
 // awaitConn waits until p has a live connection, up to HandshakeTimeout.
-func (t *Transport) awaitConn(p *peer) error {
+func (t *Transport) awaitConn(p *peer) error { return t.await(p, false) }
+
+// awaitAccepted waits for the connection of p's that is being set up
+// (admitted): it returns nil once p has a live connection, an error at
+// once if that setup failed and no other is being set up, or after
+// HandshakeTimeout.
+func (t *Transport) awaitAccepted(p *peer) error { return t.await(p, true) }
+
+func (t *Transport) await(p *peer, accepted bool) error {
 	timer := time.NewTimer(t.cfg.HandshakeTimeout)
 	defer timer.Stop()
 	t.mu.Lock()
@@ -682,6 +690,10 @@ func (t *Transport) awaitConn(p *peer) error {
 		if p.conn != nil {
 			t.mu.Unlock()
 			return nil
+		}
+		if accepted && p.accepting == 0 {
+			t.mu.Unlock()
+			return fmt.Errorf("transport: connect to %s: %w: its connection to this node failed its setup", p.name, ErrUnreachable)
 		}
 		if p.registered == nil {
 			p.registered = make(chan struct{})
@@ -781,6 +793,11 @@ func (t *Transport) admitted(name string) {
 	t.mu.Lock()
 	if p := t.peers[name]; p != nil && p.accepting > 0 {
 		p.accepting--
+		if p.accepting == 0 && p.conn == nil && p.registered != nil {
+			// Its setup failed: a dial waiting for it goes on at once.
+			close(p.registered)
+			p.registered = nil
+		}
 	}
 	t.mu.Unlock()
 }
