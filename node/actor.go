@@ -120,6 +120,15 @@ type delivery struct {
 	values     context.Context   // local tell or ask: the caller's context, for its values
 	charged    *atomic.Int64     // the sending peer's queued bytes, until uncharge (limits.go)
 	size       int64             // what it was charged
+	lazy       *deadlineCtx      // a remote ask's handler context, allocated with it (askDelivery); nil otherwise
+}
+
+// askDelivery is a remote ask's delivery with its handler's deadline
+// context in the same allocation: one allocation per ask instead of two.
+// The pointer field keeps every other delivery in its size class.
+type askDelivery struct {
+	delivery
+	lazy deadlineCtx
 }
 
 type localReply struct {
@@ -342,7 +351,12 @@ func (a *actor) handle(d *delivery) {
 		if dl.IsZero() {
 			dl = now.Add(time.Duration(d.deadlineMs-n.store.ElapsedMs()) * time.Millisecond)
 		}
-		lazy := withLazyDeadline(ctx, dl)
+		var lazy *deadlineCtx
+		if d.lazy != nil {
+			lazy = d.lazy.init(ctx, dl)
+		} else {
+			lazy = withLazyDeadline(ctx, dl)
+		}
 		defer lazy.release()
 		ctx = lazy
 		if !now.Before(lazy.deadline) {

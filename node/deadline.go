@@ -32,10 +32,17 @@ type deadlineCtx struct {
 // withLazyDeadline returns parent bounded by deadline (or parent's own, if
 // earlier) and the release to call when the handler returns.
 func withLazyDeadline(parent context.Context, deadline time.Time) *deadlineCtx {
+	return new(deadlineCtx).init(parent, deadline)
+}
+
+// init makes a zero c what withLazyDeadline returns, in the caller's
+// memory (a remote ask's delivery holds one) and returns it.
+func (c *deadlineCtx) init(parent context.Context, deadline time.Time) *deadlineCtx {
 	if dl, ok := parent.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
-	return &deadlineCtx{Context: parent, deadline: deadline}
+	c.Context, c.deadline = parent, deadline
+	return c
 }
 
 func (c *deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }

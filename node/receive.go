@@ -113,7 +113,14 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0, 0)
 		return
 	}
-	d := &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask}
+	var d *delivery
+	if ask && !stream && env.GetTtlMs() > 0 {
+		ad := &askDelivery{delivery: delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: true}}
+		ad.delivery.lazy = &ad.lazy
+		d = &ad.delivery
+	} else {
+		d = &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask}
+	}
 	if t := env.GetTtlMs(); t > 0 {
 		d.deadlineMs = arrival + t
 	}
