@@ -85,10 +85,10 @@ func keepDialing(t *testing.T, from *node, peer string) (stop func()) {
 // TestLargerReachesSmallerWhileTheSmallersDialsGoNowhere: a (the smaller name)
 // cannot reach b: its resolver still gives b's old address (b moved; the
 // membership update has not come yet), and its dial there is in flight
-// (a's outbox sending to b). b can reach a and sends to it. Before the
-// change, a answered b's dial and b's sends went through at once; now a
-// refuses b's dial because its own dial is in flight, and b waits out the
-// handshake timeout and fails.
+// (a's outbox sending to b). b can reach a and sends to it: a's dial,
+// never past its QUIC handshake, must not make a refuse b's, the only
+// connection possible (refused, b waited out the handshake timeout and
+// failed, again and again).
 func TestLargerReachesSmallerWhileTheSmallersDialsGoNowhere(t *testing.T) {
 	ca := newCA(t)
 	ra, rb := newResolver(), newResolver()
@@ -192,10 +192,8 @@ func TestSmallerSendsWhileAnsweringTheLargersDial(t *testing.T) {
 // TestRestartedLargerReachesSmallerDialingItsOldAddress: b restarts
 // on another port (new boot id); a's membership still gives b's old
 // address, where a's reliable sender keeps dialing. b's new incarnation
-// dials a (whose address it knows) and is refused, unanswered, for as long
-// as a keeps dialing the old address, though its Hello names a new boot
-// id: a's in-flight dial cannot be to it. Before the change a answered and
-// kept b's connection.
+// dials a (whose address it knows) and gets through: a's dial to the old
+// address, never past its QUIC handshake, refuses nothing.
 func TestRestartedLargerReachesSmallerDialingItsOldAddress(t *testing.T) {
 	ca := newCA(t)
 	ra, rb := newResolver(), newResolver()
@@ -228,10 +226,9 @@ func TestRestartedLargerReachesSmallerDialingItsOldAddress(t *testing.T) {
 // TestRedialConnectsWhileTheSmallersDialGoesNowhere: Redial (the relay's probe
 // of the direct path) "returns nil once a handshake with node completed".
 // b (the larger) probes a while a's own dial to b is in flight to an
-// address that leads nowhere: a refuses b's connection unanswered, Redial
-// takes the CodeDuplicate as success, and b has no connection to a. Before
-// the change a answered and kept b's connection, and the probe's nil was
-// true.
+// address that leads nowhere: a takes b's connection, so the probe's nil
+// is true (refused, Redial would take the CodeDuplicate as success with
+// no connection at all).
 func TestRedialConnectsWhileTheSmallersDialGoesNowhere(t *testing.T) {
 	ca := newCA(t)
 	ra, rb := newResolver(), newResolver()
