@@ -24,11 +24,13 @@
 //     fresh, about 300 bytes after use; see TestIdleMailboxMemory). Post
 //     starts one handler goroutine when it finds the mailbox idle; it exits
 //     when the queue is empty. Close waits for it.
-//   - ResponseRegistry.Deliver never blocks, and hands a response only to a
-//     waiter that named the peer it came from: another member cannot answer
-//     in the asked peer's place. Responses without a waiter are kept for a
-//     Register by the same peer within bounds in bytes, per peer and in all
-//     (RegistryConfig), for EarlyTTL; ForgetPeer drops a peer's at once.
+//   - ResponseRegistry.Deliver and RegisterChan never block (a caller's
+//     channel found full loses the response, counted in Dropped), and
+//     Deliver hands a response only to a waiter that named the peer it
+//     came from: another member cannot answer in the asked peer's place.
+//     Responses without a waiter are kept for a Register by the same peer
+//     within bounds in bytes, per peer and in all (RegistryConfig), for
+//     EarlyTTL; ForgetPeer drops a peer's at once.
 //   - ErrorOf never panics on malformed headers.
 //
 // # Usage
@@ -49,7 +51,10 @@
 //	// Ask: register before sending, then wait; only peer's response counts.
 //	ch, err := reg.Register(env.Rpc.CorrelationId, peer)
 //	send(env)
-//	select { case resp := <-ch: ...; case <-ctx.Done(): reg.Cancel(id) }
+//	select { case resp, ok := <-ch: ... /* !ok: pruned after TTL */; case <-ctx.Done(): reg.Cancel(id) }
+//
+//	// The same with a channel of the caller's (RegisterChan): once a
+//	// response was received from it, it can wait for the next one.
 //
 // # Decisions (the architecture and its numbered rules: docs/architecture.md)
 //
