@@ -380,7 +380,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 	case d.replyCh != nil:
 		d.replyCh <- localReply{msg: reply, err: err}
 	case d.remoteAsk:
-		a.n.respond(d.from, d.env, reply, err)
+		a.n.respondUntil(d.from, d.env, reply, err, d.deadlineMs)
 	case err != nil:
 		a.n.log.Debug("tell handler failed", "actor", a.name, "msg", d.env.GetMsgId(), "err", err)
 	}

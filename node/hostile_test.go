@@ -349,3 +349,41 @@ func TestRefusedStrangersCounted(t *testing.T) {
 		return r.UnknownCA == 1 && r.NoCertificate == 1
 	})
 }
+
+// TestAskerThatStopsReadingDoesNotHoldTheActor: a member asks for large
+// replies with an hour's TTL and never reads them, so the responder's
+// send queue to it stays full. A response waits for room only while the
+// queue drains and at most a second: the actor goes on, and an honest
+// asker queued behind is answered.
+func TestAskerThatStopsReadingDoesNotHoldTheActor(t *testing.T) {
+	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) { cfg.Transport.SendQueueSize = 4 })
+	n1, n2 := nodes[0], nodes[1]
+	big := wrapperspb.String(strings.Repeat("x", 200<<10))
+	var evilRuns atomic.Int64
+	if _, err := n2.Spawn("big", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		if m.Sender().Node == "evil" {
+			evilRuns.Add(1)
+		}
+		return big, nil
+	}, node.WithMailbox(256, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	evil := rawpeer.Dial(t, testCA(t), "evil", target(n2))
+	lane := evil.Lane(t)
+	const asks = 40
+	for i := range asks {
+		evil.Send(t, lane, &pb.Envelope{
+			ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("e-%d", i), Sender: "@evil", Recipient: "big@n2",
+			TtlMs: time.Hour.Milliseconds(),
+			Rpc:   &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, CorrelationId: fmt.Sprintf("e-%d", i), ReplyTo: "@evil"},
+			Body:  strBody(t, "q"),
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "the actor took the evil peer's asks", func() bool { return evilRuns.Load() >= 10 })
+	ctx, cancel := context.WithTimeout(ctxT(t), 20*time.Second)
+	defer cancel()
+	var reply wrapperspb.StringValue
+	if err := n1.Ask(ctx, node.Addr("big", n2.Name()), wrapperspb.String("q"), &reply); err != nil {
+		t.Fatalf("an honest ask behind a non-reading asker's: %v (the actor ran %d of its %d asks)", err, evilRuns.Load(), asks)
+	}
+}

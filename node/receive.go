@@ -206,6 +206,22 @@ func (n *Node) spawnGraceLeft() time.Duration {
 // never to another node its reply_to may name. Responses are best effort:
 // a lost one ends in the asker's deadline.
 func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr error) {
+	n.respondUntil(to, req, reply, herr, 0)
+}
+
+// respondWait bounds how long one response waits for room in a full send
+// queue: a burst drains within it, and an asker that stops reading
+// cannot hold the actor longer (its own TTL could say hours).
+const respondWait = time.Second
+
+// respondUntil is respond for a request whose asker waits until
+// deadlineMs (the store's elapsed clock; 0: unknown): while the send
+// queue to the asker is full and draining, it waits for room as the
+// transport says, up to then and at most respondWait, rather than drop
+// the response and leave the asker waiting for nothing. The caller (an
+// actor's goroutine) waits with it: its mailbox fills, and new asks are
+// refused with a retry hint instead.
+func (n *Node) respondUntil(to string, req *pb.Envelope, reply proto.Message, herr error, deadlineMs int64) {
 	replyTo, _ := parseLoose(req.GetRpc().GetReplyTo())
 	if replyTo.Node == "" {
 		return // nobody waits for it
@@ -253,7 +269,26 @@ func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr er
 		env.Body = nil
 		mailbox.SetError(env, &RemoteError{Code: mailbox.Internal, Message: fmt.Sprintf("reply too large for the wire: %v", err)})
 	}
-	if err := n.transport.Send(n.ctx, replyTo.Node, env); err != nil {
-		n.log.Debug("response not sent", "to", replyTo.Node, "err", err)
+	giveUp := time.Now().Add(respondWait)
+	for {
+		err := n.transport.Send(n.ctx, replyTo.Node, env)
+		if err == nil {
+			return
+		}
+		var qf *transport.QueueFullError
+		left := min(time.Duration(deadlineMs-n.store.ElapsedMs())*time.Millisecond, time.Until(giveUp))
+		// A hint of a second or more: no write completed for that long
+		// (the transport's most), the asker is not reading.
+		if !errors.As(err, &qf) || deadlineMs == 0 || left <= 0 || qf.RetryAfter >= time.Second {
+			n.log.Debug("response not sent", "to", replyTo.Node, "err", err)
+			return
+		}
+		t := time.NewTimer(min(max(qf.RetryAfter, time.Millisecond), left))
+		select {
+		case <-t.C:
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		}
 	}
 }

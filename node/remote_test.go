@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -419,5 +420,50 @@ func TestBothSidesAskingAtOnceLoseNoAsk(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestResponsesWaitForRoomInAFullSendQueue: large replies to many askers
+// through a small send queue. A response that finds the responder's queue
+// to the asker full waits for room (up to the ask's deadline) instead of
+// being dropped: no ask waits out its deadline; what fails, fails at once
+// with a retry hint (the asker's own queue full).
+func TestResponsesWaitForRoomInAFullSendQueue(t *testing.T) {
+	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
+		cfg.Transport.SendQueueSize = 4
+		cfg.AskTimeout = 3 * time.Second
+	})
+	big := wrapperspb.String(strings.Repeat("x", 200<<10))
+	if _, err := nodes[1].Spawn("big", func(ctx context.Context, m *node.Message) (proto.Message, error) { return big, nil }, node.WithMailbox(4096, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	to := node.Addr("big", nodes[1].Name())
+	var wg sync.WaitGroup
+	var answered atomic.Int64
+	errs := make(chan error, 32)
+	for range 32 {
+		wg.Go(func() {
+			var r wrapperspb.StringValue
+			for range 10 {
+				err := nodes[0].Ask(context.Background(), to, wrapperspb.String("q"), &r)
+				var ce *node.CapacityError
+				switch {
+				case err == nil:
+					answered.Add(1)
+				case errors.As(err, &ce):
+				default:
+					errs <- err // a lost response ends in DeadlineExceeded
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if answered.Load() == 0 {
+		t.Fatal("no ask was answered")
 	}
 }
