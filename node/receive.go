@@ -269,11 +269,14 @@ func (n *Node) respondUntil(to string, req *pb.Envelope, reply proto.Message, he
 		env.Body = nil
 		mailbox.SetError(env, &RemoteError{Code: mailbox.Internal, Message: fmt.Sprintf("reply too large for the wire: %v", err)})
 	}
-	giveUp := time.Now().Add(respondWait)
+	var giveUp time.Time // set at the first full queue: no clock read when there is room
 	for {
 		err := n.transport.Send(n.ctx, replyTo.Node, env)
 		if err == nil {
 			return
+		}
+		if giveUp.IsZero() {
+			giveUp = time.Now().Add(respondWait)
 		}
 		var qf *transport.QueueFullError
 		left := min(time.Duration(deadlineMs-n.store.ElapsedMs())*time.Millisecond, time.Until(giveUp))
