@@ -84,6 +84,15 @@ type qdelta struct {
 	headSeq   uint64
 	oldestMs  int64
 	enqueued  bool // wake the relay
+	// ev is what the batch did to the queue's order, in the order it did
+	// it: applied to the in-memory order after the commit.
+	ev []seqEvent
+}
+
+// seqEvent is one record stored (gone false) or removed.
+type seqEvent struct {
+	seq  uint64
+	gone bool
 }
 
 // batch accumulates the in-memory effects of one transaction; they are
@@ -93,7 +102,7 @@ type batch struct {
 	nowMs       int64
 	wallMs      int64
 	q           map[string]*qdelta
-	queues      map[string]*bolt.Bucket // enqueue's queue buckets, nil for none yet (queueBucket)
+	recs        *bolt.Bucket // the records bucket of the transaction (records)
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 	// edited: an op changed a queue other than by appending a message or
@@ -343,26 +352,16 @@ func (s *Store) keepVersions(ops []*op) {
 	}
 }
 
-// finishQueues reads each touched queue's new head, drops emptied queue
-// buckets and writes the stream records the batch changed.
+// finishQueues works out each touched queue's new head, and writes the
+// stream records the batch changed.
 func (s *Store) finishQueues(tx *bolt.Tx, b *batch) error {
-	q, out := tx.Bucket(bucketQueues), tx.Bucket(bucketOut)
+	out := tx.Bucket(bucketOut)
 	for r, d := range b.q {
 		name := []byte(r)
-		qb := q.Bucket(name)
-		var k, v []byte
-		if qb != nil {
-			k, v = qb.Cursor().First()
-		}
-		if k == nil {
+		if head := s.liveSeqs(nil, r, d, 1); len(head) == 0 {
 			d.empty = true
-			if qb != nil {
-				if err := q.DeleteBucket(name); err != nil {
-					return fmt.Errorf("drop empty queue %s: %w", r, err)
-				}
-			}
 		} else {
-			d.headSeq, d.oldestMs = seqOf(k), createdMs(v)
+			d.headSeq, d.oldestMs = head[0], createdMs(b.records(tx).Get(seqKey(head[0])))
 		}
 		if d.highWater == 0 && !d.persistAt && !d.setEpoch && !d.empty {
 			continue
@@ -450,9 +449,11 @@ func (s *Store) applyEffects(b *batch) {
 			if d.sendAt != 0 {
 				st.sendAt = d.sendAt
 			}
+			st.seqs.apply(d.ev)
 			s.insertQueue(st)
 			continue
 		}
+		st.seqs.apply(d.ev)
 		st.count += d.count
 		s.depth += d.count
 		st.headSeq, st.oldestMs = d.headSeq, d.oldestMs
@@ -500,19 +501,15 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		}
 		return err
 	case opAck:
-		qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
-		if qb == nil {
-			return nil
-		}
 		// One cursor seek per message instead of a Get and a Delete (two
 		// searches); acks come in sequence order, a drain's thousands per
 		// commit.
-		c := qb.Cursor()
+		c := b.records(tx).Cursor()
 		var key [8]byte
 		for _, sq := range o.seqs {
 			binary.BigEndian.PutUint64(key[:], sq)
 			k, v := c.Seek(key[:])
-			if k == nil || !bytes.Equal(k, key[:]) {
+			if k == nil || !bytes.Equal(k, key[:]) || !ofRecipient(v, o.recipient) {
 				continue // already acked, replaced or given up
 			}
 			if err := s.removeRecordAt(tx, b, o.recipient, c, sq, v); err != nil {
@@ -543,7 +540,7 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 			o.n++
 		}
 	case opDefer:
-		if tx.Bucket(bucketQueues).Bucket([]byte(o.recipient)) == nil {
+		if s.queuedAfter(o.recipient, b) == 0 {
 			return nil // delivered or dropped meanwhile
 		}
 		d := b.delta(o.recipient)
@@ -575,9 +572,9 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []byte) (Result, error) {
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
-	qb := b.queueBucket(tx, r)
-	if qb != nil && qb.Get(seqKey(seq)) != nil {
-		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued", r, ErrBadMessage, seq)
+	recs := b.records(tx)
+	if v := recs.Get(seqKey(seq)); v != nil {
+		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued (for %s)", r, ErrBadMessage, seq, recRecipient(v))
 	}
 	val := rec
 	if val == nil {
@@ -585,14 +582,6 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 		if val, err = encodeMessage(sm); err != nil {
 			return 0, fmt.Errorf("outbox: enqueue to %s: %w: %w", r, ErrBadMessage, err)
 		}
-	}
-	if qb == nil {
-		var err error
-		if qb, err = tx.Bucket(bucketQueues).CreateBucket([]byte(r)); err != nil {
-			return 0, err
-		}
-		qb.FillPercent = queueFill
-		b.queues[r] = qb
 	}
 	d := b.delta(r)
 	res := Queued
@@ -607,8 +596,8 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 				b.counters.superseded++
 				return Superseded, nil
 			}
-			if ov := qb.Get(seqKey(old)); ov != nil {
-				if err := s.removeRecord(tx, b, r, qb, old, ov); err != nil {
+			if ov := recs.Get(seqKey(old)); ofRecipient(ov, r) {
+				if err := s.removeRecord(tx, b, r, recs, old, ov); err != nil {
 					return 0, err
 				}
 				res = Replaced
@@ -628,9 +617,10 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 			return 0, err
 		}
 	}
-	if err := qb.Put(seqKey(seq), val); err != nil {
+	if err := recs.Put(seqKey(seq), val); err != nil {
 		return 0, err
 	}
+	d.ev = append(d.ev, seqEvent{seq: seq})
 	d.count++
 	d.enqueued = true
 	d.highWater = max(d.highWater, seq)
@@ -640,14 +630,14 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 
 // removeRecord deletes the queued record seq (value v) of recipient r and
 // its index entries.
-func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte) error {
+func (s *Store) removeRecord(tx *bolt.Tx, b *batch, r string, recs *bolt.Bucket, seq uint64, v []byte) error {
 	if err := s.removeIndexes(tx, b, r, seq, v); err != nil {
 		return err
 	}
-	if err := qb.Delete(seqKey(seq)); err != nil {
+	if err := recs.Delete(seqKey(seq)); err != nil {
 		return err
 	}
-	b.delta(r).count--
+	b.removed(r, seq)
 	return nil
 }
 
@@ -659,8 +649,14 @@ func (s *Store) removeRecordAt(tx *bolt.Tx, b *batch, r string, c *bolt.Cursor, 
 	if err := c.Delete(); err != nil {
 		return err
 	}
-	b.delta(r).count--
+	b.removed(r, seq)
 	return nil
+}
+
+func (b *batch) removed(r string, seq uint64) {
+	d := b.delta(r)
+	d.ev = append(d.ev, seqEvent{seq: seq, gone: true})
+	d.count--
 }
 
 // removeIndexes deletes the index entries of the queued record seq (value
@@ -708,34 +704,22 @@ func expiryKey(deadline int64, seq uint64, r string) []byte {
 	return k
 }
 
-// queueBucket returns r's queue bucket in tx, nil while it does not exist,
-// looked up once per transaction instead of once per message.
-//
-// It does not keep the queue's last key to spare the duplicate check's
-// lookup: in bbolt 1.5 Cursor.Last spins forever on a multi-page bucket
-// that earlier writes of the same transaction emptied (an ack of a whole
-// queue committed with the next enqueue to it).
-// queueFill is how full bbolt packs a queue's pages when a commit splits
-// them. A queue's records are keyed by sequence and appended at its end
-// (a sequence committed late lands near the end too), so a page left
-// behind takes no more records: at bbolt's default of a half every page
-// a commit writes would stay half empty, and a commit would write twice
-// the pages.
+// queueFill is how full bbolt packs the records bucket's pages when a
+// commit splits them. Records are keyed by sequence and appended at the
+// end (a sequence committed late lands near the end too), so a page left
+// behind takes no more records: at bbolt's default of a half every page a
+// commit writes would stay half empty, and a commit would write twice the
+// pages.
 const queueFill = 1.0
 
-func (b *batch) queueBucket(tx *bolt.Tx, r string) *bolt.Bucket {
-	qb, ok := b.queues[r]
-	if !ok {
-		qb = tx.Bucket(bucketQueues).Bucket([]byte(r))
-		if qb != nil {
-			qb.FillPercent = queueFill
-		}
-		if b.queues == nil {
-			b.queues = make(map[string]*bolt.Bucket)
-		}
-		b.queues[r] = qb
+// records returns the records bucket of tx, looked up once per
+// transaction.
+func (b *batch) records(tx *bolt.Tx) *bolt.Bucket {
+	if b.recs == nil {
+		b.recs = tx.Bucket(bucketRecords)
+		b.recs.FillPercent = queueFill
 	}
-	return qb
+	return b.recs
 }
 
 // encodeMessage encodes sm as a new queue record: its TTL deadline and
@@ -754,14 +738,18 @@ func encodeMessage(sm *pb.StoredMessage) ([]byte, error) {
 }
 
 func encodeRecord(sm *pb.StoredMessage, deadline int64, flags byte) ([]byte, error) {
-	var head [recHeader]byte
-	binary.BigEndian.PutUint64(head[:8], uint64(sm.GetCreatedElapsedMs()))
-	binary.BigEndian.PutUint64(head[8:16], uint64(deadline))
-	head[16] = flags
-	if out, ok := appendStored(head[:], sm); ok {
-		return out, nil
+	r := sm.GetEnvelope().GetRecipient()
+	if len(r) > maxRecipientLen {
+		return nil, fmt.Errorf("recipient of %d bytes (at most %d)", len(r), maxRecipientLen)
 	}
-	buf := append(make([]byte, 0, recHeader+proto.Size(sm)), head[:]...)
+	if n, env, ok := storedSize(sm); ok {
+		head := recordHeader(sm.GetCreatedElapsedMs(), deadline, flags, r, n)
+		if out, ok := appendSized(head, sm, env); ok {
+			return out, nil
+		}
+	}
+	head := recordHeader(sm.GetCreatedElapsedMs(), deadline, flags, r, 0)
+	buf := append(make([]byte, 0, len(head)+proto.Size(sm)), head...)
 	// Size just filled the size cache of sm and every message in it.
 	out, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, sm)
 	if err != nil {
@@ -770,14 +758,40 @@ func encodeRecord(sm *pb.StoredMessage, deadline int64, flags byte) ([]byte, err
 	return out, nil
 }
 
+// rewriteRecord returns record v with sm in place of its message, its
+// header (and so its queue) unchanged.
+func rewriteRecord(v []byte, sm *pb.StoredMessage) ([]byte, error) {
+	head := v[:recHeaderLen(v)] // decodeRecord checked the length
+	if out, ok := appendStored(append(make([]byte, 0, len(head)+len(v)), head...), sm); ok {
+		return out, nil
+	}
+	out, err := proto.MarshalOptions{}.MarshalAppend(bytes.Clone(head), sm)
+	if err != nil {
+		return nil, fmt.Errorf("marshal: %w", err)
+	}
+	return out, nil
+}
+
+// recordHeader returns a queue record's header, with room for extra more
+// bytes.
+func recordHeader(created, deadline int64, flags byte, r string, extra int) []byte {
+	head := make([]byte, recFixed, recFixed+len(r)+extra)
+	binary.BigEndian.PutUint64(head[:8], uint64(created))
+	binary.BigEndian.PutUint64(head[8:16], uint64(deadline))
+	head[16] = flags
+	binary.BigEndian.PutUint16(head[17:19], uint16(len(r)))
+	return append(head, r...)
+}
+
 func decodeRecord(v []byte) (*pb.StoredMessage, error) {
-	if len(v) < recHeader {
+	n := recHeaderLen(v)
+	if n > len(v) {
 		return nil, fmt.Errorf("%w: short queue record", ErrCorrupt)
 	}
-	sm, ok := decodeStored(v[recHeader:])
+	sm, ok := decodeStored(v[n:])
 	if !ok {
 		sm = &pb.StoredMessage{}
-		if err := proto.Unmarshal(v[recHeader:], sm); err != nil {
+		if err := proto.Unmarshal(v[n:], sm); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrCorrupt, err)
 		}
 	}
@@ -789,7 +803,7 @@ func decodeRecord(v []byte) (*pb.StoredMessage, error) {
 
 // deadLetter moves the queued record seq (value v) of recipient r into the
 // DLQ with reason.
-func (s *Store) deadLetter(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq uint64, v []byte, reason string, edit func(*pb.StoredMessage)) error {
+func (s *Store) deadLetter(tx *bolt.Tx, b *batch, r string, recs *bolt.Bucket, seq uint64, v []byte, reason string, edit func(*pb.StoredMessage)) error {
 	sm, err := decodeRecord(v)
 	if err != nil {
 		sm = &pb.StoredMessage{LastError: err.Error(), Envelope: &pb.Envelope{}}
@@ -801,7 +815,7 @@ func (s *Store) deadLetter(tx *bolt.Tx, b *batch, r string, qb *bolt.Bucket, seq
 	if edit != nil {
 		edit(sm)
 	}
-	if err := s.removeRecord(tx, b, r, qb, seq, v); err != nil {
+	if err := s.removeRecord(tx, b, r, recs, seq, v); err != nil {
 		return err
 	}
 	return s.putDeadLetter(tx, b, sm, reason)

@@ -43,9 +43,10 @@
 //     errors name `meshnode doctor`, which salvages or accepts the loss.
 //   - A receiver's watermark never goes back, and is durable together
 //     with the keys that took effect with it (one transaction).
-//   - Memory holds small per-queue state (count, head, send_at) and the
-//     keys of stream commits not yet committed; never message bodies,
-//     watermarks or the key window.
+//   - Memory holds small per-queue state (count, head, send_at), each
+//     queue's order (8 bytes per queued message) and the keys of stream
+//     commits not yet committed; never message bodies, watermarks or the
+//     key window.
 //
 // # Usage
 //
@@ -60,11 +61,12 @@
 //
 // # Layout of the file
 //
-//	meta              "format" (2), "seq" (reserved high-water), "outbox_id" (16 random bytes),
+//	meta              "format" (3), "seq" (reserved high-water), "outbox_id" (16 random bytes),
 //	                  "clock" (elapsed ms and wall ms of the last checkpoint)
-//	q/<recipient>     nested bucket: 8-byte sequence -> 17-byte header + StoredMessage; the
-//	                  header (created elapsed ms, TTL deadline elapsed ms, flags) lets the committer
-//	                  keep its indexes without decoding the message
+//	m                 8-byte sequence -> header + StoredMessage: every queue's records in one
+//	                  bucket; the header (created elapsed ms, TTL deadline elapsed ms, flags,
+//	                  recipient) lets the committer keep its indexes, and Open rebuild the
+//	                  queues, without decoding the message
 //	out               recipient -> OutStream (epoch, high-water, persisted send_at)
 //	exp               TTL deadline ms | sequence | recipient -> nothing: the expiry index
 //	coalesce          recipient NUL coalesce key -> newest version's sequence | last change ms
@@ -79,6 +81,14 @@
 //
 // # Decisions
 //
+//   - Layout: the records of every queue share one bucket keyed by the
+//     outbox-wide sequence, and each queue's order is kept in memory
+//     (rebuilt at Open by one scan). Sequences grow across all queues, so
+//     a commit appending to many recipients writes the same few pages at
+//     the bucket's end as a commit appending to one. Format 2 kept a
+//     bucket per recipient: a commit touching k recipients wrote about two
+//     pages for each (their last leaf and their root), which made 64
+//     callers to 64 recipients 2–3 times slower than to one.
 //   - Time: ages, TTLs, deferrals, the key window and stream retention are
 //     measured on an elapsed clock: the monotonic clock while the store is
 //     open, and across a restart the wall-clock difference clamped to
@@ -132,6 +142,15 @@
 //   - A message refused by the committer (sequence taken, not encodable)
 //     fails alone, before anything of it is written; the others of its
 //     transaction commit.
+//   - A file of format 2 is migrated at Open, MaxBatch records per
+//     transaction (a large backlog needs no huge transaction); the first
+//     sets format 3, so an older meshnode refuses the file from then on,
+//     and each record leaves its old queue in the transaction that writes
+//     it to the new bucket, so a crash leaves it in exactly one of the two
+//     and the next Open goes on. A record that cannot be moved (two queues
+//     holding one sequence, a record too short for its header) goes to the
+//     dead-letter queue, as does, at any Open, a record whose header names
+//     no queue.
 //   - A file of the first format (no "format" key) is migrated at Open in
 //     the transaction that opens it: records get the new header, absolute
 //     expiries become TTLs relative to when each message was stored, an

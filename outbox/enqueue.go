@@ -44,7 +44,7 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 	if err != nil {
 		return 0, err
 	}
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeader}
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeaderLen(rec)}
 	if err := s.submit(ctx, o); err != nil {
 		return 0, err
 	}
@@ -88,7 +88,7 @@ func (s *Store) EnqueueBatch(ctx context.Context, msgs []*pb.StoredMessage) ([]R
 		if recs[i], errs[i] = s.prepare(sm); errs[i] != nil {
 			continue
 		}
-		size := len(recs[i]) - recHeader
+		size := len(recs[i]) - recHeaderLen(recs[i])
 		if len(group) > 0 && (bytes+size > s.cfg.MaxBatchBytes || len(group) >= s.cfg.MaxBatch) {
 			flush()
 		}
@@ -164,7 +164,7 @@ func (s *Store) EnqueueAsync(ctx context.Context, sm *pb.StoredMessage, done fun
 	if err != nil {
 		return err
 	}
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeader}
+	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeaderLen(rec)}
 	o.async = func(err error) {
 		if err == nil {
 			err = o.errs[0]

@@ -24,8 +24,10 @@ func FuzzDecodeRecord(f *testing.F) {
 	}, 1099, flagCoalesce)
 	f.Add(good)
 	f.Add([]byte{})
-	f.Add(make([]byte, recHeader))
-	f.Add(append(make([]byte, recHeader), 0x0a, 0xff, 0xff))
+	f.Add(make([]byte, recFixed))
+	f.Add(append(make([]byte, recFixed), 0x0a, 0xff, 0xff))
+	f.Add(append(recordHeader(5, 0, 0, "a@n1", 0), 0x0a, 0xff, 0xff))
+	f.Add([]byte{0: 1, 17: 0xff, 18: 0xff, 30: 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		created, giveUp, flags := createdMs(b), deadlineMs(b), recFlags(b)
 		sm, err := decodeRecord(b)
@@ -39,8 +41,17 @@ func FuzzDecodeRecord(f *testing.F) {
 			t.Fatal("header readers disagree with the header")
 		}
 		re, err := encodeRecord(sm, giveUp, flags)
+		if len(sm.GetEnvelope().GetRecipient()) > maxRecipientLen {
+			if err == nil {
+				t.Fatal("encoded a recipient longer than its limit")
+			}
+			return
+		}
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
+		}
+		if string(recRecipient(re)) != sm.GetEnvelope().GetRecipient() {
+			t.Fatalf("header names %q, the envelope %q", recRecipient(re), sm.GetEnvelope().GetRecipient())
 		}
 		sm2, err := decodeRecord(re)
 		if err != nil || !proto.Equal(sm, sm2) {

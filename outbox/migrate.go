@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -13,8 +14,9 @@ import (
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
-// migrate converts a file of the first format, in the transaction that
-// opens it (so a crash leaves it either old or new, never half):
+// migrate converts a file of the first format to the current one, in the
+// transaction that opens it (so a crash leaves it either old or new, never
+// half):
 //
 //   - queue records get the new header, an absolute expiry becomes a TTL
 //     counted from when the message was first stored, an OVERWRITE
@@ -106,6 +108,9 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 				return fmt.Errorf("queue %s: %w", r, err)
 			}
 		}
+	}
+	if err := tx.DeleteBucket(bucketQueues); err != nil {
+		return err
 	}
 	if err := s.finishQueues(tx, b); err != nil {
 		return err
@@ -211,4 +216,135 @@ func (s *Store) migrateDedupe(tx *bolt.Tx, elapsedAt func(wallMs, limit int64) i
 		return err
 	}
 	return tx.DeleteBucket([]byte("dedupe"))
+}
+
+// upgradeQueues moves the queues of a format 2 file (a bucket per
+// recipient, records with a 17-byte header) into the records bucket (keyed
+// by sequence, the recipient in each record's header), at most MaxBatch
+// records per transaction: a large backlog needs no huge transaction, and
+// the records it moves never need to be in memory at once. The first
+// transaction sets format 3, so from then on an older meshnode refuses the
+// file instead of missing the records already moved. Each record is
+// deleted from its old queue in the transaction that writes it to the new
+// bucket: a crash between two leaves every record in exactly one place,
+// and the next Open goes on. A first-format file is left to load, which
+// migrates it straight to format 3.
+func (s *Store) upgradeQueues() error {
+	moved, started := 0, time.Now()
+	for {
+		more := false
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			meta, q := tx.Bucket(bucketMeta), tx.Bucket(bucketQueues)
+			if meta == nil || q == nil {
+				return nil // a new file, or nothing (left) to move
+			}
+			v := meta.Get(keyFormat)
+			if len(v) != 8 {
+				return nil // format 1: load migrates it
+			}
+			switch f := binary.BigEndian.Uint64(v); {
+			case f > formatVersion:
+				return nil // load refuses it
+			case f < formatVersion:
+				if err := meta.Put(keyFormat, u64(formatVersion)); err != nil {
+					return err
+				}
+			}
+			recs, err := tx.CreateBucketIfNotExists(bucketRecords)
+			if err != nil {
+				return err
+			}
+			recs.FillPercent = queueFill
+			// Only dead letters use the batch, and only its wall clock: the
+			// elapsed clock is not resumed before load.
+			b := &batch{wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
+			n := 0
+			var emptied [][]byte
+			err = q.ForEachBucket(func(name []byte) error {
+				if n >= s.cfg.MaxBatch {
+					more = true
+					return nil
+				}
+				old := q.Bucket(name)
+				c := old.Cursor()
+				k, v := c.First()
+				for ; k != nil && n < s.cfg.MaxBatch; k, v = c.First() {
+					if err := s.moveRecord(tx, b, recs, string(name), k, v); err != nil {
+						return err
+					}
+					if err := c.Delete(); err != nil {
+						return err
+					}
+					n++
+				}
+				if k == nil {
+					emptied = append(emptied, bytes.Clone(name))
+				} else {
+					more = true
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, name := range emptied {
+				if err := q.DeleteBucket(name); err != nil {
+					return err
+				}
+			}
+			if !more {
+				if err := tx.DeleteBucket(bucketQueues); err != nil {
+					return err
+				}
+			}
+			moved += n
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if !more {
+			if moved > 0 {
+				s.cfg.Logger.Info("outbox: moved the queued messages into the layout of format 3",
+					"messages", moved, "took", time.Since(started).Round(time.Millisecond).String())
+			}
+			return nil
+		}
+		if moved%(100*s.cfg.MaxBatch) == 0 {
+			s.cfg.Logger.Info("outbox: moving the queued messages into the layout of format 3", "moved", moved)
+		}
+	}
+}
+
+// moveRecord writes format 2's record v (key k) of recipient r into recs
+// with the new header. A record too short to have a header, or whose
+// sequence another queue's record already holds, goes to the dead-letter
+// queue instead, where an operator sees it.
+func (s *Store) moveRecord(tx *bolt.Tx, b *batch, recs *bolt.Bucket, r string, k, v []byte) error {
+	const oldHeader = 17
+	bad := ""
+	switch {
+	case len(k) != 8 || len(v) < oldHeader:
+		bad = "undecodable: a record of format 2 too short for its header"
+	case len(r) > maxRecipientLen:
+		bad = fmt.Sprintf("undecodable: a queue of format 2 named by %d bytes (at most %d)", len(r), maxRecipientLen)
+	case recs.Get(k) != nil:
+		bad = fmt.Sprintf("undecodable: sequence %d is also queued for %s", seqOf(k), recRecipient(recs.Get(k)))
+	}
+	if bad != "" {
+		sm := &pb.StoredMessage{Envelope: &pb.Envelope{}}
+		if len(v) >= oldHeader && proto.Unmarshal(v[oldHeader:], sm) != nil {
+			sm = &pb.StoredMessage{Envelope: &pb.Envelope{}}
+		}
+		if sm.Envelope == nil {
+			sm.Envelope = &pb.Envelope{}
+		}
+		if sm.Envelope.GetRecipient() == "" {
+			sm.Envelope.Recipient, sm.Envelope.Sequence = r, seqOf(k)
+		}
+		sm.LastError = bad
+		return s.putDeadLetter(tx, b, sm, bad)
+	}
+	val := recordHeader(createdMs(v), deadlineMs(v), v[16], r, len(v)-oldHeader)
+	return recs.Put(k, append(val, v[oldHeader:]...))
 }

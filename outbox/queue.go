@@ -53,26 +53,39 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 		msgs, waitUntil = nil, 0
 		var expire []uint64
 		var reasons []string
-		more := false
+		more := false // the queue may hold more than what was looked at
 		err := s.db.View(func(tx *bolt.Tx) error {
-			qb := tx.Bucket(bucketQueues).Bucket([]byte(req.Recipient))
-			if qb == nil {
-				return nil
-			}
-			c := qb.Cursor()
-			k, v := c.First()
+			// The queue's order comes from memory, a slice at a time; a
+			// sequence it names that the transaction does not hold for the
+			// recipient left the queue since.
+			c := tx.Bucket(bucketRecords).Cursor()
+			var at []byte // the cursor's key
+			var seqs []uint64
+			var last uint64 // the last sequence looked at
 			sk := req.Skip
 			size := 0 // stored bytes of msgs
-			for ; k != nil && len(msgs) < req.Max; k, v = c.Next() {
-				sq := seqOf(k)
+			for len(msgs) < req.Max {
+				if len(seqs) == 0 {
+					want := req.Max - len(msgs) + len(sk) + headSlack
+					if seqs = s.queueSeqs(seqs, req.Recipient, last, want); len(seqs) == 0 {
+						return nil // the end of the queue
+					}
+				}
+				sq := seqs[0]
+				seqs, last = seqs[1:], sq
 				if req.Below != 0 && sq >= req.Below {
-					break
+					more = true
+					return nil
 				}
 				for len(sk) > 0 && sk[0] < sq {
 					sk = sk[1:]
 				}
 				if len(sk) > 0 && sk[0] == sq {
 					sk = sk[1:]
+					continue
+				}
+				var v []byte
+				if at, v = seekSeq(c, at, sq); v == nil || !ofRecipient(v, req.Recipient) {
 					continue
 				}
 				created := createdMs(v)
@@ -93,7 +106,8 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					return nil
 				}
 				if req.MaxBytes > 0 && len(msgs) > 0 && size+len(v) > req.MaxBytes {
-					break
+					more = true
+					return nil
 				}
 				sm, err := decodeRecord(v)
 				if err != nil {
@@ -103,7 +117,7 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 				msgs = append(msgs, sm)
 				size += len(v)
 			}
-			more = k != nil
+			more = true
 			return nil
 		})
 		if err != nil {
@@ -125,6 +139,42 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 			return msgs, waitUntil, nil
 		}
 	}
+}
+
+// headSlack is how many sequences beyond what it needs Head takes from a
+// queue's order at a time, for those it passes over (expired, gone).
+const headSlack = 16
+
+// queueSeqs appends to dst up to n sequences of r's queue above after, in
+// order.
+func (s *Store) queueSeqs(dst []uint64, r string, after uint64, n int) []uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if st := s.queues[r]; st != nil {
+		dst = st.seqs.after(dst, after, n)
+	}
+	return dst
+}
+
+// seekSeq moves c, which is at key at (nil: nowhere yet), to sequence sq
+// and returns the key it is at and sq's record (nil: none). A queue's
+// records often follow each other in the bucket: one step then spares a
+// search.
+func seekSeq(c *bolt.Cursor, at []byte, sq uint64) ([]byte, []byte) {
+	var k, v []byte
+	if at != nil && seqOf(at) < sq {
+		k, v = c.Next()
+	}
+	if k == nil || seqOf(k) < sq {
+		k, v = c.Seek(seqKey(sq))
+	}
+	if k == nil {
+		return nil, nil
+	}
+	if seqOf(k) != sq {
+		return k, nil
+	}
+	return k, v
 }
 
 // Reasons for messages given up for age.
@@ -167,12 +217,9 @@ func (s *Store) Ack(recipient string, seqs []uint64) error {
 func (s *Store) Queued(recipient string, seqs []uint64) (int, error) {
 	n := 0
 	err := s.db.View(func(tx *bolt.Tx) error {
-		qb := tx.Bucket(bucketQueues).Bucket([]byte(recipient))
-		if qb == nil {
-			return nil
-		}
+		recs := tx.Bucket(bucketRecords)
 		for _, sq := range seqs {
-			if qb.Get(seqKey(sq)) != nil {
+			if ofRecipient(recs.Get(seqKey(sq)), recipient) {
 				n++
 			}
 		}
@@ -204,13 +251,10 @@ func (s *Store) Fail(recipient string, seq uint64, f Failure) (attempts int, dea
 }
 
 func (s *Store) applyFail(tx *bolt.Tx, b *batch, o *op) error {
-	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
-	if qb == nil {
-		return nil
-	}
+	qb := b.records(tx)
 	seq := o.seqs[0]
 	v := qb.Get(seqKey(seq))
-	if v == nil {
+	if !ofRecipient(v, o.recipient) {
 		return nil
 	}
 	f := o.failure
@@ -238,7 +282,7 @@ func (s *Store) applyFail(tx *bolt.Tx, b *batch, o *op) error {
 		}
 	}
 	o.n = int(sm.Attempts)
-	val, err := encodeRecord(sm, deadlineMs(v), recFlags(v))
+	val, err := rewriteRecord(v, sm)
 	if err != nil {
 		return err
 	}
@@ -262,13 +306,10 @@ func (s *Store) Expire(recipient string, seqs []uint64, reason string) (int, err
 }
 
 func (s *Store) applyExpire(tx *bolt.Tx, b *batch, o *op) error {
-	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
-	if qb == nil {
-		return nil
-	}
+	qb := b.records(tx)
 	for _, sq := range o.seqs {
 		v := qb.Get(seqKey(sq))
-		if v == nil {
+		if !ofRecipient(v, o.recipient) {
 			continue
 		}
 		if err := s.deadLetter(tx, b, o.recipient, qb, sq, v, o.reason, nil); err != nil {
@@ -456,23 +497,25 @@ func (s *Store) DropQueue(target, why string) (int, error) {
 }
 
 func (s *Store) applyDrop(tx *bolt.Tx, b *batch, o *op) error {
-	qb := tx.Bucket(bucketQueues).Bucket([]byte(o.recipient))
-	if qb == nil {
-		return nil
-	}
-	var seqs []uint64
+	recs := b.records(tx)
 	size := 0
-	c := qb.Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(seqs) == s.cfg.MaxBatch || (len(seqs) > 0 && size+len(v) > s.cfg.MaxBatchBytes) {
+	seqs := s.liveSeqs(nil, o.recipient, b.q[o.recipient], s.cfg.MaxBatch+1)
+	for i, sq := range seqs {
+		v := recs.Get(seqKey(sq))
+		if !ofRecipient(v, o.recipient) {
+			// Not expected: the order in memory names a record the file
+			// does not hold. Mend the order rather than drop forever.
+			s.cfg.Logger.Error("outbox: a queue's order named a message the file does not hold; dropped from the order",
+				"recipient", o.recipient, "seq", sq)
+			b.removed(o.recipient, sq)
+			continue
+		}
+		if i == s.cfg.MaxBatch || (i > 0 && size+len(v) > s.cfg.MaxBatchBytes) {
 			o.more = true
 			break
 		}
-		seqs = append(seqs, seqOf(k))
 		size += len(v)
-	}
-	for _, sq := range seqs {
-		if err := s.deadLetter(tx, b, o.recipient, qb, sq, qb.Get(seqKey(sq)), o.reason, nil); err != nil {
+		if err := s.deadLetter(tx, b, o.recipient, recs, sq, v, o.reason, nil); err != nil {
 			return err
 		}
 		o.n++

@@ -62,28 +62,40 @@ func appendStringField(b []byte, num protowire.Number, s string) []byte {
 // appendStored appends sm as proto.Marshal encodes it; ok=false (and b
 // unchanged) when sm needs the generic path.
 func appendStored(b []byte, sm *pb.StoredMessage) ([]byte, bool) {
-	if len(sm.ProtoReflect().GetUnknown()) > 0 {
+	n, env, ok := storedSize(sm)
+	if !ok {
 		return b, false
 	}
-	var env envcodec.Sizes
-	n := 0
+	if cap(b)-len(b) < n {
+		b = append(make([]byte, 0, len(b)+n), b...)
+	}
+	return appendSized(b, sm, env)
+}
+
+// storedSize returns the size of sm's encoding and its envelope's sizes;
+// ok=false when sm needs the generic path.
+func storedSize(sm *pb.StoredMessage) (n int, env envcodec.Sizes, ok bool) {
+	if len(sm.ProtoReflect().GetUnknown()) > 0 {
+		return 0, env, false
+	}
 	if e := sm.Envelope; e != nil {
-		var ok bool
 		if env, ok = envcodec.Size(e); !ok {
-			return b, false
+			return 0, env, false
 		}
 		n += 1 + protowire.SizeBytes(env.Total)
 	}
 	last, ok1 := sizeStringField(sm.LastError)
 	reason, ok2 := sizeStringField(sm.DeadLetterReason)
 	if !ok1 || !ok2 {
-		return b, false
+		return 0, env, false
 	}
 	n += sizeVarintField(uint64(sm.Attempts)) + sizeVarintField(uint64(sm.FirstEnqueuedUnixMs)) + last +
 		sizeVarintField(uint64(sm.DeadLetteredUnixMs)) + reason + sizeVarintField(uint64(sm.CreatedElapsedMs))
-	if cap(b)-len(b) < n {
-		b = append(make([]byte, 0, len(b)+n), b...)
-	}
+	return n, env, true
+}
+
+// appendSized is appendStored once storedSize gave env.
+func appendSized(b []byte, sm *pb.StoredMessage, env envcodec.Sizes) ([]byte, bool) {
 	start := len(b)
 	if e := sm.Envelope; e != nil {
 		b = protowire.AppendTag(b, smEnvelope, protowire.BytesType)

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"encoding/binary"
 	"path/filepath"
 	"testing"
 
@@ -17,11 +16,19 @@ import (
 // order, unknown fields, an origin) read back through Head and survive a
 // Fail's rewrite.
 func TestRecordsOfTheGenericEncoderReadBack(t *testing.T) {
-	s, err := Open(DefaultConfig(filepath.Join(t.TempDir(), "o.db")))
+	path := filepath.Join(t.TempDir(), "o.db")
+	s, err := Open(DefaultConfig(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	now := s.clock.nowMs()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	mk := func(seq uint64) *pb.StoredMessage {
 		return &pb.StoredMessage{
 			Envelope: &pb.Envelope{
@@ -31,15 +38,12 @@ func TestRecordsOfTheGenericEncoderReadBack(t *testing.T) {
 				Rpc:      &pb.RpcMeta{Kind: pb.RpcMeta_Kind(-3), Service: "s"},
 				Conflict: pb.Envelope_Conflict(-1), Receipt: pb.Envelope_ReceiptMode(7), TtlMs: 0,
 			},
-			Attempts: 1, LastError: "e", CreatedElapsedMs: s.clock.nowMs(),
+			Attempts: 1, LastError: "e", CreatedElapsedMs: now,
 		}
 	}
 	var want []*pb.StoredMessage
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		qb, err := tx.Bucket(bucketQueues).CreateBucketIfNotExists([]byte("a@n1"))
-		if err != nil {
-			return err
-		}
+	err = db.Update(func(tx *bolt.Tx) error {
+		recs := tx.Bucket(bucketRecords)
 		for seq := uint64(1); seq <= 4; seq++ {
 			sm := mk(seq)
 			switch seq {
@@ -50,13 +54,12 @@ func TestRecordsOfTheGenericEncoderReadBack(t *testing.T) {
 			case 4:
 				sm.Envelope.ProtoReflect().SetUnknown([]byte{0xb0, 0x02, 0x05}) // field 38
 			}
-			head := make([]byte, recHeader)
-			binary.BigEndian.PutUint64(head, uint64(sm.CreatedElapsedMs))
+			head := recordHeader(sm.CreatedElapsedMs, 0, 0, "a@n1", 0)
 			val, err := proto.MarshalOptions{}.MarshalAppend(head, sm)
 			if err != nil {
 				return err
 			}
-			if err := qb.Put(seqKey(seq), val); err != nil {
+			if err := recs.Put(seqKey(seq), val); err != nil {
 				return err
 			}
 			want = append(want, sm)
@@ -66,6 +69,13 @@ func TestRecordsOfTheGenericEncoderReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(DefaultConfig(path)); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	got, _, err := s.Head(HeadRequest{Recipient: "a@n1", Max: 10})
 	if err != nil || len(got) != len(want) {
 		t.Fatalf("head: %d, %v", len(got), err)

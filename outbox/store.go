@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -19,11 +20,13 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/meshnode/meshnode/internal/address"
+	"github.com/meshnode/meshnode/mailbox/pb"
 )
 
 // Bucket and key names. See doc.go for the layout.
 var (
-	bucketQueues   = []byte("q")
+	bucketQueues   = []byte("q") // format 2's queues, a bucket each: migrated at Open
+	bucketRecords  = []byte("m")
 	bucketOut      = []byte("out")
 	bucketExpiry   = []byte("exp")
 	bucketCoalesce = []byte("coalesce")
@@ -42,23 +45,26 @@ var (
 )
 
 // formatVersion is the layout this code writes. Files without a format
-// key were written by the first release (format 1) and are migrated at
-// Open; a higher format is refused.
-const formatVersion = 2
+// key were written by the first release (format 1), files of format 2 kept
+// a bucket per queue; both are migrated at Open. A higher format is
+// refused.
+const formatVersion = 3
 
-// maxRecipientLen bounds recipient names, which become bbolt bucket names.
+// maxRecipientLen bounds recipient names, which are stored in every queue
+// record's header and in index keys.
 const maxRecipientLen = 1024
 
 // queue is the small in-memory state of one non-empty recipient queue. No
-// message bodies live in memory, so a million queued messages cost only the
-// bytes of their recipients' queues.
+// message bodies live in memory: a million queued messages cost their
+// queues' few bytes and 8 bytes each for the queues' order.
 type queue struct {
 	name     string
 	node     string
-	count    int    // messages in the queue (== keys in q/<name>)
-	headSeq  uint64 // sequence of the oldest message
-	oldestMs int64  // created_elapsed_ms of the oldest message
-	sendAt   int64  // elapsed ms; the recipient is due when sendAt <= now
+	seqs     seqList // the sequences of its records, in order
+	count    int     // messages in the queue (== seqs.len())
+	headSeq  uint64  // sequence of the oldest message
+	oldestMs int64   // created_elapsed_ms of the oldest message
+	sendAt   int64   // elapsed ms; the recipient is due when sendAt <= now
 }
 
 func lessQueue(a, b *queue) bool {
@@ -126,8 +132,8 @@ type Store struct {
 
 }
 
-// Open opens (creating if needed) the outbox file, migrates a file of the
-// first format and rebuilds the in-memory indexes. If another process holds
+// Open opens (creating if needed) the outbox file, migrates a file of an
+// older format and rebuilds the in-memory indexes. If another process holds
 // the file, Open fails with ErrLocked after cfg.LockTimeout. The file is
 // checked before bbolt reads it (storecheck): a damaged file fails with
 // ErrDamaged, a file that disappeared or was emptied with ErrLost, another
@@ -172,6 +178,10 @@ func Open(cfg Config) (*Store, error) {
 		nodes:       btree.NewG(32, lessNode),
 		excluded:    make(map[string]struct{}),
 		pendingKeys: make(map[string]int),
+	}
+	if err := s.upgradeQueues(); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("outbox: open %s: migrate from format 2: %w", cfg.Path, err)
 	}
 	if err := s.load(); err != nil {
 		_ = db.Close()
@@ -231,19 +241,19 @@ func (s *Store) load() error {
 		format := uint64(1)
 		if v := meta.Get(keyFormat); len(v) == 8 {
 			format = binary.BigEndian.Uint64(v)
-		} else if tx.Bucket(bucketQueues) == nil {
+		} else if tx.Bucket(bucketQueues) == nil && tx.Bucket(bucketRecords) == nil {
 			format = formatVersion // a new file
 		}
 		if format > formatVersion {
 			return fmt.Errorf("%w: format %d is newer than this meshnode's %d: run the newer meshnode, or move the data directory aside to start empty",
 				ErrFormat, format, formatVersion)
 		}
-		for _, name := range [][]byte{bucketQueues, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketInDigest, bucketKeys, bucketKeyAge, bucketForgot} {
+		for _, name := range [][]byte{bucketRecords, bucketOut, bucketExpiry, bucketCoalesce, bucketDLQ, bucketIn, bucketInDigest, bucketKeys, bucketKeyAge, bucketForgot} {
 			if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
-		if format < formatVersion {
+		if format < 2 {
 			// The first format kept no elapsed clock, so it would start at
 			// zero and the migrated messages and keys, stored up to MaxAge
 			// or KeyWindow ago, would get negative times: the expiry and
@@ -254,6 +264,7 @@ func (s *Store) load() error {
 				return fmt.Errorf("migrate from format %d: %w", format, err)
 			}
 		}
+
 		if err := meta.Put(keyFormat, u64(formatVersion)); err != nil {
 			return err
 		}
@@ -271,6 +282,7 @@ func (s *Store) load() error {
 		if v := meta.Get(keySeqHigh); len(v) == 8 {
 			high = binary.BigEndian.Uint64(v)
 		}
+		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN // before loadQueues, which may add to it
 		if err := s.loadQueues(tx, &high); err != nil {
 			return err
 		}
@@ -290,37 +302,76 @@ func (s *Store) load() error {
 		// reserved high-water: start above it.
 		s.nextSeq, s.reservedSeq = high+1, high
 		s.handedOut.Store(s.nextSeq)
-		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN
 		return meta.Put(keyClock, s.clock.checkpoint())
 	})
 }
 
-// loadQueues rebuilds the queue index from the file; high is raised to the
-// highest stored sequence.
+// loadQueues rebuilds the queue index from the file, in one scan of the
+// records in sequence order; high is raised to the highest stored
+// sequence.
 func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	now := s.clock.nowMs()
-	q, out := tx.Bucket(bucketQueues), tx.Bucket(bucketOut)
-	err := q.ForEachBucket(func(name []byte) error {
-		c := q.Bucket(name).Cursor()
-		k, v := c.First()
-		if k == nil {
-			return nil
+	out := tx.Bucket(bucketOut)
+	c := tx.Bucket(bucketRecords).Cursor()
+	byName := make(map[string]*queue)
+	var order []*queue
+	var bad [][]byte // keys of records whose header names no queue
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) == 8 {
+			*high = max(*high, seqOf(k)) // never handed out again, queued or not
 		}
-		r := string(name)
-		st := &queue{name: r, node: address.Node(r), headSeq: seqOf(k), oldestMs: createdMs(v), sendAt: now}
-		if os, err := decodeOutStream(out.Get(name)); err == nil && os.GetSendAtElapsedMs() > now {
-			st.sendAt = os.GetSendAtElapsedMs()
+		name := recRecipient(v)
+		if len(k) != 8 || name == nil {
+			bad = append(bad, bytes.Clone(k))
+			continue
 		}
-		for ; k != nil; k, _ = c.Next() {
-			st.count++
-			*high = max(*high, seqOf(k))
+		st := byName[string(name)]
+		if st == nil {
+			r := string(name)
+			if checkRecipient(r) != nil {
+				bad = append(bad, bytes.Clone(k))
+				continue
+			}
+			st = &queue{name: r, node: address.Node(r), headSeq: seqOf(k), oldestMs: createdMs(v), sendAt: now}
+			if os, err := decodeOutStream(out.Get(name)); err == nil && os.GetSendAtElapsedMs() > now {
+				st.sendAt = os.GetSendAtElapsedMs()
+			}
+			byName[r] = st
+			order = append(order, st)
 		}
-		s.insertQueue(st)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("load queues: %w", err)
+		st.seqs.s = append(st.seqs.s, seqOf(k))
+		st.count++
 	}
+	for _, st := range order {
+		s.insertQueue(st)
+	}
+	return s.setAside(tx, bad)
+}
+
+// setAside moves the records under keys, whose headers name no queue (a
+// damaged file), into the dead-letter queue, where an operator sees them.
+func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	recs := tx.Bucket(bucketRecords)
+	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
+	for _, k := range keys {
+		sm, err := decodeRecord(recs.Get(k))
+		if err != nil {
+			sm = &pb.StoredMessage{Envelope: &pb.Envelope{}}
+		}
+		reason := fmt.Sprintf("undecodable: record %x names no queue in its header", k)
+		sm.LastError = reason
+		if err := s.putDeadLetter(tx, b, sm, reason); err != nil {
+			return err
+		}
+		if err := recs.Delete(k); err != nil {
+			return err
+		}
+		s.dlqLen++
+	}
+	s.cfg.Logger.Error("outbox: queued records whose header names no queue were moved to the dead-letter queue", "records", len(keys))
 	return nil
 }
 
@@ -481,15 +532,20 @@ func checkRecipient(r string) error {
 	return nil
 }
 
-// Queue records (values in q/<recipient>) start with a fixed header so the
-// committer can maintain the indexes without decoding the message:
+// Queue records (values in the records bucket, keyed by sequence) start
+// with a header so the committer can maintain the indexes, and Open
+// rebuild the queues, without decoding the message:
 //
 //	[0:8]   created_elapsed_ms, big-endian
 //	[8:16]  TTL deadline (elapsed ms) when the message has a TTL, else 0
 //	[16]    flags: flagCoalesce = the coalesce index points at this record
-//	[17:]   the marshalled StoredMessage
+//	[17:19] length of the recipient, big-endian
+//	[19:]   the recipient, then the marshalled StoredMessage
+//
+// Format 2's records had the first 17 bytes only (the recipient was their
+// bucket's name).
 const (
-	recHeader    = 17
+	recFixed     = 19
 	flagCoalesce = 1
 )
 
@@ -508,10 +564,34 @@ func deadlineMs(v []byte) int64 {
 }
 
 func recFlags(v []byte) byte {
-	if len(v) < recHeader {
+	if len(v) < recFixed {
 		return 0
 	}
 	return v[16]
+}
+
+// recHeaderLen returns the length of v's header; more than len(v) when v
+// is damaged.
+func recHeaderLen(v []byte) int {
+	if len(v) < recFixed {
+		return recFixed
+	}
+	return recFixed + int(binary.BigEndian.Uint16(v[17:19]))
+}
+
+// recRecipient returns the recipient in v's header (nil when v is too
+// short to hold it).
+func recRecipient(v []byte) []byte {
+	n := recHeaderLen(v)
+	if n > len(v) {
+		return nil
+	}
+	return v[recFixed:n]
+}
+
+// ofRecipient reports whether record v belongs to r's queue.
+func ofRecipient(v []byte, r string) bool {
+	return v != nil && string(recRecipient(v)) == r
 }
 
 func seqKey(seq uint64) []byte {

@@ -312,14 +312,14 @@ func (s *Store) housekeep(tx *bolt.Tx, b *batch) error {
 		return err
 	}
 	maxAge := b.nowMs - s.cfg.MaxAge().Milliseconds()
-	q := tx.Bucket(bucketQueues)
+	recs := b.records(tx)
 	s.hkCoalesce, err = pruneScan(tx.Bucket(bucketCoalesce), s.hkCoalesce, func(k, v []byte) bool {
 		if len(v) < 16 || int64(binary.BigEndian.Uint64(v[8:16])) >= maxAge {
 			return false
 		}
 		r, _, _ := bytes.Cut(k, []byte{0})
-		qb := q.Bucket(r)
-		return qb == nil || qb.Get(v[:8]) == nil
+		rec := recs.Get(v[:8])
+		return rec == nil || !bytes.Equal(recRecipient(rec), r)
 	})
 	return err
 }

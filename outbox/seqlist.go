@@ -1,0 +1,200 @@
+package outbox
+
+import (
+	"cmp"
+	"slices"
+)
+
+// seqList is one queue's order: the sequences of its records, ascending.
+// The records of every queue share one bucket keyed by the outbox-wide
+// sequence, so that a commit appending to many queues writes the same few
+// pages at the end of that bucket as a commit appending to one; each
+// queue's order lives here, in memory (8 bytes a message), rebuilt at Open
+// by one scan of the bucket.
+//
+// Removing marks an entry (goneBit) and drops marked entries from the
+// front, where a drain removes them; marked entries elsewhere (a replaced
+// version, a message given up) are compacted away once they are half of
+// the list, so every operation is O(log n) amortised except inserting a
+// sequence below the last, which copies the entries above it (a message
+// committed a little after a higher one: few entries).
+type seqList struct {
+	s    []uint64
+	gone int // marked entries in s
+}
+
+const goneBit = 1 << 63
+
+func seqCmp(e, t uint64) int { return cmp.Compare(e&^goneBit, t) }
+
+// len returns the number of live entries.
+func (l *seqList) len() int { return len(l.s) - l.gone }
+
+// first returns the lowest live sequence.
+func (l *seqList) first() (uint64, bool) {
+	if len(l.s) == 0 {
+		return 0, false
+	}
+	return l.s[0], true // the front is never marked
+}
+
+// add inserts seq (a no-op when it is there).
+func (l *seqList) add(seq uint64) {
+	if n := len(l.s); n == 0 || l.s[n-1]&^goneBit < seq {
+		l.s = append(l.s, seq)
+		return
+	}
+	i, found := slices.BinarySearchFunc(l.s, seq, seqCmp)
+	if !found {
+		l.s = slices.Insert(l.s, i, seq)
+		return
+	}
+	if l.s[i]&goneBit != 0 {
+		l.s[i] = seq
+		l.gone--
+	}
+}
+
+// remove takes seq out (a no-op when it is not there).
+func (l *seqList) remove(seq uint64) {
+	i, found := slices.BinarySearchFunc(l.s, seq, seqCmp)
+	if !found || l.s[i]&goneBit != 0 {
+		return
+	}
+	l.s[i] |= goneBit
+	l.gone++
+	j := 0
+	for j < len(l.s) && l.s[j]&goneBit != 0 {
+		j++
+	}
+	l.s, l.gone = l.s[j:], l.gone-j
+	switch {
+	case l.gone > 32 && 2*l.gone > len(l.s):
+		live := make([]uint64, 0, l.len())
+		for _, e := range l.s {
+			if e&goneBit == 0 {
+				live = append(live, e)
+			}
+		}
+		l.s, l.gone = live, 0
+	case cap(l.s) > 1024 && len(l.s) < cap(l.s)/4:
+		// Drained from the front: give back the array behind it.
+		l.s = slices.Clone(l.s)
+	}
+}
+
+// after appends to dst up to n live sequences above after, in order.
+func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
+	i, found := slices.BinarySearchFunc(l.s, after, seqCmp)
+	if found {
+		i++
+	}
+	for ; i < len(l.s) && n > 0; i++ {
+		if e := l.s[i]; e&goneBit == 0 {
+			dst = append(dst, e)
+			n--
+		}
+	}
+	return dst
+}
+
+// each calls f with every live sequence in order until f returns false.
+func (l *seqList) each(f func(uint64) bool) {
+	for _, e := range l.s {
+		if e&goneBit == 0 && !f(e) {
+			return
+		}
+	}
+}
+
+// apply makes the changes of a committed batch, in the order it made them.
+func (l *seqList) apply(ev []seqEvent) {
+	for _, e := range ev {
+		if e.gone {
+			l.remove(e.seq)
+		} else {
+			l.add(e.seq)
+		}
+	}
+}
+
+// liveSeqs appends to dst up to limit of the first sequences of r's queue
+// as the committed order and the batch so far (d, which may be nil) leave
+// it. Committer only: it reads the order without mu, which only the
+// committer changes.
+func (s *Store) liveSeqs(dst []uint64, r string, d *qdelta, limit int) []uint64 {
+	var ev []seqEvent
+	if d != nil {
+		ev = d.ev
+	}
+	removes := slices.ContainsFunc(ev, func(e seqEvent) bool { return e.gone })
+	st := s.queues[r]
+	if limit == 1 && !removes {
+		// The head after appends alone (most commits): no copies.
+		head, ok := uint64(0), false
+		if st != nil {
+			head, ok = st.seqs.first()
+		}
+		for _, e := range ev {
+			if !ok || e.seq < head {
+				head, ok = e.seq, true
+			}
+		}
+		if ok {
+			dst = append(dst, head)
+		}
+		return dst
+	}
+	var final map[uint64]bool // sequence -> removed: the batch's last word on it
+	var added []uint64
+	if removes {
+		final = make(map[uint64]bool, len(d.ev))
+		for _, e := range d.ev {
+			final[e.seq] = e.gone
+		}
+		for sq, gone := range final {
+			if !gone {
+				added = append(added, sq)
+			}
+		}
+	} else {
+		for _, e := range ev {
+			added = append(added, e.seq)
+		}
+	}
+	slices.Sort(added)
+	i := 0 // into added
+	if st != nil {
+		st.seqs.each(func(sq uint64) bool {
+			if final[sq] {
+				return true // removed by the batch
+			}
+			for ; i < len(added) && added[i] <= sq && len(dst) < limit; i++ {
+				if added[i] < sq {
+					dst = append(dst, added[i])
+				}
+			}
+			if len(dst) < limit {
+				dst = append(dst, sq)
+			}
+			return len(dst) < limit
+		})
+	}
+	for ; i < len(added) && len(dst) < limit; i++ {
+		dst = append(dst, added[i])
+	}
+	return dst
+}
+
+// queuedAfter returns how many messages r's queue holds as the committed
+// state and the batch so far leave it. Committer only.
+func (s *Store) queuedAfter(r string, b *batch) int {
+	n := 0
+	if st := s.queues[r]; st != nil {
+		n = st.count
+	}
+	if d := b.q[r]; d != nil {
+		n += d.count
+	}
+	return n
+}

@@ -1,0 +1,84 @@
+package outbox
+
+import (
+	"slices"
+	"testing"
+
+	"pgregory.net/rapid"
+)
+
+// A queue's order in memory agrees with a plain sorted set through any
+// mix of appends, inserts below the last, removals at the front and in the
+// middle; and marked entries never make up much more than half of it.
+func TestSeqListAgreesWithASortedSet(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		var l seqList
+		model := map[uint64]bool{}
+		sorted := func() []uint64 {
+			var s []uint64
+			for k := range model {
+				s = append(s, k)
+			}
+			slices.Sort(s)
+			return s
+		}
+		next := uint64(1)
+		for range rapid.IntRange(1, 400).Draw(rt, "steps") {
+			switch rapid.IntRange(0, 5).Draw(rt, "op") {
+			case 0, 1: // append
+				n := rapid.IntRange(1, 50).Draw(rt, "n")
+				for range n {
+					l.add(next)
+					model[next] = true
+					next++
+				}
+			case 2: // a sequence below the last, or one already there
+				sq := rapid.Uint64Range(1, next).Draw(rt, "below")
+				l.add(sq)
+				model[sq] = true
+			case 3: // drain from the front
+				s := sorted()
+				n := rapid.IntRange(0, len(s)).Draw(rt, "drain")
+				for _, sq := range s[:n] {
+					l.remove(sq)
+					delete(model, sq)
+				}
+			case 4: // anywhere, present or not
+				sq := rapid.Uint64Range(0, next+1).Draw(rt, "remove")
+				l.remove(sq)
+				delete(model, sq)
+			case 5: // many in the middle
+				s := sorted()
+				for i, sq := range s {
+					if i%3 != 0 {
+						l.remove(sq)
+						delete(model, sq)
+					}
+				}
+			}
+			want := sorted()
+			var got []uint64
+			l.each(func(sq uint64) bool { got = append(got, sq); return true })
+			if !slices.Equal(got, want) || l.len() != len(want) {
+				rt.Fatalf("order %v (len %d), want %v", got, l.len(), want)
+			}
+			if f, ok := l.first(); ok != (len(want) > 0) || (ok && f != want[0]) {
+				rt.Fatalf("first %d %v, want %v", f, ok, want)
+			}
+			if l.gone > 33 && 2*l.gone > len(l.s)+1 {
+				rt.Fatalf("%d of %d entries marked", l.gone, len(l.s))
+			}
+			after := rapid.Uint64Range(0, next).Draw(rt, "after")
+			n := rapid.IntRange(0, 20).Draw(rt, "count")
+			var wantAfter []uint64
+			for _, sq := range want {
+				if sq > after && len(wantAfter) < n {
+					wantAfter = append(wantAfter, sq)
+				}
+			}
+			if got := l.after(nil, after, n); !slices.Equal(got, wantAfter) {
+				rt.Fatalf("after(%d, %d) = %v, want %v", after, n, got, wantAfter)
+			}
+		}
+	})
+}
