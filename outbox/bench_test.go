@@ -150,10 +150,11 @@ func BenchmarkCommitStream(b *testing.B) {
 }
 
 // BenchmarkEnqueueRecipients: 64 callers enqueue to one recipient or to
-// one recipient each. Each recipient's queue is a bucket of its own, so a
-// commit that touches k recipients rewrites about two pages per recipient
-// (the queue's last leaf and its root) where one recipient's appends share
-// a few: pages/commit and the write-and-fsync time per commit show it.
+// one recipient each. Records of every queue share one bucket keyed by
+// sequence, so a commit touching k recipients writes the same few pages as
+// one touching one (with a bucket per recipient, as format 2 had, it wrote
+// about two pages per recipient): pages/commit and the write-and-fsync
+// time per commit show it.
 func BenchmarkEnqueueRecipients(b *testing.B) {
 	const callers = 64
 	for _, recipients := range []int{1, callers} {
@@ -198,9 +199,10 @@ func BenchmarkEnqueueRecipients(b *testing.B) {
 
 // BenchmarkBoltLayout measures, in bbolt alone, what the store's layout
 // costs a commit that appends 57 records of 200 bytes round-robin to 64
-// recipients: a bucket per recipient (the store's layout), one bucket keyed
+// recipients: a bucket per recipient (format 2's layout), one bucket keyed
 // by (recipient, sequence), and one keyed by the outbox-wide sequence
-// alone (appends land on the last pages whatever the recipients).
+// alone (format 3's: appends land on the last pages whatever the
+// recipients).
 func BenchmarkBoltLayout(b *testing.B) {
 	val := make([]byte, 200)
 	for _, layout := range []string{"bucket-per-recipient", "recipient-seq-keys", "seq-keys"} {
@@ -252,6 +254,56 @@ func BenchmarkBoltLayout(b *testing.B) {
 			d := after.Sub(&before)
 			b.ReportMetric(float64(d.TxStats.GetPageCount())/float64(b.N), "pages/commit")
 			b.ReportMetric(float64(b.N*57)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
+
+// BenchmarkOpenBacklog measures Open of a file holding a backlog of 200k
+// messages (128-byte bodies) for one recipient or spread over 64: Open
+// checks the file, rebuilds every queue's order from the records and the
+// freelist from the pages.
+func BenchmarkOpenBacklog(b *testing.B) {
+	const backlog = 200_000
+	for _, recipients := range []int{1, 64} {
+		b.Run(fmt.Sprintf("recipients=%d", recipients), func(b *testing.B) {
+			cfg := outbox.DefaultConfig(filepath.Join(b.TempDir(), "outbox.db"))
+			s, err := outbox.Open(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			msgs := make([]*pb.StoredMessage, 0, 4096)
+			for i := range backlog {
+				seq, err := s.ReserveSequence()
+				if err != nil {
+					b.Fatal(err)
+				}
+				msgs = append(msgs, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: fmt.Sprintf("w%d@offline", i%recipients), Sender: "@n0", Sequence: seq, Type: payload128}})
+				if len(msgs) == cap(msgs) || i == backlog-1 {
+					_, errs := s.EnqueueBatch(context.Background(), msgs)
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					msgs = msgs[:0]
+				}
+			}
+			if err := s.Close(); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				s, err := outbox.Open(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d := s.Stats().Depth; d != backlog {
+					b.Fatalf("depth %d after Open, want %d", d, backlog)
+				}
+				if err := s.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }
