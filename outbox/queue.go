@@ -54,72 +54,81 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 		var expire []uint64
 		var reasons []string
 		more := false // the queue may hold more than what was looked at
-		err := s.db.View(func(tx *bolt.Tx) error {
-			// The queue's order comes from memory, a slice at a time; a
-			// sequence it names that the transaction does not hold for the
-			// recipient left the queue since.
-			c := tx.Bucket(bucketRecords).Cursor()
-			var at []byte // the cursor's key
-			var seqs []uint64
-			var last uint64 // the last sequence looked at
-			sk := req.Skip
-			size := 0 // stored bytes of msgs
-			for len(msgs) < req.Max {
-				if len(seqs) == 0 {
-					want := req.Max - len(msgs) + len(sk) + headSlack
-					if seqs = s.queueSeqs(seqs, req.Recipient, last, want); len(seqs) == 0 {
-						return nil // the end of the queue
-					}
-				}
-				sq := seqs[0]
-				seqs, last = seqs[1:], sq
-				if req.Below != 0 && sq >= req.Below {
-					more = true
-					return nil
-				}
-				for len(sk) > 0 && sk[0] < sq {
-					sk = sk[1:]
-				}
-				if len(sk) > 0 && sk[0] == sq {
-					sk = sk[1:]
-					continue
-				}
-				var v []byte
-				if at, v = seekSeq(c, at, sq); v == nil || !ofRecipient(v, req.Recipient) {
-					continue
-				}
-				created := createdMs(v)
-				if created+maxAge <= nowMs {
-					expire, reasons = append(expire, sq), append(reasons, ReasonTooOld)
-					continue
-				}
-				if dl := deadlineMs(v); dl != 0 && dl <= nowMs {
-					switch {
-					case sq > req.EmittedHW:
-						expire, reasons = append(expire, sq), append(reasons, ReasonExpired)
-						continue
-					case dl+skew <= nowMs:
-						expire, reasons = append(expire, sq), append(reasons, ReasonExpiredUnknown)
-						continue
-					}
-					waitUntil = dl + skew
-					return nil
-				}
-				if req.MaxBytes > 0 && len(msgs) > 0 && size+len(v) > req.MaxBytes {
-					more = true
-					return nil
-				}
-				sm, err := decodeRecord(v)
-				if err != nil {
-					expire, reasons = append(expire, sq), append(reasons, "undecodable: "+err.Error())
-					continue
-				}
-				msgs = append(msgs, sm)
-				size += len(v)
+		sk := req.Skip
+		size := 0       // stored bytes of msgs
+		var last uint64 // the last sequence looked at
+		var err error
+		// The queue's order comes from memory, a slice at a time, taken
+		// outside the read transaction (the store's lock is never taken
+		// inside one); a sequence it names that the transaction does not
+		// hold for the recipient left the queue since.
+		for done := false; !done && err == nil; {
+			if len(msgs) == req.Max {
+				more = true
+				break
 			}
-			more = true
-			return nil
-		})
+			seqs := s.queueSeqs(nil, req.Recipient, last, req.Max-len(msgs)+len(sk)+headSlack)
+			if len(seqs) == 0 {
+				break // the end of the queue
+			}
+			err = s.db.View(func(tx *bolt.Tx) error {
+				c := tx.Bucket(bucketRecords).Cursor()
+				var at []byte // the cursor's key
+				done = true
+				for _, sq := range seqs {
+					if len(msgs) == req.Max {
+						more = true
+						return nil
+					}
+					last = sq
+					if req.Below != 0 && sq >= req.Below {
+						more = true
+						return nil
+					}
+					for len(sk) > 0 && sk[0] < sq {
+						sk = sk[1:]
+					}
+					if len(sk) > 0 && sk[0] == sq {
+						sk = sk[1:]
+						continue
+					}
+					var v []byte
+					if at, v = seekSeq(c, at, sq); v == nil || !ofRecipient(v, req.Recipient) {
+						continue
+					}
+					created := createdMs(v)
+					if created+maxAge <= nowMs {
+						expire, reasons = append(expire, sq), append(reasons, ReasonTooOld)
+						continue
+					}
+					if dl := deadlineMs(v); dl != 0 && dl <= nowMs {
+						switch {
+						case sq > req.EmittedHW:
+							expire, reasons = append(expire, sq), append(reasons, ReasonExpired)
+							continue
+						case dl+skew <= nowMs:
+							expire, reasons = append(expire, sq), append(reasons, ReasonExpiredUnknown)
+							continue
+						}
+						waitUntil = dl + skew
+						return nil
+					}
+					if req.MaxBytes > 0 && len(msgs) > 0 && size+len(v) > req.MaxBytes {
+						more = true
+						return nil
+					}
+					sm, err := decodeRecord(v)
+					if err != nil {
+						expire, reasons = append(expire, sq), append(reasons, "undecodable: "+err.Error())
+						continue
+					}
+					msgs = append(msgs, sm)
+					size += len(v)
+				}
+				done = false // looked at every one: the next slice
+				return nil
+			})
+		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("outbox: head %s: %w", req.Recipient, err)
 		}
@@ -146,7 +155,8 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 const headSlack = 16
 
 // queueSeqs appends to dst up to n sequences of r's queue above after, in
-// order.
+// order. Not inside a read transaction: no lock of the store is waited for
+// while one is open (bbolt waits for them to end when it grows the file).
 func (s *Store) queueSeqs(dst []uint64, r string, after uint64, n int) []uint64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
