@@ -110,6 +110,7 @@ type batch struct {
 	// for the commit.
 	edited, editing bool
 	forgot          []ForgottenStream // the receiver streams housekeeping forgot
+	tx              uint64            // the transaction's id, once it has one
 }
 
 func (b *batch) delta(r string) *qdelta {
@@ -283,12 +284,20 @@ func (s *Store) commit(ops []*op) {
 			s.edits.Add(1)
 			b.editing = true
 		}
-		return tx.Bucket(bucketMeta).Put(keyClock, s.clock.checkpoint())
+		if err := tx.Bucket(bucketMeta).Put(keyClock, s.clock.checkpoint()); err != nil {
+			return err
+		}
+		// Readers see the commit from when bbolt writes its meta page,
+		// before the queues' order in memory has it: say what it adds.
+		b.tx = uint64(tx.ID())
+		s.publish(b)
+		return nil
 	})
 	if b.editing {
 		s.edits.Add(1)
 	}
 	if err != nil {
+		s.unpublish()
 		s.commitFails.Add(1)
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
@@ -434,6 +443,11 @@ func (s *Store) applyEffects(b *batch) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.omu.Lock()
+	defer s.omu.Unlock()
+	p := s.pending
+	defer close(p.applied)
+	s.pending, s.appliedTx = nil, b.tx
 	s.dlqLen += b.dlq
 	for r, d := range b.q {
 		st := s.queues[r]
@@ -450,10 +464,12 @@ func (s *Store) applyEffects(b *batch) {
 				st.sendAt = d.sendAt
 			}
 			st.seqs.apply(d.ev)
+			st.noteAdds(b.tx, p.adds)
 			s.insertQueue(st)
 			continue
 		}
 		st.seqs.apply(d.ev)
+		st.noteAdds(b.tx, p.adds)
 		st.count += d.count
 		s.depth += d.count
 		st.headSeq, st.oldestMs = d.headSeq, d.oldestMs

@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -104,7 +105,16 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 		}
 		for _, rc := range recs {
 			rc.sm.Envelope.Recipient, rc.sm.Envelope.Sequence = r, rc.seq
-			if _, err := s.applyEnqueue(tx, b, rc.sm, nil); err != nil {
+			_, err := s.applyEnqueue(tx, b, rc.sm, nil)
+			if errors.Is(err, ErrBadMessage) {
+				// Its sequence taken by another queue's message (all
+				// queues share one bucket now), or not storable: kept
+				// where an operator sees it rather than failing Open.
+				reason := "undecodable: " + err.Error()
+				rc.sm.LastError = reason
+				err = s.putDeadLetter(tx, b, rc.sm, reason)
+			}
+			if err != nil {
 				return fmt.Errorf("queue %s: %w", r, err)
 			}
 		}
@@ -112,6 +122,7 @@ func (s *Store) migrate(tx *bolt.Tx) error {
 	if err := tx.DeleteBucket(bucketQueues); err != nil {
 		return err
 	}
+	s.dlqLen += b.dlq
 	if err := s.finishQueues(tx, b); err != nil {
 		return err
 	}
@@ -328,6 +339,8 @@ func (s *Store) moveRecord(tx *bolt.Tx, b *batch, recs *bolt.Bucket, r string, k
 		bad = "undecodable: a record of format 2 too short for its header"
 	case len(r) > maxRecipientLen:
 		bad = fmt.Sprintf("undecodable: a queue of format 2 named by %d bytes (at most %d)", len(r), maxRecipientLen)
+	case seqOf(k) > MaxSequence:
+		bad = fmt.Sprintf("undecodable: sequence %d is above the highest an outbox hands out", seqOf(k))
 	case recs.Get(k) != nil:
 		bad = fmt.Sprintf("undecodable: sequence %d is also queued for %s", seqOf(k), recRecipient(recs.Get(k)))
 	}

@@ -48,33 +48,48 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 	}
 	maxAge := s.cfg.MaxAge().Milliseconds()
 	skew := s.cfg.MaxClockSkew.Milliseconds()
-	for {
+	for tries := 1; ; tries++ {
 		nowMs := s.clock.nowMs()
 		msgs, waitUntil = nil, 0
 		var expire []uint64
 		var reasons []string
-		more := false // the queue may hold more than what was looked at
-		sk := req.Skip
-		size := 0       // stored bytes of msgs
-		var last uint64 // the last sequence looked at
-		var err error
-		// The queue's order comes from memory, a slice at a time, taken
-		// outside the read transaction (the store's lock is never taken
-		// inside one); a sequence it names that the transaction does not
-		// hold for the recipient left the queue since.
-		for done := false; !done && err == nil; {
-			if len(msgs) == req.Max {
-				more = true
-				break
-			}
-			seqs := s.queueSeqs(nil, req.Recipient, last, req.Max-len(msgs)+len(sk)+headSlack)
-			if len(seqs) == 0 {
-				break // the end of the queue
-			}
-			err = s.db.View(func(tx *bolt.Tx) error {
-				c := tx.Bucket(bucketRecords).Cursor()
-				var at []byte // the cursor's key
-				done = true
+		more := false  // the queue may hold more than what was looked at
+		short := false // cut short where the snapshot and the order may disagree
+		var wait chan struct{}
+		err := s.db.View(func(tx *bolt.Tx) error {
+			// The queue's order comes from memory, a slice at a time; a
+			// sequence it names that the snapshot does not hold for the
+			// recipient left the queue since (seqlist.go says why the two
+			// agree below the bound).
+			x := uint64(tx.ID())
+			c := tx.Bucket(bucketRecords).Cursor()
+			var at []byte // the cursor's key
+			var last uint64
+			var state uint64 // the order's commit at the first slice
+			sk := req.Skip
+			size := 0 // stored bytes of msgs
+			for first := true; ; first = false {
+				if len(msgs) == req.Max {
+					more = true
+					return nil
+				}
+				n := min(req.Max-len(msgs), maxHeadSlice) + min(len(sk), maxHeadSlice) + headSlack
+				seqs, bound, st, w, ok := s.orderChunk(nil, req.Recipient, last, n, x)
+				switch {
+				case !ok:
+					short = true
+					return nil
+				case first:
+					state, wait = st, w
+				case st != state:
+					// The order moved on since the first slice: this
+					// snapshot's prefix is what it is.
+					more, short = true, true
+					return nil
+				}
+				if len(seqs) == 0 {
+					return nil // the end of the queue
+				}
 				for _, sq := range seqs {
 					if len(msgs) == req.Max {
 						more = true
@@ -83,6 +98,10 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					last = sq
 					if req.Below != 0 && sq >= req.Below {
 						more = true
+						return nil
+					}
+					if sq >= bound {
+						more, short = true, true
 						return nil
 					}
 					for len(sk) > 0 && sk[0] < sq {
@@ -125,12 +144,22 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					msgs = append(msgs, sm)
 					size += len(v)
 				}
-				done = false // looked at every one: the next slice
-				return nil
-			})
-		}
+			}
+		})
 		if err != nil {
 			return nil, 0, fmt.Errorf("outbox: head %s: %w", req.Recipient, err)
+		}
+		if short && tries < headTries {
+			// A commit in flight (or just applied) changed the queue
+			// below what this snapshot could read: read again once it is
+			// in memory.
+			if wait != nil {
+				select {
+				case <-wait:
+				case <-s.stopped:
+				}
+			}
+			continue
 		}
 		if len(expire) == 0 {
 			return msgs, waitUntil, nil
@@ -151,20 +180,16 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 }
 
 // headSlack is how many sequences beyond what it needs Head takes from a
-// queue's order at a time, for those it passes over (expired, gone).
-const headSlack = 16
+// queue's order at a time, for those it passes over (expired, gone);
+// maxHeadSlice bounds a slice (a Max of "everything" reads in slices).
+const (
+	headSlack    = 16
+	maxHeadSlice = 1 << 14
+)
 
-// queueSeqs appends to dst up to n sequences of r's queue above after, in
-// order. Not inside a read transaction: no lock of the store is waited for
-// while one is open (bbolt waits for them to end when it grows the file).
-func (s *Store) queueSeqs(dst []uint64, r string, after uint64, n int) []uint64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if st := s.queues[r]; st != nil {
-		dst = st.seqs.after(dst, after, n)
-	}
-	return dst
-}
+// headTries is how many snapshots Head reads before it returns a prefix
+// cut short by a commit that kept changing the queue below it.
+const headTries = 4
 
 // seekSeq moves c, which is at key at (nil: nowhere yet), to sequence sq
 // and returns the key it is at and sq's record (nil: none). A queue's

@@ -2,7 +2,10 @@ package outbox
 
 import (
 	"cmp"
+	"math"
 	"slices"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // seqList is one queue's order: the sequences of its records, ascending.
@@ -197,4 +200,140 @@ func (s *Store) queuedAfter(r string, b *batch) int {
 		n += d.count
 	}
 	return n
+}
+
+// Head reads records from a bbolt snapshot and each queue's order from
+// memory, which the committer changes only after bbolt returns from the
+// commit, while readers see a commit as soon as bbolt has written its meta
+// page. So a snapshot may be one commit ahead of the order, or, when
+// commits were applied after it began, behind it. Either way the two agree
+// on a queue below the lowest sequence the commits between them added to
+// it: what they removed is missing from one of the two and skipped, and
+// what they appended above the queue's end changes no earlier part. Head
+// reads no further than that bound (orderChunk).
+
+// pendingCommit is the committer's one commit between bbolt's writing it
+// and its effects in memory. Guarded by omu.
+type pendingCommit struct {
+	tx      uint64
+	adds    map[string]uint64 // recipient -> the lowest sequence the commit adds to its queue
+	applied chan struct{}     // closed once its effects are in memory, or it failed
+}
+
+// addMark is a commit that added to a queue, and the lowest sequence it
+// added.
+type addMark struct{ tx, min uint64 }
+
+// addHistory is how many of its last adding commits a queue remembers.
+const addHistory = 8
+
+// noteAdds remembers the commit tx's adds to q, if it made any. Caller holds
+// omu.
+func (q *queue) noteAdds(tx uint64, adds map[string]uint64) {
+	m, ok := adds[q.name]
+	if !ok {
+		return
+	}
+	q.adds[q.nAdds%addHistory] = addMark{tx, m}
+	q.nAdds++
+}
+
+// addedSince returns the lowest sequence added to q by commits after tx,
+// and false when q no longer remembers them all. Caller holds omu.
+func (q *queue) addedSince(tx uint64) (uint64, bool) {
+	low := uint64(math.MaxUint64)
+	n := min(q.nAdds, addHistory)
+	for i := range n {
+		m := q.adds[i]
+		if m.tx > tx {
+			low = min(low, m.min)
+		}
+	}
+	if q.nAdds > addHistory {
+		oldest := q.adds[q.nAdds%addHistory] // the next to be overwritten
+		if oldest.tx > tx {
+			return 0, false
+		}
+	}
+	return low, true
+}
+
+// publish makes b the pending commit: called in its transaction, before
+// bbolt writes it.
+func (s *Store) publish(b *batch) {
+	p := &pendingCommit{tx: b.tx, applied: make(chan struct{})}
+	for r, d := range b.q {
+		low := uint64(math.MaxUint64)
+		for _, e := range d.ev {
+			if !e.gone {
+				low = min(low, e.seq)
+			}
+		}
+		if low != math.MaxUint64 {
+			if p.adds == nil {
+				p.adds = make(map[string]uint64)
+			}
+			p.adds[r] = low
+		}
+	}
+	s.omu.Lock()
+	s.pending = p
+	s.omu.Unlock()
+}
+
+// unpublish drops the pending commit of a transaction that failed. What
+// readers see is then whatever bbolt shows them: the order is counted as
+// agreeing with it (a commit bbolt failed after its meta page was written
+// is in the file but not in memory until the next Open).
+func (s *Store) unpublish() {
+	var cur uint64
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		cur = uint64(tx.ID())
+		return nil
+	})
+	s.omu.Lock()
+	p := s.pending
+	s.pending = nil
+	if cur > s.appliedTx {
+		s.appliedTx = cur
+	}
+	s.omu.Unlock()
+	if p != nil {
+		close(p.applied)
+	}
+}
+
+// noBound: Head may read a queue's order as far as it goes.
+const noBound = math.MaxUint64
+
+// orderChunk returns up to n sequences of r's queue above after, with the
+// bound below which they agree with a snapshot of transaction x (noBound:
+// all of them), the transaction the order is at, and a channel to wait on
+// for the order to catch up with x (nil: it need not). ok is false when
+// the bound is not known (the snapshot is many commits behind the order,
+// or a failed commit's effects are in the file): take a new snapshot.
+func (s *Store) orderChunk(dst []uint64, r string, after uint64, n int, x uint64) (seqs []uint64, bound, at uint64, wait chan struct{}, ok bool) {
+	s.omu.RLock()
+	defer s.omu.RUnlock()
+	at, bound = s.appliedTx, noBound
+	st := s.queues[r]
+	switch {
+	case x == at:
+	case s.pending != nil && x == s.pending.tx:
+		if m, found := s.pending.adds[r]; found {
+			bound, wait = m, s.pending.applied
+		}
+	case x < at:
+		if st != nil {
+			if bound, ok = st.addedSince(x); !ok {
+				return dst, 0, at, nil, false
+			}
+		}
+	default:
+		return dst, 0, at, nil, false
+	}
+	if st != nil {
+		dst = st.seqs.after(dst, after, n)
+	}
+	return dst, bound, at, wait, true
 }

@@ -50,6 +50,11 @@ var (
 // refused.
 const formatVersion = 3
 
+// MaxSequence is the highest sequence an outbox stores: ReserveSequence
+// counts up from 1 and never gets near it; Enqueue refuses a sequence
+// above it (the queues' order in memory uses the top bit).
+const MaxSequence = 1<<63 - 1
+
 // maxRecipientLen bounds recipient names, which are stored in every queue
 // record's header and in index keys.
 const maxRecipientLen = 1024
@@ -60,11 +65,13 @@ const maxRecipientLen = 1024
 type queue struct {
 	name     string
 	node     string
-	seqs     seqList // the sequences of its records, in order
-	count    int     // messages in the queue (== seqs.len())
-	headSeq  uint64  // sequence of the oldest message
-	oldestMs int64   // created_elapsed_ms of the oldest message
-	sendAt   int64   // elapsed ms; the recipient is due when sendAt <= now
+	seqs     seqList             // the sequences of its records, in order
+	count    int                 // messages in the queue (== seqs.len())
+	adds     [addHistory]addMark // the last commits that added to it (ring; omu)
+	nAdds    int                 // commits that ever added to it
+	headSeq  uint64              // sequence of the oldest message
+	oldestMs int64               // created_elapsed_ms of the oldest message
+	sendAt   int64               // elapsed ms; the recipient is due when sendAt <= now
 }
 
 func lessQueue(a, b *queue) bool {
@@ -107,6 +114,15 @@ type Store struct {
 	excluded map[string]struct{}        // nodes excluded by ExcludeNode, queued or not
 	depth    int                        // sum of queues[*].count
 	dlqLen   int                        // records in the dlq bucket
+
+	// omu guards the queues' order (queue.seqs, queue.adds) and the two
+	// fields below; the committer changes queues (the map) holding both mu
+	// and omu, so Head may read it under omu alone. A leaf lock: nothing
+	// is waited for while it is held, so Head may take it inside a read
+	// transaction.
+	omu       sync.RWMutex
+	appliedTx uint64         // the last commit whose effects are in memory
+	pending   *pendingCommit // the commit between bbolt and applyEffects, or nil
 
 	// kmu guards the field below: idempotency keys handed to the committer
 	// and not yet committed, so a copy arriving meanwhile sees them.
@@ -187,6 +203,13 @@ func Open(cfg Config) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
 	}
+	if err := db.View(func(tx *bolt.Tx) error {
+		s.appliedTx = uint64(tx.ID())
+		return nil
+	}); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
+	}
 	if err := storecheck.Identify(cfg.Path, s.outboxID[:]); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("outbox: open %s: %w: put back this data directory's own outbox.db, or, to adopt this one, remove %s",
@@ -253,6 +276,10 @@ func (s *Store) load() error {
 				return fmt.Errorf("create bucket %s: %w", name, err)
 			}
 		}
+		// Counted before anything in this transaction adds to it (bbolt's
+		// Stats reads pages, not the transaction's changes): the
+		// migration and loadQueues count what they add.
+		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN
 		if format < 2 {
 			// The first format kept no elapsed clock, so it would start at
 			// zero and the migrated messages and keys, stored up to MaxAge
@@ -282,7 +309,6 @@ func (s *Store) load() error {
 		if v := meta.Get(keySeqHigh); len(v) == 8 {
 			high = binary.BigEndian.Uint64(v)
 		}
-		s.dlqLen = tx.Bucket(bucketDLQ).Stats().KeyN // before loadQueues, which may add to it
 		if err := s.loadQueues(tx, &high); err != nil {
 			return err
 		}
@@ -317,11 +343,11 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	var order []*queue
 	var bad [][]byte // keys of records whose header names no queue
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) == 8 {
+		if len(k) == 8 && seqOf(k) <= MaxSequence {
 			*high = max(*high, seqOf(k)) // never handed out again, queued or not
 		}
 		name := recRecipient(v)
-		if len(k) != 8 || name == nil {
+		if len(k) != 8 || name == nil || seqOf(k) > MaxSequence {
 			bad = append(bad, bytes.Clone(k))
 			continue
 		}
@@ -348,8 +374,9 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	return s.setAside(tx, bad)
 }
 
-// setAside moves the records under keys, whose headers name no queue (a
-// damaged file), into the dead-letter queue, where an operator sees them.
+// setAside moves the records under keys, whose headers name no queue or
+// whose sequences are out of range (a damaged file), into the dead-letter
+// queue, where an operator sees them.
 func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 	if len(keys) == 0 {
 		return nil
@@ -361,7 +388,7 @@ func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 		if err != nil {
 			sm = &pb.StoredMessage{Envelope: &pb.Envelope{}}
 		}
-		reason := fmt.Sprintf("undecodable: record %x names no queue in its header", k)
+		reason := fmt.Sprintf("undecodable: record %x: its header names no queue, or its sequence is above MaxSequence", k)
 		sm.LastError = reason
 		if err := s.putDeadLetter(tx, b, sm, reason); err != nil {
 			return err
