@@ -31,7 +31,12 @@
 //     after a higher one. It leaves its queue only by Ack, by replacement
 //     with a newer OVERWRITE version, or into the dead-letter queue (Fail,
 //     Expire, DropQueue, or Head giving it up for age).
-//   - Head never returns a message whose TTL or age has run out.
+//   - Head never returns a message whose TTL or age has run out, and what
+//     it returns is a prefix of the queue as it stood at one moment:
+//     commits running meanwhile never make it skip a waiting message and
+//     return one behind it (a commit that keeps changing the queue below
+//     what it read may make the prefix shorter than Max).
+//   - Sequences run from 1 to MaxSequence; Enqueue refuses others.
 //   - The file is checked before bbolt reads it (internal/storecheck): a
 //     damaged structure is refused with ErrDamaged instead of crashing the
 //     process; a file that disappeared or was emptied while outbox.db.id
