@@ -376,7 +376,7 @@ func TestCoalescingKeepsTheOrderSmall(t *testing.T) {
 	wg.Wait()
 	s.mu.RLock()
 	st := s.queues["a@n1"]
-	n, c, live := len(st.seqs.s), cap(st.seqs.s), st.count
+	n, c, live := st.seqs.n, st.seqs.capacity(), st.count
 	s.mu.RUnlock()
 	t.Logf("live %d entries %d cap %d", live, n, c)
 	if n > 4*live+64 || c > 8*live+256 {

@@ -15,87 +15,149 @@ import (
 // queue's order lives here, in memory (8 bytes a message), rebuilt at Open
 // by one scan of the bucket.
 //
-// Removing marks an entry (goneBit) and drops marked entries from the
-// front, where a drain removes them; marked entries elsewhere (a replaced
-// version, a message given up) are compacted away once they are half of
-// the list, so every operation is O(log n) amortised except inserting a
-// sequence below the last, which copies the entries above it (a message
-// committed a little after a higher one: few entries).
+// It is kept in blocks of at most seqBlock entries, so a queue of millions
+// grows without copying (or leaving garbage of) the whole list, and an
+// insertion below the last entry moves at most a block. Removing marks an
+// entry (goneBit) and drops marked entries from the front, where a drain
+// removes them; marked entries elsewhere (a replaced version, a message
+// given up) are compacted away once they are half of the list.
 type seqList struct {
-	s    []uint64
-	gone int // marked entries in s
+	blocks [][]uint64 // ascending, none empty; the first entry of the first is never marked
+	n      int        // entries, marked or not
+	gone   int        // marked entries
 }
 
-const goneBit = 1 << 63
+const (
+	goneBit  = 1 << 63
+	seqBlock = 512
+)
 
 func seqCmp(e, t uint64) int { return cmp.Compare(e&^goneBit, t) }
 
 // len returns the number of live entries.
-func (l *seqList) len() int { return len(l.s) - l.gone }
+func (l *seqList) len() int { return l.n - l.gone }
 
 // first returns the lowest live sequence.
 func (l *seqList) first() (uint64, bool) {
-	if len(l.s) == 0 {
+	if len(l.blocks) == 0 {
 		return 0, false
 	}
-	return l.s[0], true // the front is never marked
+	return l.blocks[0][0], true
+}
+
+// block returns the index of the first block whose last entry is at or
+// above seq (len(blocks) when none is).
+func (l *seqList) block(seq uint64) int {
+	i, _ := slices.BinarySearchFunc(l.blocks, seq, func(b []uint64, t uint64) int {
+		return seqCmp(b[len(b)-1], t)
+	})
+	return i
 }
 
 // add inserts seq (a no-op when it is there).
 func (l *seqList) add(seq uint64) {
-	if n := len(l.s); n == 0 || l.s[n-1]&^goneBit < seq {
-		l.s = append(l.s, seq)
+	nb := len(l.blocks)
+	if nb == 0 || l.blocks[nb-1][len(l.blocks[nb-1])-1]&^goneBit < seq {
+		// Appended: most adds.
+		if nb == 0 || len(l.blocks[nb-1]) >= seqBlock {
+			l.blocks = append(l.blocks, make([]uint64, 0, min(seqBlock, max(4, l.n))))
+			nb++
+		}
+		l.blocks[nb-1] = append(l.blocks[nb-1], seq)
+		l.n++
 		return
 	}
-	i, found := slices.BinarySearchFunc(l.s, seq, seqCmp)
-	if !found {
-		l.s = slices.Insert(l.s, i, seq)
+	bi := l.block(seq)
+	b := l.blocks[bi]
+	i, found := slices.BinarySearchFunc(b, seq, seqCmp)
+	if found {
+		if b[i]&goneBit != 0 {
+			b[i] = seq
+			l.gone--
+		}
 		return
 	}
-	if l.s[i]&goneBit != 0 {
-		l.s[i] = seq
-		l.gone--
+	b = slices.Insert(b, i, seq)
+	l.n++
+	if len(b) <= seqBlock {
+		l.blocks[bi] = b
+		return
 	}
+	half := len(b) / 2
+	l.blocks[bi] = slices.Clip(b[:half])
+	l.blocks = slices.Insert(l.blocks, bi+1, slices.Clone(b[half:]))
 }
 
 // remove takes seq out (a no-op when it is not there).
 func (l *seqList) remove(seq uint64) {
-	i, found := slices.BinarySearchFunc(l.s, seq, seqCmp)
-	if !found || l.s[i]&goneBit != 0 {
+	bi := l.block(seq)
+	if bi == len(l.blocks) {
 		return
 	}
-	l.s[i] |= goneBit
+	b := l.blocks[bi]
+	i, found := slices.BinarySearchFunc(b, seq, seqCmp)
+	if !found || b[i]&goneBit != 0 {
+		return
+	}
+	b[i] |= goneBit
 	l.gone++
-	j := 0
-	for j < len(l.s) && l.s[j]&goneBit != 0 {
-		j++
-	}
-	l.s, l.gone = l.s[j:], l.gone-j
-	switch {
-	case l.gone > 32 && 2*l.gone > len(l.s):
-		live := make([]uint64, 0, l.len())
-		for _, e := range l.s {
-			if e&goneBit == 0 {
-				live = append(live, e)
-			}
+	// Drop marked entries from the front, and the blocks they empty.
+	for len(l.blocks) > 0 && l.blocks[0][0]&goneBit != 0 {
+		f := l.blocks[0]
+		j := 0
+		for j < len(f) && f[j]&goneBit != 0 {
+			j++
 		}
-		l.s, l.gone = live, 0
-	case cap(l.s) > 1024 && len(l.s) < cap(l.s)/4:
-		// Drained from the front: give back the array behind it.
-		l.s = slices.Clone(l.s)
+		l.n, l.gone = l.n-j, l.gone-j
+		if j == len(f) {
+			l.blocks[0] = nil
+			l.blocks = l.blocks[1:]
+		} else {
+			l.blocks[0] = f[j:]
+		}
 	}
+	if l.gone > 32 && 2*l.gone > l.n {
+		l.compact()
+	}
+}
+
+// compact rewrites the list without its marked entries.
+func (l *seqList) compact() {
+	var blocks [][]uint64
+	var cur []uint64
+	for _, b := range l.blocks {
+		for _, e := range b {
+			if e&goneBit != 0 {
+				continue
+			}
+			if len(cur) == seqBlock {
+				blocks, cur = append(blocks, cur), nil
+			}
+			if cur == nil {
+				cur = make([]uint64, 0, min(seqBlock, l.len()))
+			}
+			cur = append(cur, e)
+		}
+	}
+	if cur != nil {
+		blocks = append(blocks, cur)
+	}
+	l.blocks, l.n, l.gone = blocks, l.len(), 0
 }
 
 // after appends to dst up to n live sequences above after, in order.
 func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
-	i, found := slices.BinarySearchFunc(l.s, after, seqCmp)
-	if found {
-		i++
-	}
-	for ; i < len(l.s) && n > 0; i++ {
-		if e := l.s[i]; e&goneBit == 0 {
-			dst = append(dst, e)
-			n--
+	for bi := l.block(after); bi < len(l.blocks) && n > 0; bi++ {
+		b := l.blocks[bi]
+		i, found := slices.BinarySearchFunc(b, after, seqCmp)
+		if found {
+			i++
+		}
+		for ; i < len(b) && n > 0; i++ {
+			if e := b[i]; e&goneBit == 0 {
+				dst = append(dst, e)
+				n--
+			}
 		}
 	}
 	return dst
@@ -103,9 +165,11 @@ func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
 
 // each calls f with every live sequence in order until f returns false.
 func (l *seqList) each(f func(uint64) bool) {
-	for _, e := range l.s {
-		if e&goneBit == 0 && !f(e) {
-			return
+	for _, b := range l.blocks {
+		for _, e := range b {
+			if e&goneBit == 0 && !f(e) {
+				return
+			}
 		}
 	}
 }

@@ -25,8 +25,8 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 		next := uint64(1)
 		for range rapid.IntRange(1, 400).Draw(rt, "steps") {
 			switch rapid.IntRange(0, 5).Draw(rt, "op") {
-			case 0, 1: // append
-				n := rapid.IntRange(1, 50).Draw(rt, "n")
+			case 0, 1: // append, across blocks
+				n := rapid.IntRange(1, 2*seqBlock).Draw(rt, "n")
 				for range n {
 					l.add(next)
 					model[next] = true
@@ -65,9 +65,10 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 			if f, ok := l.first(); ok != (len(want) > 0) || (ok && f != want[0]) {
 				rt.Fatalf("first %d %v, want %v", f, ok, want)
 			}
-			if l.gone > 33 && 2*l.gone > len(l.s)+1 {
-				rt.Fatalf("%d of %d entries marked", l.gone, len(l.s))
+			if l.gone > 33 && 2*l.gone > l.n+1 {
+				rt.Fatalf("%d of %d entries marked", l.gone, l.n)
 			}
+			l.check(rt)
 			after := rapid.Uint64Range(0, next).Draw(rt, "after")
 			n := rapid.IntRange(0, 20).Draw(rt, "count")
 			var wantAfter []uint64
@@ -81,4 +82,41 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 			}
 		}
 	})
+}
+
+// check verifies the list's structure: blocks not empty nor over seqBlock,
+// entries ascending across blocks, the counts right, the front live.
+func (l *seqList) check(rt *rapid.T) {
+	n, gone := 0, 0
+	var prev uint64
+	for i, b := range l.blocks {
+		if len(b) == 0 || len(b) > seqBlock {
+			rt.Fatalf("block %d holds %d entries", i, len(b))
+		}
+		for _, e := range b {
+			if n > 0 && e&^goneBit <= prev {
+				rt.Fatalf("entry %d after %d", e&^goneBit, prev)
+			}
+			prev = e &^ goneBit
+			n++
+			if e&goneBit != 0 {
+				gone++
+			}
+		}
+	}
+	if n != l.n || gone != l.gone {
+		rt.Fatalf("counts %d/%d, entries %d/%d", l.n, l.gone, n, gone)
+	}
+	if len(l.blocks) > 0 && l.blocks[0][0]&goneBit != 0 {
+		rt.Fatal("the front is marked")
+	}
+}
+
+// capacity returns the entries the list's blocks have room for.
+func (l *seqList) capacity() int {
+	c := 0
+	for _, b := range l.blocks {
+		c += cap(b)
+	}
+	return c
 }

@@ -365,7 +365,7 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 			byName[r] = st
 			order = append(order, st)
 		}
-		st.seqs.s = append(st.seqs.s, seqOf(k))
+		st.seqs.add(seqOf(k)) // in key order: appended
 		st.count++
 	}
 	for _, st := range order {
