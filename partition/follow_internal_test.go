@@ -40,6 +40,16 @@ func (d *laneDeliverer) Deliver(ctx context.Context, _ string, envs []*pb.Envelo
 	return rcs, nil
 }
 
+// size returns how many envelopes call n carried (0 before it came).
+func (d *laneDeliverer) size(n int) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n >= len(d.calls) {
+		return 0
+	}
+	return len(d.calls[n])
+}
+
 func (d *laneDeliverer) count() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -96,11 +106,22 @@ func TestFollowRightAfterAnAckCommitted(t *testing.T) {
 		// about to commit: the stream, free (its acks listed as acking),
 		// starts its next emission and reads the one after ahead.
 		storeMsgs(t, r, msgs("b", 5)...)
+		// Nearly always the second emission takes four of them and the
+		// third is read ahead. When the relay's scan comes while the
+		// five are still being stored, the second takes what was stored
+		// and nothing lies below the rest to read ahead: the stream then
+		// sends the rest once this Ack commits (the path this test is
+		// about is not taken; all must still be delivered).
 		testutil.WaitFor(t, 5*time.Second, "the second emission sent and the third read ahead", func() bool {
-			return d.count() >= 2 && r.AheadRead(rcpt)
+			return d.count() >= 2 && (r.AheadRead(rcpt) || d.size(1) < int(r.cfg.BatchSize))
 		})
+		readAhead := r.AheadRead(rcpt)
 		err := ack(rc, seqs)
 		close(committed)
+		if !readAhead {
+			t.Logf("the second emission took %d: nothing was read ahead", d.size(1))
+			return err
+		}
 		// The goroutine is scheduled late after the commit: follow runs
 		// (the third emission, or its decision not to send one).
 		select {
