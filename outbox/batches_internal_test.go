@@ -32,25 +32,6 @@ func batchConfig(path string, clk Clock, mut func(*Config)) Config {
 	return cfg
 }
 
-// stallCommitter blocks the committer until release is called.
-func stallCommitter(tb testing.TB, s *Store) (release func()) {
-	tb.Helper()
-	in, out := make(chan struct{}), make(chan struct{})
-	s.CommitStream(&StreamCommit{Stream: []byte("stall"), Watermark: 1}, func(error) {
-		close(in)
-		<-out
-	})
-	select {
-	case <-in:
-	case <-time.After(10 * time.Second):
-		tb.Fatal("committer did not reach the stalling callback")
-	}
-	var once sync.Once
-	release = func() { once.Do(func() { close(out) }) }
-	tb.Cleanup(release)
-	return release
-}
-
 // fileQueues reads every queue's order from the file.
 func fileQueues(tb testing.TB, s *Store) map[string][]uint64 {
 	tb.Helper()
@@ -159,7 +140,7 @@ func randomBatches(t *testing.T, seed uint64) {
 			}
 			pool = append(pool, sq)
 		}
-		release := stallCommitter(t, s)
+		release := Stall(t, s)
 		var wg sync.WaitGroup
 		nops := 0
 		failing := rng.IntN(8) == 0

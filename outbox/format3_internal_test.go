@@ -172,13 +172,9 @@ func fileFormat(tb testing.TB, path string) (uint64, bool) {
 // on, and every queue is whole and in order.
 func TestFormat2UpgradeInterruptedGoesOn(t *testing.T) {
 	path := copyFormat2(t)
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// What the first transaction of the upgrade would have done with
 	// MaxBatch 4, written here by hand: a@n1's first four records moved.
-	err = db.Update(func(tx *bolt.Tx) error {
+	editFile(t, path, func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketMeta).Put(keyFormat, u64(3)); err != nil {
 			return err
 		}
@@ -203,12 +199,6 @@ func TestFormat2UpgradeInterruptedGoesOn(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	s, err := Open(format2Config(path, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -223,11 +213,7 @@ func TestFormat2UpgradeInterruptedGoesOn(t *testing.T) {
 // than being lost or failing the upgrade.
 func TestFormat2DuplicateSequenceIsDeadLettered(t *testing.T) {
 	path := copyFormat2(t)
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	editFile(t, path, func(tx *bolt.Tx) error {
 		q := tx.Bucket(bucketQueues)
 		k, v := q.Bucket([]byte("a@n1")).Cursor().First()
 		z, err := q.CreateBucket([]byte("z@n9")) // after a@n1 in the upgrade's order
@@ -241,12 +227,6 @@ func TestFormat2DuplicateSequenceIsDeadLettered(t *testing.T) {
 		}
 		return z.Put(k, append(bytes.Clone(v[:17]), b...))
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	s, err := Open(format2Config(path, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -290,11 +270,7 @@ func TestRecordNamingNoQueueIsSetAside(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
+	editFile(t, path, func(tx *bolt.Tx) error {
 		recs := tx.Bucket(bucketRecords)
 		// A header claiming a recipient longer than the record, and one
 		// naming something that is not an address.
@@ -303,12 +279,6 @@ func TestRecordNamingNoQueueIsSetAside(t *testing.T) {
 		}
 		return recs.Put(u64(1<<40+1), recordHeader(1, 0, 0, "no address", 0))
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
 	s, err = Open(format2Config(path, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -321,5 +291,20 @@ func TestRecordNamingNoQueueIsSetAside(t *testing.T) {
 	seq, err := s.ReserveSequence()
 	if err != nil || seq <= 1<<40+1 {
 		t.Fatalf("next sequence %d (%v): must be above the damaged records' %d", seq, err, uint64(1<<40+1))
+	}
+}
+
+// editFile changes the (closed) file at path in one bbolt transaction.
+func editFile(tb testing.TB, path string, edit func(tx *bolt.Tx) error) {
+	tb.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := db.Update(edit); err != nil {
+		tb.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		tb.Fatal(err)
 	}
 }

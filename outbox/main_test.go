@@ -139,25 +139,7 @@ func (e *env) seqs(tb testing.TB, recipient string) []uint64 {
 // known point. Cleanup releases it if the test did not.
 func stall(tb testing.TB, s *outbox.Store) (release func()) {
 	tb.Helper()
-	in, out := make(chan struct{}), make(chan struct{})
-	s.CommitStream(&outbox.StreamCommit{Stream: []byte("stall"), Watermark: 1}, func(error) {
-		close(in)
-		<-out
-	})
-	select {
-	case <-in:
-	case <-time.After(10 * time.Second):
-		tb.Fatal("committer did not reach the stalling callback")
-	}
-	done := false
-	release = func() {
-		if !done {
-			done = true
-			close(out)
-		}
-	}
-	tb.Cleanup(release)
-	return release
+	return outbox.Stall(tb, s)
 }
 
 func names(prefix string, n int) []string {
