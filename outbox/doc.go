@@ -36,7 +36,6 @@
 //     commits running meanwhile never make it skip a waiting message and
 //     return one behind it (a commit that keeps changing the queue below
 //     what it read may make the prefix shorter than Max).
-//   - Sequences run from 1 to MaxSequence; Enqueue refuses others.
 //   - The file is checked before bbolt reads it (internal/storecheck): a
 //     damaged structure is refused with ErrDamaged instead of crashing the
 //     process; a file that disappeared or was emptied while outbox.db.id
@@ -49,7 +48,7 @@
 //   - A receiver's watermark never goes back, and is durable together
 //     with the keys that took effect with it (one transaction).
 //   - Memory holds small per-queue state (count, head, send_at), each
-//     queue's order (8 bytes per queued message) and the keys of stream
+//     queue's order (about 4 bytes per queued message) and the keys of stream
 //     commits not yet committed; never message bodies, watermarks or the
 //     key window.
 //

@@ -12,27 +12,49 @@ import (
 // The records of every queue share one bucket keyed by the outbox-wide
 // sequence, so that a commit appending to many queues writes the same few
 // pages at the end of that bucket as a commit appending to one; each
-// queue's order lives here, in memory (8 bytes a message), rebuilt at Open
-// by one scan of the bucket.
+// queue's order lives here, in memory, rebuilt at Open by one scan of the
+// bucket.
 //
-// It is kept in blocks of at most seqBlock entries, so a queue of millions
-// grows without copying (or leaving garbage of) the whole list, and an
-// insertion below the last entry moves at most a block. Removing marks an
-// entry (goneBit) and drops marked entries from the front, where a drain
-// removes them; marked entries elsewhere (a replaced version, a message
-// given up) are compacted away once they are half of the list.
+// It is kept in blocks of at most seqBlock entries, each a base sequence
+// and 4-byte offsets from it: about 4 bytes a queued message, a queue of
+// millions grows without copying itself whole, and an insertion below the
+// last entry moves at most a block. Removing marks an entry (markBit) and
+// drops marked entries from the front, where a drain removes them; marked
+// entries elsewhere (a replaced version, a message given up) are
+// compacted away once they are half of the list.
 type seqList struct {
-	blocks [][]uint64 // ascending, none empty; the first entry of the first is never marked
-	n      int        // entries, marked or not
-	gone   int        // marked entries
+	blocks []seqRun // ascending, none empty; the first entry of the first is never marked
+	n      int      // entries, marked or not
+	gone   int      // marked entries
+}
+
+// seqRun is one block: base + offsets, ascending.
+type seqRun struct {
+	base uint64
+	off  []uint32
 }
 
 const (
-	goneBit  = 1 << 63
 	seqBlock = 512
+	markBit  = 1 << 31
+	maxOff   = markBit - 1
 )
 
-func seqCmp(e, t uint64) int { return cmp.Compare(e&^goneBit, t) }
+func (b *seqRun) seq(i int) uint64       { return b.base + uint64(b.off[i]&^markBit) }
+func (b *seqRun) marked(i int) bool      { return b.off[i]&markBit != 0 }
+func (b *seqRun) last() uint64           { return b.seq(len(b.off) - 1) }
+func (b *seqRun) offCmp(o, t uint32) int { return cmp.Compare(o&^markBit, t) }
+
+// find returns where seq is, or would go, in b, and whether it is there.
+func (b *seqRun) find(seq uint64) (int, bool) {
+	switch {
+	case seq < b.base:
+		return 0, false
+	case seq-b.base > maxOff:
+		return len(b.off), false
+	}
+	return slices.BinarySearchFunc(b.off, uint32(seq-b.base), b.offCmp)
+}
 
 // len returns the number of live entries.
 func (l *seqList) len() int { return l.n - l.gone }
@@ -42,50 +64,76 @@ func (l *seqList) first() (uint64, bool) {
 	if len(l.blocks) == 0 {
 		return 0, false
 	}
-	return l.blocks[0][0], true
+	return l.blocks[0].seq(0), true
 }
 
 // block returns the index of the first block whose last entry is at or
 // above seq (len(blocks) when none is).
 func (l *seqList) block(seq uint64) int {
-	i, _ := slices.BinarySearchFunc(l.blocks, seq, func(b []uint64, t uint64) int {
-		return seqCmp(b[len(b)-1], t)
+	i, _ := slices.BinarySearchFunc(l.blocks, seq, func(b seqRun, t uint64) int {
+		return cmp.Compare(b.last(), t)
 	})
 	return i
+}
+
+// newRun starts a block at seq, with room for a queue of the list's size.
+func (l *seqList) newRun(seq uint64) seqRun {
+	off := make([]uint32, 1, min(seqBlock, max(4, l.n)))
+	return seqRun{base: seq, off: off}
 }
 
 // add inserts seq (a no-op when it is there).
 func (l *seqList) add(seq uint64) {
 	nb := len(l.blocks)
-	if nb == 0 || l.blocks[nb-1][len(l.blocks[nb-1])-1]&^goneBit < seq {
+	if nb == 0 || l.blocks[nb-1].last() < seq {
 		// Appended: most adds.
-		if nb == 0 || len(l.blocks[nb-1]) >= seqBlock {
-			l.blocks = append(l.blocks, make([]uint64, 0, min(seqBlock, max(4, l.n))))
-			nb++
+		if nb == 0 || len(l.blocks[nb-1].off) >= seqBlock || seq-l.blocks[nb-1].base > maxOff {
+			l.blocks = append(l.blocks, l.newRun(seq))
+		} else {
+			b := &l.blocks[nb-1]
+			b.off = append(b.off, uint32(seq-b.base))
 		}
-		l.blocks[nb-1] = append(l.blocks[nb-1], seq)
 		l.n++
 		return
 	}
 	bi := l.block(seq)
-	b := l.blocks[bi]
-	i, found := slices.BinarySearchFunc(b, seq, seqCmp)
-	if found {
-		if b[i]&goneBit != 0 {
-			b[i] = seq
-			l.gone--
+	b := &l.blocks[bi]
+	if seq < b.base {
+		if b.last()-seq > maxOff {
+			l.blocks = slices.Insert(l.blocks, bi, l.newRun(seq))
+			l.n++
+			return
 		}
-		return
+		// Rebase the block on seq.
+		d := uint32(b.base - seq)
+		for i := range b.off {
+			b.off[i] += d // below markBit: last - seq <= maxOff
+		}
+		b.base = seq
+		b.off = slices.Insert(b.off, 0, 0)
+	} else {
+		i, found := b.find(seq)
+		if found {
+			if b.marked(i) {
+				b.off[i] &^= markBit
+				l.gone--
+			}
+			return
+		}
+		b.off = slices.Insert(b.off, i, uint32(seq-b.base))
 	}
-	b = slices.Insert(b, i, seq)
 	l.n++
-	if len(b) <= seqBlock {
-		l.blocks[bi] = b
+	if len(b.off) <= seqBlock {
 		return
 	}
-	half := len(b) / 2
-	l.blocks[bi] = slices.Clip(b[:half])
-	l.blocks = slices.Insert(l.blocks, bi+1, slices.Clone(b[half:]))
+	half := len(b.off) / 2
+	second := seqRun{base: b.seq(half), off: make([]uint32, len(b.off)-half)}
+	d := uint32(second.base - b.base)
+	for i, o := range b.off[half:] {
+		second.off[i] = o - d // keeps the mark: o's offset is at least d
+	}
+	b.off = slices.Clip(b.off[:half])
+	l.blocks = slices.Insert(l.blocks, bi+1, second)
 }
 
 // remove takes seq out (a no-op when it is not there).
@@ -94,26 +142,26 @@ func (l *seqList) remove(seq uint64) {
 	if bi == len(l.blocks) {
 		return
 	}
-	b := l.blocks[bi]
-	i, found := slices.BinarySearchFunc(b, seq, seqCmp)
-	if !found || b[i]&goneBit != 0 {
+	b := &l.blocks[bi]
+	i, found := b.find(seq)
+	if !found || b.marked(i) {
 		return
 	}
-	b[i] |= goneBit
+	b.off[i] |= markBit
 	l.gone++
 	// Drop marked entries from the front, and the blocks they empty.
-	for len(l.blocks) > 0 && l.blocks[0][0]&goneBit != 0 {
-		f := l.blocks[0]
+	for len(l.blocks) > 0 && l.blocks[0].marked(0) {
+		f := &l.blocks[0]
 		j := 0
-		for j < len(f) && f[j]&goneBit != 0 {
+		for j < len(f.off) && f.marked(j) {
 			j++
 		}
 		l.n, l.gone = l.n-j, l.gone-j
-		if j == len(f) {
-			l.blocks[0] = nil
+		if j == len(f.off) {
+			l.blocks[0] = seqRun{}
 			l.blocks = l.blocks[1:]
 		} else {
-			l.blocks[0] = f[j:]
+			f.off = f.off[j:]
 		}
 	}
 	if l.gone > 32 && 2*l.gone > l.n {
@@ -123,39 +171,26 @@ func (l *seqList) remove(seq uint64) {
 
 // compact rewrites the list without its marked entries.
 func (l *seqList) compact() {
-	var blocks [][]uint64
-	var cur []uint64
-	for _, b := range l.blocks {
-		for _, e := range b {
-			if e&goneBit != 0 {
-				continue
-			}
-			if len(cur) == seqBlock {
-				blocks, cur = append(blocks, cur), nil
-			}
-			if cur == nil {
-				cur = make([]uint64, 0, min(seqBlock, l.len()))
-			}
-			cur = append(cur, e)
-		}
-	}
-	if cur != nil {
-		blocks = append(blocks, cur)
-	}
-	l.blocks, l.n, l.gone = blocks, l.len(), 0
+	live := seqList{}
+	live.n = 0
+	l.each(func(sq uint64) bool {
+		live.add(sq)
+		return true
+	})
+	*l = live
 }
 
 // after appends to dst up to n live sequences above after, in order.
 func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
 	for bi := l.block(after); bi < len(l.blocks) && n > 0; bi++ {
-		b := l.blocks[bi]
-		i, found := slices.BinarySearchFunc(b, after, seqCmp)
+		b := &l.blocks[bi]
+		i, found := b.find(after)
 		if found {
 			i++
 		}
-		for ; i < len(b) && n > 0; i++ {
-			if e := b[i]; e&goneBit == 0 {
-				dst = append(dst, e)
+		for ; i < len(b.off) && n > 0; i++ {
+			if !b.marked(i) {
+				dst = append(dst, b.seq(i))
 				n--
 			}
 		}
@@ -165,9 +200,10 @@ func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
 
 // each calls f with every live sequence in order until f returns false.
 func (l *seqList) each(f func(uint64) bool) {
-	for _, b := range l.blocks {
-		for _, e := range b {
-			if e&goneBit == 0 && !f(e) {
+	for bi := range l.blocks {
+		b := &l.blocks[bi]
+		for i := range b.off {
+			if !b.marked(i) && !f(b.seq(i)) {
 				return
 			}
 		}

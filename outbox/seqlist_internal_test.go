@@ -36,6 +36,14 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 				sq := rapid.Uint64Range(1, next).Draw(rt, "below")
 				l.add(sq)
 				model[sq] = true
+				if rapid.Bool().Draw(rt, "gap") {
+					// Far above, or far below everything: blocks span at
+					// most maxOff.
+					next += rapid.Uint64Range(maxOff-8, 3*maxOff).Draw(rt, "jump")
+					l.add(next)
+					model[next] = true
+					next++
+				}
 			case 3: // drain from the front
 				s := sorted()
 				n := rapid.IntRange(0, len(s)).Draw(rt, "drain")
@@ -89,17 +97,18 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 func (l *seqList) check(rt *rapid.T) {
 	n, gone := 0, 0
 	var prev uint64
-	for i, b := range l.blocks {
-		if len(b) == 0 || len(b) > seqBlock {
-			rt.Fatalf("block %d holds %d entries", i, len(b))
+	for i := range l.blocks {
+		b := &l.blocks[i]
+		if len(b.off) == 0 || len(b.off) > seqBlock {
+			rt.Fatalf("block %d holds %d entries", i, len(b.off))
 		}
-		for _, e := range b {
-			if n > 0 && e&^goneBit <= prev {
-				rt.Fatalf("entry %d after %d", e&^goneBit, prev)
+		for j := range b.off {
+			if n > 0 && b.seq(j) <= prev {
+				rt.Fatalf("entry %d after %d", b.seq(j), prev)
 			}
-			prev = e &^ goneBit
+			prev = b.seq(j)
 			n++
-			if e&goneBit != 0 {
+			if b.marked(j) {
 				gone++
 			}
 		}
@@ -107,7 +116,7 @@ func (l *seqList) check(rt *rapid.T) {
 	if n != l.n || gone != l.gone {
 		rt.Fatalf("counts %d/%d, entries %d/%d", l.n, l.gone, n, gone)
 	}
-	if len(l.blocks) > 0 && l.blocks[0][0]&goneBit != 0 {
+	if len(l.blocks) > 0 && l.blocks[0].marked(0) {
 		rt.Fatal("the front is marked")
 	}
 }
@@ -116,7 +125,7 @@ func (l *seqList) check(rt *rapid.T) {
 func (l *seqList) capacity() int {
 	c := 0
 	for _, b := range l.blocks {
-		c += cap(b)
+		c += cap(b.off)
 	}
 	return c
 }

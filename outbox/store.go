@@ -50,18 +50,13 @@ var (
 // refused.
 const formatVersion = 3
 
-// MaxSequence is the highest sequence an outbox stores: ReserveSequence
-// counts up from 1 and never gets near it; Enqueue refuses a sequence
-// above it (the queues' order in memory uses the top bit).
-const MaxSequence = 1<<63 - 1
-
 // maxRecipientLen bounds recipient names, which are stored in every queue
 // record's header and in index keys.
 const maxRecipientLen = 1024
 
 // queue is the small in-memory state of one non-empty recipient queue. No
 // message bodies live in memory: a million queued messages cost their
-// queues' few bytes and 8 bytes each for the queues' order.
+// queues' few bytes and about 4 bytes each for the queues' order.
 type queue struct {
 	name     string
 	node     string
@@ -343,11 +338,11 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	var order []*queue
 	var bad [][]byte // keys of records whose header names no queue
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) == 8 && seqOf(k) <= MaxSequence {
+		if len(k) == 8 {
 			*high = max(*high, seqOf(k)) // never handed out again, queued or not
 		}
 		name := recRecipient(v)
-		if len(k) != 8 || name == nil || seqOf(k) > MaxSequence {
+		if len(k) != 8 || name == nil {
 			bad = append(bad, bytes.Clone(k))
 			continue
 		}
@@ -374,9 +369,8 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	return s.setAside(tx, bad)
 }
 
-// setAside moves the records under keys, whose headers name no queue or
-// whose sequences are out of range (a damaged file), into the dead-letter
-// queue, where an operator sees them.
+// setAside moves the records under keys, whose headers name no queue (a
+// damaged file), into the dead-letter queue, where an operator sees them.
 func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 	if len(keys) == 0 {
 		return nil
@@ -388,7 +382,7 @@ func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 		if err != nil {
 			sm = &pb.StoredMessage{Envelope: &pb.Envelope{}}
 		}
-		reason := fmt.Sprintf("undecodable: record %x: its header names no queue, or its sequence is above MaxSequence", k)
+		reason := fmt.Sprintf("undecodable: record %x names no queue in its header", k)
 		sm.LastError = reason
 		if err := s.putDeadLetter(tx, b, sm, reason); err != nil {
 			return err
