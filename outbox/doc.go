@@ -36,6 +36,9 @@
 //     commits running meanwhile never make it skip a waiting message and
 //     return one behind it (a commit that keeps changing the queue below
 //     what it read may make the prefix shorter than Max).
+//   - Sequences run from 1 to MaxSequence; Enqueue refuses others, and
+//     Open sets aside a stored record above it, so the sequences handed
+//     out after a restart never run out.
 //   - The file is checked before bbolt reads it (internal/storecheck): a
 //     damaged structure is refused with ErrDamaged instead of crashing the
 //     process; a file that disappeared or was emptied while outbox.db.id

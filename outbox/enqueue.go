@@ -127,6 +127,8 @@ func (s *Store) precheck(sm *pb.StoredMessage) error {
 	switch {
 	case env.GetSequence() == 0:
 		return fmt.Errorf("outbox: enqueue to %s: %w: no sequence", r, ErrBadMessage)
+	case env.GetSequence() > MaxSequence:
+		return fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is above %d, the highest an outbox stores", r, ErrBadMessage, env.GetSequence(), uint64(MaxSequence))
 	case len(env.GetIdempotencyKey()) > MaxKeyLen || len(env.GetCoalesceKey()) > MaxKeyLen:
 		return fmt.Errorf("outbox: enqueue to %s: %w: key longer than %d bytes", r, ErrBadMessage, MaxKeyLen)
 	case env.GetTtlMs() < 0:

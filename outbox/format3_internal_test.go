@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -306,5 +307,38 @@ func editFile(tb testing.TB, path string, edit func(tx *bolt.Tx) error) {
 	}
 	if err := db.Close(); err != nil {
 		tb.Fatal(err)
+	}
+}
+
+// A record above MaxSequence in the file (a damaged file: Enqueue refuses
+// such sequences) is set aside at Open, and the sequences handed out
+// after it go on from the highest one below: the high-water never wraps
+// to 0 and hands out old sequences again.
+func TestRecordAboveMaxSequenceIsSetAside(t *testing.T) {
+	path := copyFormat2(t)
+	s, err := Open(format2Config(path, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.ReserveSequence()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	editFile(t, path, func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRecords).Put(u64(math.MaxUint64), recordHeader(1, 0, 0, "a@n1", 0))
+	})
+	if s, err = Open(format2Config(path, 0)); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if st := s.Stats(); st.DLQDepth != 2 {
+		t.Fatalf("dead letters %d, want 2 (the file's one and the record above MaxSequence)", st.DLQDepth)
+	}
+	checkFormat2Queues(t, s)
+	if seq, err := s.ReserveSequence(); err != nil || seq <= before || seq > MaxSequence {
+		t.Fatalf("next sequence %d (%v): want above %d, handed out before", seq, err, before)
 	}
 }

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"math"
 	"path/filepath"
 	"testing"
@@ -48,23 +49,23 @@ func typesOfHead(t *testing.T, s *outbox.Store, r string) []string {
 	return out
 }
 
-// A sequence with the top bit set (no outbox hands one out, but Enqueue
-// takes any sequence but 0) is queued, returned by Head, and after a
-// restart later sequences go on above it and are returned too.
-func TestSequenceWithTheTopBitSetIsQueuedAndReturned(t *testing.T) {
+// A sequence above MaxSequence (ReserveSequence never gets there) is
+// refused when enqueued, and leaves nothing behind: queues, restarts and
+// later messages are as if it never came. (The top bit once marked
+// removals in the queues' order: such a message was stored and never
+// returned, and after a restart no new message was.)
+func TestSequenceAboveMaxSequenceIsRefused(t *testing.T) {
 	e := open(t, nil)
-	const top = uint64(1)<<63 | 5
-	sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "top", Sequence: top}}
-	if res, err := e.Enqueue(context.Background(), sm); err != nil || res != outbox.Queued {
-		t.Fatalf("enqueue at sequence %d: %v %v", top, res, err)
-	}
-	if got := e.types(t, "a@n1"); len(got) != 1 || got[0] != "top" {
-		t.Fatalf("Head returns %v, want [top]", got)
+	for _, seq := range []uint64{outbox.MaxSequence + 1, 1<<63 | 5, math.MaxUint64} {
+		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: "top", Sequence: seq}}
+		if _, err := e.Enqueue(context.Background(), sm); !errors.Is(err, outbox.ErrBadMessage) {
+			t.Fatalf("enqueue at sequence %d: %v, want ErrBadMessage", seq, err)
+		}
 	}
 	e.reopen(t, nil)
 	e.send(t, "a@n1", "after restart")
-	if got := e.types(t, "a@n1"); len(got) != 2 || got[1] != "after restart" {
-		t.Fatalf("after a restart, Head returns %v, want [top after restart]", got)
+	if got := e.types(t, "a@n1"); len(got) != 1 || got[0] != "after restart" {
+		t.Fatalf("after a restart, Head returns %v, want [after restart]", got)
 	}
 }
 

@@ -339,6 +339,8 @@ func (s *Store) moveRecord(tx *bolt.Tx, b *batch, recs *bolt.Bucket, r string, k
 		bad = "undecodable: a record of format 2 too short for its header"
 	case len(r) > maxRecipientLen:
 		bad = fmt.Sprintf("undecodable: a queue of format 2 named by %d bytes (at most %d)", len(r), maxRecipientLen)
+	case seqOf(k) > MaxSequence:
+		bad = fmt.Sprintf("undecodable: sequence %d is above MaxSequence", seqOf(k))
 	case recs.Get(k) != nil:
 		bad = fmt.Sprintf("undecodable: sequence %d is also queued for %s", seqOf(k), recRecipient(recs.Get(k)))
 	}

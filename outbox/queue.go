@@ -100,7 +100,7 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 						more = true
 						return nil
 					}
-					if sq >= bound {
+					if bound != noBound && sq >= bound {
 						more, short = true, true
 						return nil
 					}

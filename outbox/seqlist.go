@@ -76,10 +76,11 @@ func (l *seqList) block(seq uint64) int {
 	return i
 }
 
-// newRun starts a block at seq, with room for a queue of the list's size.
-func (l *seqList) newRun(seq uint64) seqRun {
-	off := make([]uint32, 1, min(seqBlock, max(4, l.n)))
-	return seqRun{base: seq, off: off}
+// newRun starts a block at seq. It grows by appending, as a small queue
+// does: a queue whose neighbouring sequences are too far apart for one
+// block has a block per message, and each stays small.
+func newRun(seq uint64) seqRun {
+	return seqRun{base: seq, off: make([]uint32, 1, 4)}
 }
 
 // add inserts seq (a no-op when it is there).
@@ -88,7 +89,7 @@ func (l *seqList) add(seq uint64) {
 	if nb == 0 || l.blocks[nb-1].last() < seq {
 		// Appended: most adds.
 		if nb == 0 || len(l.blocks[nb-1].off) >= seqBlock || seq-l.blocks[nb-1].base > maxOff {
-			l.blocks = append(l.blocks, l.newRun(seq))
+			l.blocks = append(l.blocks, newRun(seq))
 		} else {
 			b := &l.blocks[nb-1]
 			b.off = append(b.off, uint32(seq-b.base))
@@ -100,7 +101,17 @@ func (l *seqList) add(seq uint64) {
 	b := &l.blocks[bi]
 	if seq < b.base {
 		if b.last()-seq > maxOff {
-			l.blocks = slices.Insert(l.blocks, bi, l.newRun(seq))
+			// Too far below this block for its offsets: after the block
+			// before it (above whose last entry it is), if that has room
+			// and reach, else a block of its own there.
+			if bi > 0 {
+				if p := &l.blocks[bi-1]; len(p.off) < seqBlock && seq-p.base <= maxOff {
+					p.off = append(p.off, uint32(seq-p.base))
+					l.n++
+					return
+				}
+			}
+			l.blocks = slices.Insert(l.blocks, bi, newRun(seq))
 			l.n++
 			return
 		}
@@ -403,7 +414,8 @@ func (s *Store) unpublish() {
 	}
 }
 
-// noBound: Head may read a queue's order as far as it goes.
+// noBound: Head may read a queue's order as far as it goes (no sequence
+// reaches it: MaxSequence is below).
 const noBound = math.MaxUint64
 
 // orderChunk returns up to n sequences of r's queue above after, with the

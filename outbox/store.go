@@ -50,6 +50,13 @@ var (
 // refused.
 const formatVersion = 3
 
+// MaxSequence is the highest sequence an outbox stores. ReserveSequence
+// counts up from 1 and never gets near it; Enqueue refuses a sequence
+// above it, and Open sets aside a record above it (a damaged file), so the
+// sequences handed out after a restart, which continue above every stored
+// one, never run out.
+const MaxSequence = 1<<63 - 1
+
 // maxRecipientLen bounds recipient names, which are stored in every queue
 // record's header and in index keys.
 const maxRecipientLen = 1024
@@ -319,6 +326,10 @@ func (s *Store) load() error {
 				"file", high, "beside", beside)
 			high = beside
 		}
+		if high >= MaxSequence {
+			return fmt.Errorf("%w: the sequence high-water %d (the file's, or the one recorded in %s) leaves no sequence to hand out below MaxSequence",
+				ErrCorrupt, high, storecheck.HighPath(s.cfg.Path))
+		}
 		// Sequences handed out before a crash may have been used up to the
 		// reserved high-water: start above it.
 		s.nextSeq, s.reservedSeq = high+1, high
@@ -338,11 +349,11 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	var order []*queue
 	var bad [][]byte // keys of records whose header names no queue
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(k) == 8 {
+		if len(k) == 8 && seqOf(k) <= MaxSequence {
 			*high = max(*high, seqOf(k)) // never handed out again, queued or not
 		}
 		name := recRecipient(v)
-		if len(k) != 8 || name == nil {
+		if len(k) != 8 || name == nil || seqOf(k) > MaxSequence {
 			bad = append(bad, bytes.Clone(k))
 			continue
 		}
@@ -369,8 +380,9 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 	return s.setAside(tx, bad)
 }
 
-// setAside moves the records under keys, whose headers name no queue (a
-// damaged file), into the dead-letter queue, where an operator sees them.
+// setAside moves the records under keys, whose headers name no queue or
+// whose sequences are above MaxSequence (a damaged file), into the
+// dead-letter queue, where an operator sees them.
 func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 	if len(keys) == 0 {
 		return nil
@@ -382,7 +394,7 @@ func (s *Store) setAside(tx *bolt.Tx, keys [][]byte) error {
 		if err != nil {
 			sm = &pb.StoredMessage{Envelope: &pb.Envelope{}}
 		}
-		reason := fmt.Sprintf("undecodable: record %x names no queue in its header", k)
+		reason := fmt.Sprintf("undecodable: record %x: its header names no queue, or its sequence is above MaxSequence", k)
 		sm.LastError = reason
 		if err := s.putDeadLetter(tx, b, sm, reason); err != nil {
 			return err
