@@ -182,8 +182,7 @@ func (l *seqList) remove(seq uint64) {
 
 // compact rewrites the list without its marked entries.
 func (l *seqList) compact() {
-	live := seqList{}
-	live.n = 0
+	var live seqList
 	l.each(func(sq uint64) bool {
 		live.add(sq)
 		return true
