@@ -113,7 +113,7 @@ func TestFollowRightAfterAnAckCommitted(t *testing.T) {
 		// sends the rest once this Ack commits (the path this test is
 		// about is not taken; all must still be delivered).
 		testutil.WaitFor(t, 5*time.Second, "the second emission sent and the third read ahead", func() bool {
-			return d.count() >= 2 && (r.AheadRead(rcpt) || d.size(1) < int(r.cfg.BatchSize))
+			return d.count() >= 2 && (r.AheadRead(rcpt) || d.size(1) < r.cfg.BatchSize)
 		})
 		readAhead := r.AheadRead(rcpt)
 		err := ack(rc, seqs)
