@@ -65,31 +65,40 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 				}
 			}
 			want := sorted()
-			var got []uint64
-			l.each(func(sq uint64) bool { got = append(got, sq); return true })
-			if !slices.Equal(got, want) || l.len() != len(want) {
-				rt.Fatalf("order %v (len %d), want %v", got, l.len(), want)
-			}
-			if f, ok := l.first(); ok != (len(want) > 0) || (ok && f != want[0]) {
-				rt.Fatalf("first %d %v, want %v", f, ok, want)
-			}
-			if l.gone > 33 && 2*l.gone > l.n+1 {
-				rt.Fatalf("%d of %d entries marked", l.gone, l.n)
-			}
-			l.check(rt)
-			after := rapid.Uint64Range(0, next).Draw(rt, "after")
-			n := rapid.IntRange(0, 20).Draw(rt, "count")
-			var wantAfter []uint64
-			for _, sq := range want {
-				if sq > after && len(wantAfter) < n {
-					wantAfter = append(wantAfter, sq)
-				}
-			}
-			if got := l.after(nil, after, n); !slices.Equal(got, wantAfter) {
-				rt.Fatalf("after(%d, %d) = %v, want %v", after, n, got, wantAfter)
-			}
+			l.agrees(rt, want)
+			l.agreesAfter(rt, want, rapid.Uint64Range(0, next).Draw(rt, "after"), rapid.IntRange(0, 20).Draw(rt, "count"))
 		}
 	})
+}
+
+// agrees checks l against want, the sorted set it should hold: its order,
+// len, first, the share of marked entries and its structure.
+func (l *seqList) agrees(rt *rapid.T, want []uint64) {
+	var got []uint64
+	l.each(func(sq uint64) bool { got = append(got, sq); return true })
+	if !slices.Equal(got, want) || l.len() != len(want) {
+		rt.Fatalf("order %v (len %d), want %v", got, l.len(), want)
+	}
+	if f, ok := l.first(); ok != (len(want) > 0) || (ok && f != want[0]) {
+		rt.Fatalf("first %d %v, want %v", f, ok, want)
+	}
+	if l.gone > 33 && 2*l.gone > l.n+1 {
+		rt.Fatalf("%d of %d entries marked", l.gone, l.n)
+	}
+	l.check(rt)
+}
+
+// agreesAfter checks l.after(after, n) against want.
+func (l *seqList) agreesAfter(rt *rapid.T, want []uint64, after uint64, n int) {
+	var wantAfter []uint64
+	for _, sq := range want {
+		if sq > after && len(wantAfter) < n {
+			wantAfter = append(wantAfter, sq)
+		}
+	}
+	if got := l.after(nil, after, n); !slices.Equal(got, wantAfter) {
+		rt.Fatalf("after(%d, %d) = %v, want %v", after, n, got, wantAfter)
+	}
 }
 
 // check verifies the list's structure: blocks not empty nor over seqBlock,

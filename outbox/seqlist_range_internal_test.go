@@ -131,29 +131,12 @@ func TestSeqListAgreesWithASortedSetAcrossTheRange(t *testing.T) {
 				}
 			}
 			want := sorted()
-			var got []uint64
-			l.each(func(sq uint64) bool { got = append(got, sq); return true })
-			if !slices.Equal(got, want) || l.len() != len(want) {
-				rt.Fatalf("order %v (len %d), want %v", got, l.len(), want)
-			}
-			if f, ok := l.first(); ok != (len(want) > 0) || (ok && f != want[0]) {
-				rt.Fatalf("first %d %v, want %v", f, ok, want)
-			}
-			l.check(rt)
+			l.agrees(rt, want)
 			after := gen("after")
 			if rapid.Bool().Draw(rt, "after0") {
 				after = 0
 			}
-			n := rapid.IntRange(0, 1200).Draw(rt, "count")
-			var wantAfter []uint64
-			for _, sq := range want {
-				if sq > after && len(wantAfter) < n {
-					wantAfter = append(wantAfter, sq)
-				}
-			}
-			if got := l.after(nil, after, n); !slices.Equal(got, wantAfter) {
-				rt.Fatalf("after(%d, %d) = %v, want %v", after, n, got, wantAfter)
-			}
+			l.agreesAfter(rt, want, after, rapid.IntRange(0, 1200).Draw(rt, "count"))
 		}
 	})
 }
