@@ -61,15 +61,15 @@ func memQueues(tb testing.TB, s *Store) map[string][]uint64 {
 		var l []uint64
 		st.seqs.each(func(sq uint64) bool { l = append(l, sq); return true })
 		out[r] = l
-		if st.count != len(l) {
-			tb.Errorf("queue %s: count %d, order holds %d %v", r, st.count, len(l), l)
+		if st.count() != len(l) {
+			tb.Errorf("queue %s: count %d, order holds %d %v", r, st.count(), len(l), l)
 		}
 		if len(l) == 0 {
 			tb.Errorf("queue %s: empty queue kept in memory", r)
 		} else if st.headSeq != l[0] {
 			tb.Errorf("queue %s: headSeq %d, order starts at %d", r, st.headSeq, l[0])
 		}
-		depth += st.count
+		depth += st.count()
 	}
 	if depth != s.depth {
 		tb.Errorf("depth %d, queues sum to %d", s.depth, depth)
@@ -357,7 +357,7 @@ func TestCoalescingKeepsTheOrderSmall(t *testing.T) {
 	wg.Wait()
 	s.mu.RLock()
 	st := s.queues["a@n1"]
-	n, c, live := st.seqs.n, st.seqs.capacity(), st.count
+	n, c, live := st.seqs.n, st.seqs.capacity(), st.count()
 	s.mu.RUnlock()
 	t.Logf("live %d entries %d cap %d", live, n, c)
 	if n > 4*live+64 || c > 8*live+256 {

@@ -453,13 +453,13 @@ func (s *Store) applyEffects(b *batch) {
 		st := s.queues[r]
 		if d.empty {
 			if st != nil {
-				s.depth -= st.count
+				s.depth -= st.count()
 				s.removeQueue(st)
 			}
 			continue
 		}
 		if st == nil {
-			st = &queue{name: r, node: address.Node(r), count: d.count, headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.nowMs}
+			st = &queue{name: r, node: address.Node(r), headSeq: d.headSeq, oldestMs: d.oldestMs, sendAt: b.nowMs}
 			if d.sendAt != 0 {
 				st.sendAt = d.sendAt
 			}
@@ -470,7 +470,6 @@ func (s *Store) applyEffects(b *batch) {
 		}
 		st.seqs.apply(d.ev)
 		st.noteAdds(b.tx, p.adds)
-		st.count += d.count
 		s.depth += d.count
 		st.headSeq, st.oldestMs = d.headSeq, d.oldestMs
 		// A queue's in-memory send_at is set by Defer and WakeNode when

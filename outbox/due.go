@@ -64,7 +64,7 @@ func (s *Store) insertQueue(st *queue) {
 	n.queues[st.name] = st
 	n.due.ReplaceOrInsert(st)
 	s.link(n)
-	s.depth += st.count
+	s.depth += st.count()
 }
 
 // removeQueue drops an emptied recipient from every index. Caller holds mu.
@@ -265,7 +265,7 @@ func (s *Store) NodeQueued(node string) int {
 	total := 0
 	if n := s.byNode[node]; n != nil {
 		for _, st := range n.queues {
-			total += st.count
+			total += st.count()
 		}
 	}
 	return total

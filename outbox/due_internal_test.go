@@ -43,13 +43,15 @@ func TestDueIndexModel(t *testing.T) {
 				if st := s.queues[r]; st != nil {
 					s.setSendAt(st, at)
 				} else {
-					s.insertQueue(&queue{name: r, node: r[len(r)-2:], count: 1, sendAt: at})
+					st := &queue{name: r, node: r[len(r)-2:], sendAt: at}
+					st.seqs.add(1)
+					s.insertQueue(st)
 				}
 				s.mu.Unlock()
 			case 1: // a queue empties
 				s.mu.Lock()
 				if st := s.queues[r]; st != nil {
-					s.depth -= st.count
+					s.depth -= st.count()
 					s.removeQueue(st)
 				}
 				s.mu.Unlock()

@@ -304,7 +304,7 @@ func (s *Store) liveSeqs(dst []uint64, r string, d *qdelta, limit int) []uint64 
 func (s *Store) queuedAfter(r string, b *batch) int {
 	n := 0
 	if st := s.queues[r]; st != nil {
-		n = st.count
+		n = st.count()
 	}
 	if d := b.q[r]; d != nil {
 		n += d.count

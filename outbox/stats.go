@@ -48,7 +48,7 @@ func (s *Store) Stats() Stats {
 	st.Depth = s.depth
 	st.DLQDepth = s.dlqLen
 	for _, r := range s.queues {
-		st.DepthByPeer[r.node] += r.count
+		st.DepthByPeer[r.node] += r.count()
 		if !any || r.oldestMs < oldest {
 			oldest, any = r.oldestMs, true
 		}

@@ -68,13 +68,15 @@ type queue struct {
 	name     string
 	node     string
 	seqs     seqList             // the sequences of its records, in order
-	count    int                 // messages in the queue (== seqs.len())
 	adds     [addHistory]addMark // the last commits that added to it (ring; omu)
 	nAdds    int                 // commits that ever added to it
 	headSeq  uint64              // sequence of the oldest message
 	oldestMs int64               // created_elapsed_ms of the oldest message
 	sendAt   int64               // elapsed ms; the recipient is due when sendAt <= now
 }
+
+// count returns how many messages the queue holds.
+func (q *queue) count() int { return q.seqs.len() }
 
 func lessQueue(a, b *queue) bool {
 	if a.sendAt != b.sendAt {
@@ -114,7 +116,7 @@ type Store struct {
 	byNode   map[string]*nodeQueues     // node -> its non-empty queues (due.go)
 	nodes    *btree.BTreeG[*nodeQueues] // nodes not excluded with a queue, by their earliest send_at
 	excluded map[string]struct{}        // nodes excluded by ExcludeNode, queued or not
-	depth    int                        // sum of queues[*].count
+	depth    int                        // sum of queues[*].count()
 	dlqLen   int                        // records in the dlq bucket
 
 	// omu guards the queues' order (queue.seqs, queue.adds) and the two
@@ -372,7 +374,6 @@ func (s *Store) loadQueues(tx *bolt.Tx, high *uint64) error {
 			order = append(order, st)
 		}
 		st.seqs.add(seqOf(k)) // in key order: appended
-		st.count++
 	}
 	for _, st := range order {
 		s.insertQueue(st)
@@ -538,7 +539,7 @@ func (s *Store) Pending(recipient string) int {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if st := s.queues[recipient]; st != nil {
-		return st.count
+		return st.count()
 	}
 	return 0
 }
