@@ -93,6 +93,7 @@ var (
 	dRestores       = newDesc("meshnode_outbox_stream_restores_total", "Streams this node started again in a new epoch because a receiver had seen sequences its outbox never sent on them, or other messages under them: the outbox went back (restored from a backup). Messages it sent after the backup are unknown to it; alert on any increase.", prometheus.CounterValue)
 	dForgotten      = newDesc("meshnode_outbox_streams_forgotten_total", "Receiver streams this node forgot after they were idle for the stream retention (their watermarks and the inboxes' records of them).", prometheus.CounterValue)
 	dCommitFails    = newDesc("meshnode_outbox_commit_failures_total", "Outbox write transactions that failed (a full or failing disk). Sends in them returned the error; acks of delivered messages are retried.", prometheus.CounterValue)
+	dOutboxFailed   = newDesc("meshnode_outbox_failed", "1 when the outbox stopped taking writes because the disk failed a commit it had already written (its fsync); the node must be restarted. 0 otherwise; alert on 1.", prometheus.GaugeValue)
 
 	dPeerDepth  = newDesc("meshnode_outbox_peer_depth", "Messages waiting in the outbox for one destination node.", prometheus.GaugeValue, "peer")
 	dPeerLimit  = newDesc("meshnode_outbox_aimd_limit", "Current AIMD limit of outbox deliveries in flight to one destination node.", prometheus.GaugeValue, "peer")
@@ -108,7 +109,7 @@ var (
 
 var descs = []*desc{dMembers, dTell, dAsk, dReliable, dRefusedFull, dPanics, dNoSuchActor, dExpiredArrival, dDedupe, dStreamRefused, dActors,
 	dIdentity, dHandshakes, dClaims, dForgedReplies, dPeerBytesLimit, dFwdRefused, dForwarded,
-	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits, dCommitFails, dRestores, dForgotten,
+	dOutboxDepth, dOutboxOldest, dOutboxInFlight, dDLQDepth, dRetries, dDeadLettered, dExpired, dDelivered, dEnqueued, dCoalesced, dCommits, dCommitFails, dOutboxFailed, dRestores, dForgotten,
 	dConns, dGossip, dPeerDepth, dPeerLimit, dPeerFrames, dPeerBytes, dPeerWrites, dMailboxDepth, dMailboxDrops}
 
 // Collector is a prometheus.Collector of one node's metrics. It is safe for
@@ -302,6 +303,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dCoalesced, float64(os.Coalesced))
 	emit(dCommits, float64(os.Fsyncs))
 	emit(dCommitFails, float64(os.CommitFailures))
+	failed := 0.0
+	if os.Failure != "" {
+		failed = 1
+	}
+	emit(dOutboxFailed, failed)
 	emit(dRestores, float64(os.Restores))
 	emit(dForgotten, float64(os.StreamsForgotten))
 

@@ -123,7 +123,8 @@ func newSource() *fakeSource {
 			Gossip:  mesh.Traffic{Sent: 31, Received: 32},
 			Refused: transport.Refusals{IdentityMismatch: 3, UnknownCA: 12, NoCertificate: 13, BadCertificate: 14}},
 		outbox: node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"a": 4},
-			OldestAge: 2 * time.Second, Fsyncs: 9, CommitFailures: 3, Enqueued: 11, StreamsForgotten: 5}, LimitByPeer: map[string]int{"a": 10, "c": 1}, Restores: 2},
+			OldestAge: 2 * time.Second, Fsyncs: 9, CommitFailures: 3, Enqueued: 11, StreamsForgotten: 5,
+			Failure: "outbox: store failed: fdatasync: input/output error"}, LimitByPeer: map[string]int{"a": 10, "c": 1}, Restores: 2},
 		actors: []node.ActorStats{{Name: "idle"}, {Name: "busy"}},
 		peers:  map[string]transport.PeerStats{"a": {FramesIn: 1, FramesOut: 2, BytesIn: 30, BytesOut: 40, WritesOut: 5, Connected: true}, "b": {}},
 	}
@@ -161,6 +162,7 @@ func TestCollectorValues(t *testing.T) {
 		{"meshnode_outbox_oldest_age_seconds", nil, 2},
 		{"meshnode_outbox_fsyncs_total", nil, 9},
 		{"meshnode_outbox_commit_failures_total", nil, 3},
+		{"meshnode_outbox_failed", nil, 1},
 		{"meshnode_outbox_stream_restores_total", nil, 2},
 		{"meshnode_outbox_streams_forgotten_total", nil, 5},
 		{"meshnode_outbox_peer_depth", []string{"peer", "a"}, 4},

@@ -127,7 +127,15 @@
 //     "no such actor" after the receiver's SpawnGrace) count toward
 //     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
 //     down, a receiver whose disk refuses to record the outcome are waited
-//     out. A message too large for the wire is refused at
+//     out. A receiver whose disk failed a sync stops recording outcomes
+//     until it restarts (ErrStoreFailed), and is waited out the same way.
+//   - A disk that fails an outbox commit after writing it (its fsync)
+//     stops the outbox until the node restarts: TellReliable returns
+//     ErrStoreFailed for a message that would have to wait (one whose
+//     commit failed this way may still be delivered after the restart),
+//     the relay sends nothing more, Outbox().Err says why, and the
+//     daemon's /readyz fails. The restart reads what the file holds.
+//     A message too large for the wire is refused at
 //     the call with ErrTooLarge; with forwarding on, so is one too large to
 //     go through a forwarder with its origin (certificate and signature),
 //     which would otherwise hold its stream for as long as the direct path

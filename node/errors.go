@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/outbox"
 )
 
 // Sentinels and typed errors of the public API. Check them with errors.Is
@@ -39,6 +40,13 @@ var (
 	// (ServiceMux): an *UnknownMethodError locally, a *RemoteError with
 	// code Unimplemented from another node. Permanent: not retried.
 	ErrUnknownMethod = mailbox.ErrUnknownMethod
+	// ErrStoreFailed: the outbox stopped taking writes because the disk
+	// failed a commit it had already written (its fsync, most likely):
+	// what survives a crash is unknown, so nothing more is written until
+	// the node restarts and reads the file again. TellReliable returns it
+	// when a message would have to wait in the outbox (one its commit
+	// failed may still be in the file); Outbox().Err says it too.
+	ErrStoreFailed = outbox.ErrFailed
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
 	// ErrSenderMismatch: an envelope from a peer named another node as its

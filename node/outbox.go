@@ -18,6 +18,10 @@ type OutboxView interface {
 	// node name for all its actors) to the dead-letter queue with reason
 	// "dropped: why" (Replay brings them back) and returns how many.
 	DropQueue(target, why string) (int, error)
+	// Err says why the outbox stopped taking writes (ErrStoreFailed: the
+	// disk failed a commit it had already written; restart the node to
+	// reopen the file), or nil while it takes them.
+	Err() error
 }
 
 // OutboxStats is the outbox's snapshot with the relay's flow control.
@@ -50,6 +54,8 @@ func (v outboxView) Replay(f outbox.DLQFilter, opts ...outbox.ReplayOption) (int
 }
 
 func (v outboxView) Purge(f outbox.DLQFilter) (int, error) { return v.n.store.Purge(f) }
+
+func (v outboxView) Err() error { return v.n.store.Err() }
 
 func (v outboxView) DropQueue(target, why string) (int, error) {
 	return v.n.store.DropQueue(target, why)

@@ -255,6 +255,11 @@ func (s *Store) gather(g *gathered) {
 
 // commit applies ops in one transaction.
 func (s *Store) commit(ops []*op) {
+	if err := s.Err(); err != nil {
+		// Ops handed over before the store stopped: none is written.
+		s.fail(ops, err)
+		return
+	}
 	if len(s.unwritten) > 0 {
 		// Versions noted while the disk refused writes go first, so that
 		// nothing in this commit (a replay, an older version) is judged
@@ -297,18 +302,22 @@ func (s *Store) commit(ops []*op) {
 		s.edits.Add(1)
 	}
 	if err != nil {
-		s.unpublish()
 		s.commitFails.Add(1)
+		if b.tx != 0 && s.fileTx() >= b.tx {
+			// bbolt wrote the meta page and then failed (its fsync):
+			// readers of the file see this commit, and the disk may not
+			// keep it. Memory follows the file; the store stops.
+			s.applyEffects(b)
+			err = fmt.Errorf("%w: %w", ErrFailed, err)
+			s.failed.Store(&err)
+			s.cfg.Logger.Error("outbox failed: a commit reached the file but the disk failed to sync it; no more writes until the store is reopened", "err", err, "ops", len(ops))
+			s.fail(ops, fmt.Errorf("outbox: commit: %w", err))
+			return
+		}
+		s.unpublish()
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
-		for _, o := range ops {
-			o.err = err
-			for i := range o.errs {
-				o.errs[i] = err
-			}
-		}
-		s.forgetPendingKeys(ops)
-		s.finish(ops)
+		s.fail(ops, err)
 		s.keepVersions(ops)
 		return
 	}
@@ -332,6 +341,18 @@ func (s *Store) commit(ops []*op) {
 	if f := s.cfg.OnForget; f != nil && len(b.forgot) > 0 {
 		f(b.forgot)
 	}
+}
+
+// fail releases the callers of ops with err.
+func (s *Store) fail(ops []*op, err error) {
+	for _, o := range ops {
+		o.err = err
+		for i := range o.errs {
+			o.errs[i] = err
+		}
+	}
+	s.forgetPendingKeys(ops)
+	s.finish(ops)
 }
 
 // keepVersions keeps the RecordVersion ops of a failed commit for the next:

@@ -168,6 +168,17 @@
 //   - bbolt runs with NoFreelistSync and the hashmap freelist: every commit
 //     is still fsynced; the freelist is rebuilt by scanning the file at
 //     Open (a slower Open for a large file, fewer pages per commit).
+//   - A commit the disk refuses before bbolt writes its meta page changes
+//     nothing: its callers get the disk's error and the store goes on (a
+//     full disk). One that fails after (the meta page's fsync failing) is
+//     what the file shows from then on, yet the disk has just said it may
+//     not keep it, and a later fsync that succeeds says nothing of what the
+//     failed one lost. So the store stops: memory follows the file, that
+//     commit's callers and every later write and Head get ErrFailed (Err
+//     and Stats.Failure say why), reads for operators still work, and the
+//     next Open (a restart) reads what the file holds. Its callers cannot
+//     know whether their operation survives: a message whose Enqueue
+//     failed this way may still be delivered after the restart.
 //   - A caller whose ctx ends while it waits for its commit gets an error
 //     although the operation may still commit. Close commits what callers
 //     already handed over, then closes the file; every later call returns

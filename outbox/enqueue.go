@@ -178,7 +178,7 @@ func (s *Store) EnqueueAsync(ctx context.Context, sm *pb.StoredMessage, done fun
 	// the committer's final drain, so done always runs.
 	s.asyncMu.RLock()
 	defer s.asyncMu.RUnlock()
-	if err := s.closedErr(); err != nil {
+	if err := s.usableErr(); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	select {

@@ -11,6 +11,13 @@ import (
 var (
 	// ErrClosed is returned by every call on a closed Store.
 	ErrClosed = errors.New("outbox: closed")
+	// ErrFailed means the store stopped: the disk failed a commit after
+	// bbolt had written it into the file (its fsync failing, most likely),
+	// so the commit is what the file shows, but whether it survives a
+	// crash is unknown. Every write and Head fails with it from then on
+	// (Store.Err says why); reopening the store (restarting the node)
+	// reads what the file holds.
+	ErrFailed = errors.New("outbox: store failed: the disk failed a commit it had already written; restart to reopen the file")
 	// ErrLocked means Open could not take the data file's lock within
 	// Config.LockTimeout: another process (usually another node on the same
 	// data directory) holds it.

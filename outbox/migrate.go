@@ -241,6 +241,14 @@ func (s *Store) migrateDedupe(tx *bolt.Tx, elapsedAt func(wallMs, limit int64) i
 // and the next Open goes on. A first-format file is left to load, which
 // migrates it straight to format 3.
 func (s *Store) upgradeQueues() error {
+	todo := false
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		todo = tx.Bucket(bucketMeta) != nil && tx.Bucket(bucketQueues) != nil
+		return nil
+	})
+	if !todo {
+		return nil // a new file, or one of format 3: no write, no fsync
+	}
 	moved, started := 0, time.Now()
 	for {
 		more := false

@@ -40,7 +40,7 @@ type HeadRequest struct {
 // Head stops before it and returns its give-up time as waitUntil (elapsed
 // ms), so the stream stays in order.
 func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64, err error) {
-	if err := s.closedErr(); err != nil {
+	if err := s.usableErr(); err != nil {
 		return nil, 0, err
 	}
 	if req.Max <= 0 {

@@ -391,16 +391,22 @@ func (s *Store) publish(b *batch) {
 	s.omu.Unlock()
 }
 
-// unpublish drops the pending commit of a transaction that failed. What
-// readers see is then whatever bbolt shows them: the order is counted as
-// agreeing with it (a commit bbolt failed after its meta page was written
-// is in the file but not in memory until the next Open).
-func (s *Store) unpublish() {
+// fileTx returns the transaction readers of the file see.
+func (s *Store) fileTx() uint64 {
 	var cur uint64
 	_ = s.db.View(func(tx *bolt.Tx) error {
 		cur = uint64(tx.ID())
 		return nil
 	})
+	return cur
+}
+
+// unpublish drops the pending commit of a transaction that failed before
+// bbolt wrote it (one it wrote is applied instead: commit). What readers
+// see is then whatever bbolt shows them: the order is counted as agreeing
+// with it.
+func (s *Store) unpublish() {
+	cur := s.fileTx()
 	s.omu.Lock()
 	p := s.pending
 	s.pending = nil

@@ -19,6 +19,9 @@ type Stats struct {
 	DLQDepth       int    // records in the DLQ
 	Fsyncs         uint64 // committed transactions (one fsync each)
 	CommitFailures uint64 // transactions that failed (a full or failing disk); their callers got the error
+	// Failure says why the store stopped taking writes (Err: the disk
+	// failed a commit it had already written); "" while it takes them.
+	Failure string
 	// StreamsForgotten counts the receiver streams this node forgot,
 	// idle for StreamRetention: their watermarks are gone (and, through
 	// OnForget, what was kept beside them).
@@ -41,6 +44,9 @@ func (s *Store) Stats() Stats {
 		CommitFailures: s.commitFails.Load(),
 
 		StreamsForgotten: s.forgotten.Load(),
+	}
+	if err := s.Err(); err != nil {
+		st.Failure = err.Error()
 	}
 	nowMs := s.clock.nowMs()
 	oldest, any := int64(0), false

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/btree"
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/storecheck"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -149,7 +150,9 @@ type Store struct {
 	coalesced, superseded, fsyncs, commitFails          atomic.Uint64
 	edits                                               atomic.Uint64 // Edits
 	forgotten                                           atomic.Uint64 // Stats.StreamsForgotten
-
+	// failed is set once, by the committer, when a commit failed after
+	// bbolt wrote it: ErrFailed wrapping the disk's error (Err).
+	failed atomic.Pointer[error]
 }
 
 // Open opens (creating if needed) the outbox file, migrates a file of an
@@ -186,6 +189,10 @@ func Open(cfg Config) (*Store, error) {
 				cfg.Path, ErrLocked, cfg.LockTimeout, err)
 		}
 		return nil, fmt.Errorf("outbox: open %s: %w", cfg.Path, err)
+	}
+	if err := faults.HookWrites(cfg.Path, db); err != nil {
+		_ = db.Close()
+		return nil, err
 	}
 	s := &Store{
 		cfg:         cfg,
@@ -482,7 +489,7 @@ func (s *Store) shut(clean bool) error {
 // returned (reserved in blocks of Config.SequenceBlock, so one fsync
 // serves many calls).
 func (s *Store) ReserveSequence() (uint64, error) {
-	if err := s.closedErr(); err != nil {
+	if err := s.usableErr(); err != nil {
 		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
 	}
 	s.seqMu.Lock()
@@ -552,6 +559,23 @@ func (s *Store) closedErr() error {
 	default:
 		return nil
 	}
+}
+
+// Err returns why the store stopped taking writes (ErrFailed wrapping the
+// disk's error), or nil while it takes them.
+func (s *Store) Err() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// usableErr is closedErr, or the failure that stopped the store.
+func (s *Store) usableErr() error {
+	if err := s.closedErr(); err != nil {
+		return err
+	}
+	return s.Err()
 }
 
 // checkRecipient validates "actor@node".
@@ -645,7 +669,7 @@ func u64(v uint64) []byte { return seqKey(v) }
 
 // submit hands o to the committer and waits for its commit.
 func (s *Store) submit(ctx context.Context, o *op) error {
-	if err := s.closedErr(); err != nil {
+	if err := s.usableErr(); err != nil {
 		return err
 	}
 	o.done = make(chan struct{})
@@ -681,9 +705,9 @@ func (s *Store) submitAsync(o *op) {
 	// by the committer's final drain and its callback always runs.
 	s.asyncMu.RLock()
 	defer s.asyncMu.RUnlock()
-	if s.closedErr() != nil {
+	if err := s.usableErr(); err != nil {
 		s.forgetPendingKeys([]*op{o}) // nothing of o is stored: its keys are not seen
-		o.async(fmt.Errorf("outbox: %s: %w", o.kind, ErrClosed))
+		o.async(fmt.Errorf("outbox: %s: %w", o.kind, err))
 		return
 	}
 	s.ops <- o // the committer runs until s.closing, which needs asyncMu

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/node"
 )
 
 func listenNotify(tb testing.TB) *net.UnixConn {
@@ -170,3 +173,31 @@ func testReload(t *testing.T, n1 *daemon) {
 		t.Fatalf("daemon after a refused reload: exit %d %q", code, errOut)
 	}
 }
+
+// failedOutbox is an outbox that stopped taking writes.
+type failedOutbox struct{ node.OutboxView }
+
+func (failedOutbox) Err() error {
+	return fmt.Errorf("outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed)
+}
+
+// The daemon is not ready before it joined, nor once its outbox stopped
+// taking writes: an orchestrator then restarts it.
+func TestReadyNeedsAJoinAndAWorkingOutbox(t *testing.T) {
+	seeds := []string{"10.0.0.1:7946"}
+	if err := ready(func() bool { return false }, seeds, failedOutbox{}); err == nil || !strings.Contains(err.Error(), "not joined") {
+		t.Errorf("before joining: %v, want not joined", err)
+	}
+	if err := ready(func() bool { return true }, seeds, failedOutbox{}); !errors.Is(err, node.ErrStoreFailed) {
+		t.Errorf("with a failed outbox: %v, want ErrStoreFailed", err)
+	}
+	var ok okOutbox
+	if err := ready(func() bool { return true }, seeds, ok); err != nil {
+		t.Errorf("joined, outbox working: %v", err)
+	}
+}
+
+// okOutbox is an outbox that takes writes.
+type okOutbox struct{ node.OutboxView }
+
+func (okOutbox) Err() error { return nil }

@@ -241,12 +241,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	if nc.GossipKey != nil {
 		acfg.Keyring = keyringFanOut(n)
 	}
-	acfg.Ready = func() error {
-		if !joined() {
-			return fmt.Errorf("not joined: no seed of %v answered yet", cfg.Join)
-		}
-		return nil
-	}
+	acfg.Ready = func() error { return ready(joined, cfg.Join, n.Outbox()) }
 	srv, err := admin.New(acfg)
 	if err != nil {
 		_ = l.Close()
@@ -284,6 +279,15 @@ func aliveMembers(n *node.Node) int {
 		}
 	}
 	return alive
+}
+
+// ready is /readyz's answer: nil once the node joined its cluster, while
+// its outbox takes writes (after a failed sync it must be restarted).
+func ready(joined func() bool, seeds []string, ob node.OutboxView) error {
+	if !joined() {
+		return fmt.Errorf("not joined: no seed of %v answered yet", seeds)
+	}
+	return ob.Err()
 }
 
 // notifyReady tells systemd READY=1 once the node has joined, or after

@@ -68,6 +68,9 @@ func newOutboxCmd() *cobra.Command {
 			fmt.Fprintf(tw, "depth\t%d\noldest age\t%s\nin flight\t%d\n", st.Depth, time.Duration(st.OldestAgeSeconds*float64(time.Second)).Round(time.Millisecond), st.InFlight)
 			fmt.Fprintf(tw, "enqueued\t%d\ndelivered\t%d\nretries\t%d\ndead-lettered\t%d\nexpired\t%d\ncoalesced\t%d\nDLQ depth\t%d\ncommits (fsynced)\t%d\ncommit failures\t%d\nstream restores\t%d\nstreams forgotten\t%d\n",
 				st.Enqueued, st.Delivered, st.Retries, st.DeadLettered, st.Expired, st.Coalesced, st.DLQDepth, st.Fsyncs, st.CommitFailures, st.StreamRestores, st.StreamsForgotten)
+			if st.Failure != "" {
+				fmt.Fprintf(tw, "FAILED\t%s\n", st.Failure)
+			}
 			for _, p := range slices.Sorted(maps.Keys(st.LimitByPeer)) {
 				fmt.Fprintf(tw, "peer %s\tdepth %d, AIMD limit %d\n", p, st.DepthByPeer[p], st.LimitByPeer[p])
 			}

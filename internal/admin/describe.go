@@ -100,6 +100,8 @@ func Describe(err error) string {
 		return prefix + "the idempotency key is too long"
 	case errors.Is(err, outbox.ErrExpired):
 		return prefix + "the message expired before it could be stored"
+	case errors.Is(err, node.ErrStoreFailed):
+		return prefix + "this node's outbox stopped taking messages: the disk failed to sync a commit (see the node's log); check the disk and restart the node"
 	}
 	return err.Error()
 }

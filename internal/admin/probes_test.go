@@ -114,6 +114,8 @@ func TestErrorsReadOnce(t *testing.T) {
 		{"full", "/v1/send", `{"to":"box@n2"}`, &node.CapacityError{RetryAfter: 1500 * time.Millisecond},
 			429, admin.CodeCapacity, "send box@n2: the recipient is full: try again in 1.5s"},
 		{"deadline", "/v1/ask", `{"to":"box@n2"}`, context.DeadlineExceeded, 504, admin.CodeTimeout, "ask box@n2: no answer before the deadline"},
+		{"failed outbox", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: send box@n2: outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed),
+			507, admin.CodeInternal, "send box@n2: this node's outbox stopped taking messages"},
 		{"empty filter", "/v1/dlq/purge", `{}`, nil, 400, admin.CodeBadRequest, "--all"},
 		{"negative ttl", "/v1/send", `{"to":"box@n2","ttl":"-1s"}`, nil, 400, admin.CodeBadRequest, `ttl "-1s"`},
 	}

@@ -206,6 +206,9 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, node.ErrUnreachable):
 		return http.StatusServiceUnavailable
+	case errors.Is(err, node.ErrStoreFailed):
+		// Not worth retrying: the node must be restarted.
+		return http.StatusInsufficientStorage
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout
 	case errors.As(err, &re):
@@ -340,6 +343,7 @@ type OutboxStatsJSON struct {
 	DLQDepth         int            `json:"dlq_depth"`
 	Fsyncs           uint64         `json:"fsyncs"`
 	CommitFailures   uint64         `json:"commit_failures"`
+	Failure          string         `json:"failure,omitempty"` // why the outbox stopped taking writes; absent while it takes them
 	StreamRestores   uint64         `json:"stream_restores"`
 	StreamsForgotten uint64         `json:"streams_forgotten"`
 }
@@ -351,7 +355,7 @@ func (s *Server) outboxStats(w http.ResponseWriter, r *http.Request) {
 		LimitByPeer: st.LimitByPeer, Retries: st.Retries, DeadLettered: st.DeadLettered, Expired: st.Expired,
 		Delivered: st.Delivered, Enqueued: st.Enqueued, Coalesced: st.Coalesced,
 		DLQDepth: st.DLQDepth, Fsyncs: st.Fsyncs, CommitFailures: st.CommitFailures, StreamRestores: st.Restores,
-		StreamsForgotten: st.StreamsForgotten,
+		StreamsForgotten: st.StreamsForgotten, Failure: st.Failure,
 	})
 }
 

@@ -79,7 +79,8 @@ func (f *fakeBackend) Stats() node.Stats {
 }
 
 func (f *fakeBackend) OutboxStats() node.OutboxStats {
-	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second, CommitFailures: 6, StreamsForgotten: 7},
+	return node.OutboxStats{Stats: outbox.Stats{Depth: 4, DepthByPeer: map[string]int{"n2": 4}, OldestAge: time.Second, CommitFailures: 6, StreamsForgotten: 7,
+		Failure: "outbox: store failed: fdatasync: input/output error"},
 		LimitByPeer: map[string]int{"n2": 10}, Restores: 2}
 }
 
@@ -235,6 +236,7 @@ func TestErrorStatuses(t *testing.T) {
 		status int
 	}{
 		{fmt.Errorf("x: %w", node.ErrUnreachable), 503},
+		{fmt.Errorf("x: %w", node.ErrStoreFailed), 507},
 		{fmt.Errorf("x: %w", node.ErrNoSuchActor), 404},
 		{&node.CapacityError{RetryAfter: 1500 * time.Millisecond}, 429},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), 504},
@@ -302,6 +304,9 @@ func TestOutboxStatsHandler(t *testing.T) {
 		if out[k] != want {
 			t.Errorf("%s = %v, want %v (%v)", k, out[k], want, out)
 		}
+	}
+	if out["failure"] != "outbox: store failed: fdatasync: input/output error" {
+		t.Errorf("failure = %v, want the outbox's failure", out["failure"])
 	}
 	if lim := out["limit_by_peer"].(map[string]any); lim["n2"] != float64(10) {
 		t.Errorf("limit_by_peer = %v", lim)
