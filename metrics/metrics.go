@@ -68,7 +68,7 @@ var (
 	dNoSuchActor    = newDesc("meshnode_no_such_actor_total", "Messages for an actor that does not exist on this node.", prometheus.CounterValue)
 	dExpiredArrival = newDesc("meshnode_expired_on_arrival_total", "Messages that arrived after their TTL.", prometheus.CounterValue)
 	dDedupe         = newDesc("meshnode_dedupe_hits_total", "Reliable messages this receiver recognised as already processed, by the stream's watermark or an idempotency key (processed once, acknowledged again).", prometheus.CounterValue)
-	dStreamRefused  = newDesc("meshnode_stream_refused_total", "Reliable messages this receiver did not run, by reason: out_of_order (its predecessor has not run here; the sender resends from it) forgotten (older than a stream this node forgot after its retention; the sender dead-letters it) or diverged (the sender's outbox went back, e.g. restored from a backup: it starts a new epoch of the stream).", prometheus.CounterValue, "reason")
+	dStreamRefused  = newDesc("meshnode_stream_refused_total", "Reliable messages this receiver did not run, by reason: out_of_order (its predecessor has not run here; the sender resends from it), forgotten (older than a stream this node forgot after its retention; the sender dead-letters it), diverged (the sender's outbox went back, e.g. restored from a backup: it starts a new epoch of the stream) or store_failed (this node's store stopped after a failed sync; the sender waits until it restarts).", prometheus.CounterValue, "reason")
 	dActors         = newDesc("meshnode_actors", "Actors running on this node.", prometheus.GaugeValue)
 
 	dIdentity       = newDesc("meshnode_identity_mismatches_total", "Connections refused because the peer's certificate names another node than the one dialed, or than its Hello claims (an impostor at a member's address, or a node moved without its certificate).", prometheus.CounterValue)
@@ -275,6 +275,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	emit(dStreamRefused, float64(ns.OutOfOrder), "out_of_order")
 	emit(dStreamRefused, float64(ns.Forgotten), "forgotten")
 	emit(dStreamRefused, float64(ns.Diverged), "diverged")
+	emit(dStreamRefused, float64(ns.StoreFailed), "store_failed")
 	emit(dActors, float64(ns.Actors))
 	emit(dIdentity, float64(ns.Refused.IdentityMismatch))
 	emit(dHandshakes, float64(ns.Refused.UnknownCA), "unknown_ca")

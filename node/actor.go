@@ -400,6 +400,9 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 // durable; a failed commit is answered as onDurable says.
 func (a *actor) handleStream(d *delivery) {
 	n, env := a.n, d.env
+	if a.refuseWhileStoreFailed(d) {
+		return
+	}
 	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
 		a.receipt(d, nil, &pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})
@@ -521,6 +524,21 @@ func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr erro
 		return refused(err)
 	}
 	return herr, true
+}
+
+// refuseWhileStoreFailed answers d, a stream message, when this node's
+// store stopped (the disk failed a sync): no watermark can be made durable
+// before the node restarts, so a handler run now would run again after
+// it. The sender waits, uncounted, as for a full disk.
+func (a *actor) refuseWhileStoreFailed(d *delivery) bool {
+	err := a.n.store.Err()
+	if err == nil {
+		return false
+	}
+	a.n.stats.storeFailed.Add(1)
+	a.receipt(d, nil, &pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(),
+		Message: "not run: this node's store stopped until it restarts: " + err.Error()})
+	return true
 }
 
 // notDurableRetry is what a sender is told to wait when this node could

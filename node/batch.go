@@ -121,6 +121,10 @@ func (a *actor) gather(b *batch, d *delivery) (later *delivery) {
 // to b, or reports that it must wait for b's outcome.
 func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	n, env := a.n, d.env
+	if a.refuseWhileStoreFailed(d) {
+		d.uncharge()
+		return false
+	}
 	st, err := n.in.acquire(d.stream, a.applied())
 	if err != nil {
 		a.receipt(d, nil, &pb.Receipt{Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: "node is stopping"})

@@ -21,7 +21,7 @@ type counters struct {
 	reliableDeadLettered, unknownPeer                 atomic.Uint64
 	dropped, panics, noSuchActor, expired             atomic.Uint64
 	refusedFull, dedupeHits, outOfOrder, forgotten    atomic.Uint64
-	stopping, diverged                                atomic.Uint64
+	stopping, diverged, storeFailed                   atomic.Uint64
 	memberEventsMissed                                atomic.Uint64
 	senderMismatch, refusedPeerBytes                  atomic.Uint64
 }
@@ -52,6 +52,7 @@ type Stats struct {
 	OutOfOrder                                        uint64 // reliable messages answered OUT_OF_ORDER (predecessor not run here)
 	Forgotten                                         uint64 // reliable messages answered FORGOTTEN (older than a stream this node forgot; may have run)
 	Diverged                                          uint64 // reliable messages answered DIVERGED (their sender's outbox went back: it starts a new epoch)
+	StoreFailed                                       uint64 // reliable messages not run because this node's store stopped (a failed sync; restart the node)
 	Stopping                                          uint64 // messages from peers refused because an actor or the node was stopping (reliable ones are sent again)
 	MemberEventsMissed                                uint64 // membership events a slow subscriber or callback did not get
 	Streams                                           int    // reliable streams whose watermark is cached in memory
@@ -77,7 +78,8 @@ func (n *Node) Stats() Stats {
 		ReliableDeadLettered: c.reliableDeadLettered.Load(), UnknownPeer: c.unknownPeer.Load(),
 		Dropped: c.dropped.Load(), Panics: c.panics.Load(), NoSuchActor: c.noSuchActor.Load(), Expired: c.expired.Load(),
 		RefusedFull: c.refusedFull.Load(), DedupeHits: c.dedupeHits.Load(), OutOfOrder: c.outOfOrder.Load(), Forgotten: c.forgotten.Load(), Diverged: c.diverged.Load(),
-		Stopping: c.stopping.Load(), MemberEventsMissed: c.memberEventsMissed.Load(),
+		StoreFailed: c.storeFailed.Load(),
+		Stopping:    c.stopping.Load(), MemberEventsMissed: c.memberEventsMissed.Load(),
 		SenderMismatch: c.senderMismatch.Load(), ResponsesRefused: n.responses.Stats().Refused,
 		RefusedPeerBytes: c.refusedPeerBytes.Load(), Refused: n.transport.Refusals(),
 		Streams: n.in.len(),

@@ -127,8 +127,9 @@
 //     "no such actor" after the receiver's SpawnGrace) count toward
 //     MaxAttempts; a full peer, a lost receipt, a full send queue, a peer
 //     down, a receiver whose disk refuses to record the outcome are waited
-//     out. A receiver whose disk failed a sync stops recording outcomes
-//     until it restarts (ErrStoreFailed), and is waited out the same way.
+//     out. A receiver whose store stopped (its disk failed a sync) runs no
+//     reliable message until it restarts, since it could not record the
+//     outcome and would run it again after; it is waited out the same way.
 //   - A disk that fails an outbox commit after writing it (its fsync)
 //     stops the outbox until the node restarts: TellReliable returns
 //     ErrStoreFailed for a message that would have to wait (one whose

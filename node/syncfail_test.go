@@ -1,7 +1,9 @@
 package node_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sync/atomic"
@@ -73,4 +75,82 @@ func TestOutboxSyncFailureStopsUntilRestart(t *testing.T) {
 	if got := s.values(); !slices.Equal(got, want) {
 		t.Fatalf("delivered after the restart: %v, want %v once each", got, want)
 	}
+}
+
+// A receiver whose store stopped (a failed sync) cannot make a watermark
+// durable before it restarts, so it runs no reliable message meanwhile: a
+// handler run then would run again after the restart. Its senders wait,
+// uncounted, and after the restart every message runs once, in order.
+func TestReceiverWithAFailedStoreRunsNothingTwice(t *testing.T) {
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) { receiverWithAFailedStore(t, batched) })
+	}
+}
+
+func receiverWithAFailedStore(t *testing.T, batched bool) {
+	n1 := startNode(t, "n1", filepath.Join(t.TempDir(), "n1"))
+	rxDir := filepath.Join(t.TempDir(), "rx")
+	syncErr := errors.New("fdatasync outbox.db: input/output error")
+	var failing atomic.Bool
+	defer faults.FailWrites(filepath.Join(rxDir, "outbox.db"), syncErr, func(meta bool) bool { return meta && failing.Load() })()
+
+	rx := startNode(t, "rx", rxDir, n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, rx}, 2)
+	var s sink
+	spawn := func(rx *node.Node) {
+		var opts []node.SpawnOption
+		if batched {
+			opts = append(opts, node.WithBatch(s.batch, 0))
+		}
+		if _, err := rx.Spawn("box", s.handler, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spawn(rx)
+	to := node.Addr("box", "rx")
+	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("m1")); err != nil {
+		t.Fatal(err)
+	}
+	s.waitLen(t, 1)
+	testutil.WaitFor(t, 20*time.Second, "m1 acknowledged", func() bool { return n1.Outbox().Stats().Depth == 0 })
+
+	failing.Store(true)
+	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("m2")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "rx's store to fail", func() bool { return rx.Outbox().Err() != nil })
+	failing.Store(false)
+	// m2 ran if its watermark's commit is the one that failed (the usual
+	// case), not if another commit of rx failed first.
+	out, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("m3"))
+	if err != nil || out != node.Queued {
+		t.Fatalf("m3 to the receiver whose store failed: %v %v, want Queued (refused, not run)", out, err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "rx to refuse a delivery while its store is failed", func() bool { return rx.Stats().StoreFailed > 0 })
+	if got := s.values(); !slices.Equal(got, []string{"m1", "m2"}) && !slices.Equal(got, []string{"m1"}) {
+		t.Fatalf("ran before the restart: %v, want [m1 m2] or [m1]: nothing after the failure", got)
+	}
+	if err := rx.Close(); err != nil {
+		t.Logf("close rx: %v", err)
+	}
+
+	rx = startNode(t, "rx", rxDir, n1.GossipAddr())
+	spawn(rx)
+	testutil.WaitFor(t, 30*time.Second, "the sender's outbox to empty", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	if got := s.values(); !slices.Equal(got, []string{"m1", "m2", "m3"}) {
+		t.Fatalf("handler runs = %v, want [m1 m2 m3] once each", got)
+	}
+	if st := n1.Outbox().Stats(); st.DLQDepth != 0 {
+		t.Fatalf("%d dead letters: the receiver's failed store dead-lettered a healthy message", st.DLQDepth)
+	}
+}
+
+// batch is sink's handler for messages taken together (node.WithBatch).
+func (s *sink) batch(ctx context.Context, msgs []*node.Message) (int, error) {
+	for i, m := range msgs {
+		if _, err := s.handler(ctx, m); err != nil {
+			return i, err
+		}
+	}
+	return len(msgs), nil
 }

@@ -308,6 +308,7 @@ func (s *Store) commit(ops []*op) {
 			// readers of the file see this commit, and the disk may not
 			// keep it. Memory follows the file; the store stops.
 			s.applyEffects(b)
+			s.noteForgotten(b)
 			err = fmt.Errorf("%w: %w", ErrFailed, err)
 			s.failed.Store(&err)
 			s.cfg.Logger.Error("outbox failed: a commit reached the file but the disk failed to sync it; no more writes until the store is reopened", "err", err, "ops", len(ops))
@@ -337,6 +338,11 @@ func (s *Store) commit(ops []*op) {
 			}
 		}
 	}
+	s.noteForgotten(b)
+}
+
+// noteForgotten counts the streams b's commit forgot and tells OnForget.
+func (s *Store) noteForgotten(b *batch) {
 	s.forgotten.Add(uint64(len(b.forgot)))
 	if f := s.cfg.OnForget; f != nil && len(b.forgot) > 0 {
 		f(b.forgot)

@@ -456,7 +456,8 @@ func (s *Store) Close() error { return s.shut(true) }
 func (s *Store) Abandon() error { return s.shut(false) }
 
 // shut stops the committer, closes the file and, when clean, marks the
-// shutdown clean.
+// shutdown clean (never after a failed sync: the next Open checks the
+// whole file).
 func (s *Store) shut(clean bool) error {
 	s.closeMu.Lock()
 	if s.isClosed {
@@ -472,7 +473,7 @@ func (s *Store) shut(clean bool) error {
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("outbox: close: %w", err)
 	}
-	if !clean {
+	if !clean || s.Err() != nil {
 		return nil
 	}
 	if err := storecheck.MarkClean(s.cfg.Path); err != nil {

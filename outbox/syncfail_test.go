@@ -3,12 +3,14 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"os"
 	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/storecheck"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
@@ -53,7 +55,13 @@ func TestCommitWrittenButNotSyncedStopsTheStore(t *testing.T) {
 		t.Fatalf("Stats after the failure: depth %d, %d commit failures; want 2 (the file's m1 and m2) and 1", st.Depth, st.CommitFailures)
 	}
 
-	e.reopen(t, nil)
+	if err := e.Close(); err != nil {
+		t.Fatalf("Close of the failed store: %v", err)
+	}
+	if _, err := os.Stat(storecheck.CleanPath(e.path)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Close of the failed store marked it clean (%v): the next Open would not check the whole file", err)
+	}
+	e.Store = mustOpen(t, config(e.path, e.clk, e.mut))
 	if err := e.Err(); err != nil {
 		t.Fatalf("Err() after reopening: %v", err)
 	}

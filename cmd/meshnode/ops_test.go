@@ -174,30 +174,21 @@ func testReload(t *testing.T, n1 *daemon) {
 	}
 }
 
-// failedOutbox is an outbox that stopped taking writes.
-type failedOutbox struct{ node.OutboxView }
-
-func (failedOutbox) Err() error {
-	return fmt.Errorf("outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed)
-}
-
-// The daemon is not ready before it joined, nor once its outbox stopped
-// taking writes: an orchestrator then restarts it.
-func TestReadyNeedsAJoinAndAWorkingOutbox(t *testing.T) {
+// The daemon is not ready before it joined, nor once one of its stores
+// stopped taking writes: an orchestrator then restarts it.
+func TestReadyNeedsAJoinAndWorkingStores(t *testing.T) {
 	seeds := []string{"10.0.0.1:7946"}
-	if err := ready(func() bool { return false }, seeds, failedOutbox{}); err == nil || !strings.Contains(err.Error(), "not joined") {
+	working := func() error { return nil }
+	failed := func() error {
+		return fmt.Errorf("outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed)
+	}
+	if err := ready(func() bool { return false }, seeds, working); err == nil || !strings.Contains(err.Error(), "not joined") {
 		t.Errorf("before joining: %v, want not joined", err)
 	}
-	if err := ready(func() bool { return true }, seeds, failedOutbox{}); !errors.Is(err, node.ErrStoreFailed) {
-		t.Errorf("with a failed outbox: %v, want ErrStoreFailed", err)
+	if err := ready(func() bool { return true }, seeds, working, failed); !errors.Is(err, node.ErrStoreFailed) {
+		t.Errorf("with a failed store: %v, want its failure", err)
 	}
-	var ok okOutbox
-	if err := ready(func() bool { return true }, seeds, ok); err != nil {
-		t.Errorf("joined, outbox working: %v", err)
+	if err := ready(func() bool { return true }, seeds, working, working); err != nil {
+		t.Errorf("joined, stores working: %v", err)
 	}
 }
-
-// okOutbox is an outbox that takes writes.
-type okOutbox struct{ node.OutboxView }
-
-func (okOutbox) Err() error { return nil }

@@ -241,7 +241,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 	if nc.GossipKey != nil {
 		acfg.Keyring = keyringFanOut(n)
 	}
-	acfg.Ready = func() error { return ready(joined, cfg.Join, n.Outbox()) }
+	acfg.Ready = func() error { return ready(joined, cfg.Join, n.Outbox().Err, store.Err) }
 	srv, err := admin.New(acfg)
 	if err != nil {
 		_ = l.Close()
@@ -282,12 +282,18 @@ func aliveMembers(n *node.Node) int {
 }
 
 // ready is /readyz's answer: nil once the node joined its cluster, while
-// its outbox takes writes (after a failed sync it must be restarted).
-func ready(joined func() bool, seeds []string, ob node.OutboxView) error {
+// its stores (the outbox, the inboxes) take writes: after a failed sync
+// the daemon must be restarted.
+func ready(joined func() bool, seeds []string, stores ...func() error) error {
 	if !joined() {
 		return fmt.Errorf("not joined: no seed of %v answered yet", seeds)
 	}
-	return ob.Err()
+	for _, failed := range stores {
+		if err := failed(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // notifyReady tells systemd READY=1 once the node has joined, or after

@@ -206,7 +206,7 @@ func statusOf(err error) int {
 		return http.StatusConflict
 	case errors.Is(err, node.ErrUnreachable):
 		return http.StatusServiceUnavailable
-	case errors.Is(err, node.ErrStoreFailed):
+	case errors.Is(err, node.ErrStoreFailed), errors.Is(err, inbox.ErrFailed):
 		// Not worth retrying: the node must be restarted.
 		return http.StatusInsufficientStorage
 	case errors.Is(err, context.DeadlineExceeded):

@@ -16,7 +16,6 @@ type Config struct {
 	// but always returns at least one, so a pull makes progress.
 	MaxPullBytes int
 	MaxWait      time.Duration // longest long-poll a Pull may ask for (60 s)
-	BatchDelay   time.Duration // group commit: how long concurrent appends wait to share one fsync (2 ms)
 }
 
 // DefaultConfig returns a Config for the file at path with every field set.
@@ -28,7 +27,6 @@ func DefaultConfig(path string) Config {
 		MaxPull:      1000,
 		MaxPullBytes: 4 << 20,
 		MaxWait:      time.Minute,
-		BatchDelay:   2 * time.Millisecond,
 	}
 }
 
@@ -47,8 +45,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: max pull bytes %d must be positive", ErrBadConfig, c.MaxPullBytes)
 	case c.MaxWait < 0:
 		return fmt.Errorf("%w: max wait must not be negative", ErrBadConfig)
-	case c.BatchDelay < 0:
-		return fmt.Errorf("%w: batch delay must not be negative", ErrBadConfig)
 	}
 	return nil
 }

@@ -41,8 +41,16 @@
 //   - The daemon's inbox actor stores the reliable messages waiting in its
 //     mailbox with AppendBatch: one commit (one fsync) for all of them,
 //     each acknowledged only after it (node.WithBatch).
-//   - Group commit uses bbolt's DB.Batch (BatchDelay), so many concurrent
-//     deliveries share an fsync.
+//   - Write transactions run one at a time under the store's own lock
+//     (bbolt runs one at a time anyway): after a failed commit, the file's
+//     transaction then says whether bbolt had written it. One that it had
+//     (the meta page's fsync failing) stops the store: every write and
+//     Pull fails with ErrFailed until a restart reopens the file, and
+//     Close does not mark it clean. Appends share commits without a delay
+//     (group): one that finds no commit running commits at once, those
+//     arriving meanwhile share the next. bbolt's Batch waited 2 ms for
+//     company that one inbox actor, appending one message at a time, never
+//     brings.
 //   - Duplicates: a reliable message is stored once. The node dedupes by
 //     its stream watermark and idempotency keys before the handler runs,
 //     but a receiver killed after an append's commit and before the

@@ -21,6 +21,11 @@ var (
 	// ErrWrite: the inbox file refused a write (a full or failing disk);
 	// nothing of the call was stored. It may work later.
 	ErrWrite = errors.New("inbox: write failed")
+	// ErrFailed: the store stopped because the disk failed a commit after
+	// bbolt had written it into the file (its fsync, most likely): what
+	// survives a crash is unknown. Every write and Pull fails with it (as
+	// ErrWrite too, so senders back off) until the store is reopened.
+	ErrFailed = errors.New("inbox: store failed: the disk failed a commit it had already written; restart to reopen the file")
 	// ErrAckBeyond: an ack names a cursor past the last stored message; the
 	// watermark never passes durable work.
 	ErrAckBeyond = errors.New("inbox: ack beyond the last stored message")

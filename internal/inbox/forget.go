@@ -23,7 +23,7 @@ import (
 // to forget). Without this every stream ever seen, one per sender outbox,
 // epoch and inbox, would stay in the file.
 func (s *Store) ForgetStreams(streams []outbox.ForgottenStream) error {
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
 		}

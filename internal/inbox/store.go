@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
@@ -81,6 +82,18 @@ type Store struct {
 	db   *bolt.DB
 	done chan struct{} // closed by Close: wakes long polls
 
+	// wmu serializes write transactions (bbolt does too), so that after a
+	// failed commit the file's transaction says whether it was written.
+	wmu sync.Mutex
+	// failed is set once, when the disk failed a commit bbolt had already
+	// written: ErrFailed wrapping the disk's error (Err).
+	failed atomic.Pointer[error]
+
+	// gmu guards the appends waiting to share a commit (group).
+	gmu      sync.Mutex
+	gqueue   []*groupCall
+	grunning bool // a caller is committing; the next one queued leads after it
+
 	closeOnce sync.Once
 
 	// mu guards the fields below.
@@ -134,10 +147,13 @@ func Open(cfg Config) (*Store, error) {
 		}
 		return nil, fmt.Errorf("inbox: open %s: %w", cfg.Path, err)
 	}
-	db.MaxBatchDelay = cfg.BatchDelay
+	if err := faults.HookWrites(cfg.Path, db); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	s := &Store{cfg: cfg, db: db, done: make(chan struct{}), boxes: make(map[string]*box)}
 	var id []byte
-	err = db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
 		if err != nil {
 			return err
@@ -179,6 +195,46 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// update runs fn in a write transaction. When the commit fails after
+// bbolt wrote its meta page (its fsync failing), the file shows the
+// commit while the disk may not keep it, and a later fsync that succeeds
+// says nothing of what this one lost: the store stops (Err).
+func (s *Store) update(fn func(*bolt.Tx) error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if err := s.Err(); err != nil {
+		return err
+	}
+	var txid int
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		txid = tx.ID()
+		return fn(tx)
+	})
+	if err == nil || txid == 0 {
+		return err
+	}
+	written := false
+	_ = s.db.View(func(tx *bolt.Tx) error {
+		written = tx.ID() >= txid
+		return nil
+	})
+	if !written {
+		return err
+	}
+	err = fmt.Errorf("%w: %w", ErrFailed, err)
+	s.failed.Store(&err)
+	return err
+}
+
+// Err returns why the store stopped (ErrFailed wrapping the disk's
+// error), or nil while it works.
+func (s *Store) Err() error {
+	if p := s.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // Close releases the file and ends pending long polls. Idempotent.
 func (s *Store) Close() error {
 	var err error
@@ -189,6 +245,8 @@ func (s *Store) Close() error {
 		close(s.done)
 		if cerr := s.db.Close(); cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
+		} else if s.Err() != nil {
+			// Not clean: the next Open checks the whole file.
 		} else if cerr := storecheck.MarkClean(s.cfg.Path); cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
 		}
@@ -249,7 +307,7 @@ func (s *Store) Declare(name string) (created bool, err error) {
 	if err := ValidName(name); err != nil {
 		return false, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists([]byte(prefixQueue + name)); err != nil {
 			return err
 		}
@@ -325,8 +383,8 @@ func (s *Store) AppendMarked(ctx context.Context, name string, env *pb.Envelope,
 	msg := proto.CloneOf(env)
 	var cursor uint64
 	var seen bool
-	err := s.db.Batch(func(tx *bolt.Tx) error {
-		cursor, seen = 0, false // Batch may run this again alone
+	err := s.group(func(tx *bolt.Tx) error {
+		cursor, seen = 0, false // it may run again, without a call that failed
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
 		}
@@ -469,10 +527,8 @@ func (s *Store) AppendBatchMarked(ctx context.Context, name string, envs []*pb.E
 			return 0, 0, fmt.Errorf("inbox: append to %q: %w", name, err)
 		}
 	}
-	// One Update, not Batch: the caller already gathered the batch, so
-	// waiting BatchDelay for company would only add latency.
 	stored := 0
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
 			return err // a test's full disk
 		}
@@ -580,6 +636,8 @@ func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wa
 		switch {
 		case closed:
 			return nil, ErrClosed
+		case s.Err() != nil:
+			return nil, fmt.Errorf("inbox: pull %q: %w", name, s.Err())
 		case !ok:
 			return nil, fmt.Errorf("inbox: pull %q: %w", name, ErrNoSuchInbox)
 		case after > last:
@@ -652,7 +710,7 @@ func (s *Store) AckUpTo(name string, upTo uint64) (int, error) {
 		return 0, fmt.Errorf("inbox: ack %q: %w", name, ErrNoSuchInbox)
 	}
 	deleted := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.update(func(tx *bolt.Tx) error {
 		q := tx.Bucket([]byte(prefixQueue + name))
 		if q == nil {
 			return ErrNoSuchInbox

@@ -280,7 +280,7 @@ func TestNamesAndConfig(t *testing.T) {
 		func(c *inbox.Config) { c.MaxMessages = 0 },
 		func(c *inbox.Config) { c.MaxPull = -1 },
 		func(c *inbox.Config) { c.MaxWait = -1 },
-		func(c *inbox.Config) { c.BatchDelay = -1 },
+		func(c *inbox.Config) { c.MaxPullBytes = 0 },
 	}
 	for i, mutate := range bad {
 		cfg := inbox.DefaultConfig("x")
