@@ -64,9 +64,10 @@ func chaosKnobs(t *testing.T) (seeds []uint64, messages int, d time.Duration) {
 // while a seeded nemesis partitions, isolates, kills and restarts nodes
 // (senders and receivers alike), makes days pass at once (past the
 // receivers' idempotency-key window, once past their stream retention),
-// steps wall clocks by years and fills disks (a node's outbox refuses every
+// steps wall clocks by years, fills disks (a node's outbox refuses every
 // write until the next heal: sends to be stored fail at the call, acks,
-// watermarks and verdicts wait); receivers have tiny mailboxes (Reject or
+// watermarks and verdicts wait) and fails a sync (a node's outbox stops
+// until the node is restarted); receivers have tiny mailboxes (Reject or
 // DropOldest), handlers that fail transiently or run slowly, and spawn their
 // actor late after a restart; a Tell flood shares the send queue; some sends
 // carry headers over the peers' limit (refused at the call), some are
@@ -163,7 +164,7 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 	day := 24 * time.Hour
 	steps, err := PlanFaults(NemesisConfig{
 		Seed: seed, Nodes: n, Duration: d, MinGap: 250 * time.Millisecond, MaxGap: 700 * time.Millisecond,
-		Kinds:    []FaultKind{FaultPartition, FaultIsolate, FaultKill, FaultRestart, FaultAdvance, FaultStepClock, FaultDiskFull},
+		Kinds:    []FaultKind{FaultPartition, FaultIsolate, FaultKill, FaultRestart, FaultAdvance, FaultStepClock, FaultDiskFull, FaultSyncFail},
 		Advances: []time.Duration{25 * time.Hour, 25 * time.Hour, 25 * time.Hour, 31 * day},
 		Steps:    []time.Duration{10 * 365 * day, -10 * 365 * day},
 	})

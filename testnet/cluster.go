@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -88,6 +89,11 @@ type member struct {
 	clock   *outbox.AdjustableClock // the node's clock, kept across restarts (it is the device's)
 	n       *node.Node              // nil when killed or stopped
 	boots   []string                // boot ids of every incarnation, in order
+	// syncFail, when set, makes the next write of the outbox's meta page
+	// reach the file and report an I/O error, as a failing fsync does
+	// (SyncFail); unsync removes the fault at Close.
+	syncFail *atomic.Bool
+	unsync   func()
 }
 
 // New starts an n-node cluster for a test and closes it in tb.Cleanup. It
@@ -243,6 +249,16 @@ func (c *Cluster) startNode(i int) error {
 	if err != nil {
 		return fmt.Errorf("identity of %s: %w", m.name, err)
 	}
+	c.mu.Lock()
+	if m.syncFail == nil {
+		path := filepath.Join(m.dataDir, "outbox.db")
+		armed := new(atomic.Bool)
+		m.syncFail = armed
+		m.unsync = faults.FailWrites(path, fmt.Errorf("fdatasync %s: %w", path, syscall.EIO),
+			func(meta bool) bool { return meta && armed.CompareAndSwap(true, false) })
+	}
+	m.syncFail.Store(false) // a new incarnation's disk works
+	c.mu.Unlock()
 	cfg := node.DefaultConfig(m.name)
 	cfg.Cluster = "testnet"
 	cfg.DataDir = m.dataDir
@@ -534,6 +550,9 @@ func (c *Cluster) Close() error {
 	c.disks = nil
 	var nodes []*node.Node
 	for _, m := range c.members {
+		if m.unsync != nil {
+			m.unsync()
+		}
 		if m.n != nil {
 			nodes = append(nodes, m.n)
 			m.n = nil
@@ -600,6 +619,19 @@ func (c *Cluster) DiskFull(i int) {
 		c.disks = map[int]func(){}
 	}
 	c.disks[i], _ = faults.FailCommits(path, fmt.Errorf("write %s: %w", path, syscall.ENOSPC))
+}
+
+// SyncFail makes node i's disk fail the sync of its outbox's next commit
+// after bbolt wrote it (an fsync's I/O error): the outbox stops (sends to
+// be stored fail at the call, the node runs no reliable message) until the
+// node is restarted (a Restart of it kills it first).
+func (c *Cluster) SyncFail(i int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || i < 0 || i >= len(c.members) || c.members[i].n == nil {
+		return
+	}
+	c.members[i].syncFail.Store(true)
 }
 
 // FreeDisks lets every disk DiskFull filled take writes again.

@@ -223,3 +223,60 @@ func TestClusterDiskFull(t *testing.T) {
 		t.Fatalf("unexpected counts:\n%s", rep)
 	}
 }
+
+// A node whose disk fails the sync of an outbox commit stops its outbox:
+// a send to be stored fails at the call (ErrStoreFailed) and, as a
+// receiver, it runs nothing. A Restart of it (a kill first: it still runs)
+// brings it back on what the file holds; then everything acknowledged is
+// delivered, once, in order, and nothing healthy is in a dead-letter queue.
+func TestClusterSyncFail(t *testing.T) {
+	rec := NewRecorder(3)
+	c := New(t, 2, sinks(rec, NoBug))
+	ctx := context.Background()
+	for range 3 {
+		if _, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.SyncFail(1) // the receiver's: its next watermark commit stops it
+	for range 5 {
+		if out, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); err != nil || out == node.DeadLettered {
+			t.Fatalf("send to a node whose store failed = %v, %v", out, err)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "n1's outbox to stop", func() bool { return c.Node(1).Outbox().Err() != nil })
+
+	c.Partition([]int{0}, []int{1})
+	testutil.WaitFor(t, 10*time.Second, "n0 sees n1 down", func() bool { return !c.Sees(0, 1) })
+	c.SyncFail(0) // the sender's: the next send to be stored stops it
+	_, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1))
+	if !errors.Is(err, node.ErrStoreFailed) {
+		t.Fatalf("a send to be stored when the disk fails its sync: %v, want ErrStoreFailed", err)
+	}
+	if _, err := SendReliable(ctx, rec, c.Node(0), c.Addr("sink", 1)); !errors.Is(err, node.ErrStoreFailed) {
+		t.Fatalf("a send after the outbox stopped: %v, want ErrStoreFailed", err)
+	}
+	c.Heal()
+	if err := c.apply(FaultStep{Kind: FaultRestart, Node: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.apply(FaultStep{Kind: FaultRestart, Node: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitConverged(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDrained(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.Check(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Processed < 8 || rep.Processed > 9 {
+		t.Fatalf("processed %d, want the 8 acknowledged and perhaps the one whose commit failed:\n%s", rep.Processed, rep)
+	}
+}

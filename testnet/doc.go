@@ -44,6 +44,11 @@
 //     affected by Partition.
 //   - Restart binds new ports (port 0) and joins up to three running nodes;
 //     the old addresses stay registered under the same name.
+//   - Disk faults go through internal/faults: DiskFull fails every commit of
+//     a node's outbox until FreeDisks (a full disk); SyncFail makes bbolt's
+//     next write of the outbox's meta page reach the file and report an I/O
+//     error (a failing fsync), which stops the outbox until the node
+//     restarts, so the nemesis plans it like a kill and restarts the node.
 //   - A re-run of a key on a later incarnation of the receiver is reported
 //     apart ("crash-window re-runs") and does not fail the check: node
 //     documents that a crash between a handler's return and the commit of

@@ -28,6 +28,7 @@ const (
 	FaultAdvance   = nemesis.Advance
 	FaultStepClock = nemesis.StepClock
 	FaultDiskFull  = nemesis.DiskFull
+	FaultSyncFail  = nemesis.SyncFail
 )
 
 // PlanFaults returns the schedule for cfg: the same config (seed
@@ -76,6 +77,12 @@ func (c *Cluster) apply(s FaultStep) error {
 	case FaultKill:
 		return c.Kill(s.Node)
 	case FaultRestart:
+		if c.Node(s.Node) != nil {
+			// Running after SyncFail: its outbox stopped until a restart.
+			if err := c.Kill(s.Node); err != nil {
+				return err
+			}
+		}
 		return c.Restart(s.Node)
 	case FaultHeal:
 		c.Heal()
@@ -86,6 +93,8 @@ func (c *Cluster) apply(s FaultStep) error {
 		c.Clock(s.Node).Step(s.Duration)
 	case FaultDiskFull:
 		c.DiskFull(s.Node)
+	case FaultSyncFail:
+		c.SyncFail(s.Node)
 	default:
 		return fmt.Errorf("unknown fault kind %v", s.Kind)
 	}

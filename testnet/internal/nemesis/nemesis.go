@@ -24,6 +24,7 @@ const (
 	Advance                   // every node's clocks jump forward by Duration (time passes at once)
 	StepClock                 // one node's wall clock steps by Duration (either sign); it shows at its next restart
 	DiskFull                  // one node's disk refuses writes (its outbox's commits fail) until the next heal
+	SyncFail                  // one node's disk fails the sync of its next outbox commit: its outbox stops until a Restart of it (planned like Kill)
 )
 
 func (k Kind) String() string {
@@ -44,6 +45,8 @@ func (k Kind) String() string {
 		return "step-clock"
 	case DiskFull:
 		return "disk-full"
+	case SyncFail:
+		return "sync-fail"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -52,7 +55,7 @@ func (k Kind) String() string {
 type Step struct {
 	At       time.Duration
 	Kind     Kind
-	Node     int           // Isolate, Kill, Restart, StepClock, DiskFull
+	Node     int           // Isolate, Kill, Restart, StepClock, DiskFull, SyncFail
 	Groups   [][]int       // Partition
 	Duration time.Duration // Advance, StepClock
 }
@@ -144,14 +147,14 @@ func Plan(c Config) ([]Step, error) {
 			slices.Sort(a)
 			slices.Sort(b)
 			step.Groups = [][]int{a, b}
-		case Isolate, Kill:
+		case Isolate, Kill, SyncFail:
 			cands := candidates(c, down, false)
-			if len(cands) == 0 || (kind == Kill && len(down) >= maxDown) {
+			if len(cands) == 0 || (kind != Isolate && len(down) >= maxDown) {
 				continue
 			}
 			step.Node = cands[rng.IntN(len(cands))]
-			if kind == Kill {
-				down[step.Node] = true
+			if kind != Isolate {
+				down[step.Node] = true // a stopped outbox waits for a Restart too
 			}
 		case Restart:
 			cands := candidates(c, down, true)

@@ -182,3 +182,40 @@ func TestPlanDiskFull(t *testing.T) {
 		t.Fatalf("the schedule ends with %v, want a heal (which frees the disks)", last)
 	}
 }
+
+// SyncFail takes a node out like Kill (at most MaxDown at once) and is
+// followed by a Restart of it before the schedule ends.
+func TestPlanSyncFail(t *testing.T) {
+	cfg := Config{Seed: 5, Nodes: 5, Duration: 10 * time.Second, MinGap: 100 * time.Millisecond, MaxGap: 300 * time.Millisecond,
+		Kinds: []Kind{SyncFail, Restart}}
+	steps, err := Plan(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := map[int]bool{}
+	failed := 0
+	for _, s := range steps {
+		switch s.Kind {
+		case SyncFail:
+			failed++
+			if down[s.Node] {
+				t.Fatalf("sync-fail of node %d, already out:\n%s", s.Node, Format(steps))
+			}
+			if want := fmt.Sprintf("%v sync-fail %d", s.At, s.Node); s.String() != want {
+				t.Fatalf("%q, want %q", s.String(), want)
+			}
+			down[s.Node] = true
+			if len(down) > 2 {
+				t.Fatalf("%d nodes out at once, MaxDown is 2:\n%s", len(down), Format(steps))
+			}
+		case Restart:
+			if !down[s.Node] {
+				t.Fatalf("restart of node %d, which is not out:\n%s", s.Node, Format(steps))
+			}
+			delete(down, s.Node)
+		}
+	}
+	if failed == 0 || len(down) != 0 {
+		t.Fatalf("%d sync-fails, %d nodes still out at the end:\n%s", failed, len(down), Format(steps))
+	}
+}
