@@ -242,6 +242,7 @@ func runDaemon(ctx context.Context, cfg Config, logw io.Writer, hup <-chan os.Si
 		acfg.Keyring = keyringFanOut(n)
 	}
 	acfg.Ready = func() error { return ready(joined, cfg.Join, n.Outbox().Err, store.Err) }
+	acfg.Live = func() error { return storeFailure(n.Outbox().Err, store.Err) }
 	srv, err := admin.New(acfg)
 	if err != nil {
 		_ = l.Close()
@@ -288,6 +289,12 @@ func ready(joined func() bool, seeds []string, stores ...func() error) error {
 	if !joined() {
 		return fmt.Errorf("not joined: no seed of %v answered yet", seeds)
 	}
+	return storeFailure(stores...)
+}
+
+// storeFailure is why the daemon must be restarted (/healthz fails with
+// it): the failure of the first of its stores that stopped, or nil.
+func storeFailure(stores ...func() error) error {
 	for _, failed := range stores {
 		if err := failed(); err != nil {
 			return err

@@ -85,6 +85,10 @@ type Config struct {
 	// Ready reports why the daemon is not ready yet (nil: ready); /readyz
 	// answers 503 with that reason. nil: ready whenever the API is up.
 	Ready func() error
+	// Live reports why the daemon should be restarted (nil: it works);
+	// /healthz answers 503 with that reason, so that an orchestrator's
+	// liveness probe restarts it. nil: live while the API is up.
+	Live func() error
 	// Pprof serves net/http/pprof under /debug/pprof/ (false). Profiles
 	// show internals and cost CPU: enable it while investigating.
 	Pprof bool

@@ -37,7 +37,7 @@
 //   - /metrics is a client_golang registry: the node's families from
 //     package metrics (also usable by applications that embed a node), the
 //     inbox's, meshnode_build_info, go_* and process_*.
-//   - /healthz (the process serves) and /readyz (Config.Ready) need no
+//   - /healthz (the process serves; Config.Live) and /readyz (Config.Ready) need no
 //     token; /version does. /debug/pprof/ exists only with Config.Pprof.
 //   - SetToken swaps the token for the requests that follow (the daemon
 //     calls it on SIGHUP).

@@ -8,8 +8,15 @@ import (
 	"github.com/meshnode/meshnode/internal/version"
 )
 
-// healthz answers 200 while the process serves HTTP: a liveness probe.
+// healthz answers 200 while the process serves HTTP and Config.Live says
+// nothing is broken, else 503 with the reason: a liveness probe.
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.Live != nil {
+		if err := s.cfg.Live(); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "failed", "reason": err.Error()})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ok"})
 }
 

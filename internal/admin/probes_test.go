@@ -44,13 +44,20 @@ func get(tb testing.TB, ts *httptest.Server, path string) int {
 
 func TestProbes(t *testing.T) {
 	notReady := errors.New("not joined yet")
+	var broken error
 	ts, _, _ := newServerWith(t, func(c *admin.Config) {
 		c.Token = "secret"
 		c.Ready = func() error { return notReady }
+		c.Live = func() error { return broken }
 	})
 	if st := get(t, ts, "/healthz"); st != http.StatusOK {
 		t.Errorf("/healthz without token = %d, want 200", st)
 	}
+	broken = errors.New("outbox: store failed")
+	if status, out := call(t, ts, "GET", "/healthz", "", ""); status != http.StatusServiceUnavailable || out["reason"] != "outbox: store failed" {
+		t.Errorf("/healthz with a failed store = %d %v, want 503 with the reason", status, out)
+	}
+	broken = nil
 	status, out := call(t, ts, "GET", "/readyz", "", "")
 	if status != http.StatusServiceUnavailable || out["reason"] != "not joined yet" {
 		t.Errorf("/readyz before ready = %d %v, want 503 with the reason", status, out)
