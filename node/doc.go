@@ -130,17 +130,18 @@
 //     out. A receiver whose store stopped (its disk failed a sync) runs no
 //     reliable message until it restarts, since it could not record the
 //     outcome and would run it again after; it is waited out the same way.
-//   - A disk that fails an outbox commit after writing it (its fsync)
-//     stops the outbox until the node restarts: TellReliable returns
-//     ErrStoreFailed for a message that would have to wait (one whose
-//     commit failed this way may still be delivered after the restart),
-//     the relay sends nothing more, Outbox().Err says why, and the
-//     daemon's /readyz fails. The restart reads what the file holds.
 //     A message too large for the wire is refused at
 //     the call with ErrTooLarge; with forwarding on, so is one too large to
 //     go through a forwarder with its origin (certificate and signature),
 //     which would otherwise hold its stream for as long as the direct path
 //     fails.
+//   - A disk that fails an outbox commit after writing it (its fsync)
+//     stops the outbox until the node restarts: TellReliable and
+//     TellReliableAsync return ErrStoreFailed (a message whose commit
+//     failed this way may still be delivered after the restart), the
+//     relay sends nothing more, the node runs no reliable message,
+//     Outbox().Err says why, and the daemon's /readyz and /healthz fail.
+//     The restart reads what the file holds.
 //   - A peer that membership holds alive but that this node cannot reach
 //     (a partial partition: gossip reaches it through others) gets its
 //     reliable messages through another member that can, one hop, with

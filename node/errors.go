@@ -43,9 +43,10 @@ var (
 	// ErrStoreFailed: the outbox stopped taking writes because the disk
 	// failed a commit it had already written (its fsync, most likely):
 	// what survives a crash is unknown, so nothing more is written until
-	// the node restarts and reads the file again. TellReliable returns it
-	// when a message would have to wait in the outbox (one its commit
-	// failed may still be in the file); Outbox().Err says it too.
+	// the node restarts and reads the file again. TellReliable and
+	// TellReliableAsync return it (a message whose commit failed this way
+	// may still be in the file, and delivered after the restart);
+	// Outbox().Err says it too.
 	ErrStoreFailed = outbox.ErrFailed
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")

@@ -127,6 +127,13 @@ func receiverWithAFailedStore(t *testing.T, batched bool) {
 		t.Fatalf("m3 to the receiver whose store failed: %v %v, want Queued (refused, not run)", out, err)
 	}
 	testutil.WaitFor(t, 20*time.Second, "rx to refuse a delivery while its store is failed", func() bool { return rx.Stats().StoreFailed > 0 })
+	// Nor does it send reliably, even to a peer that could take it at once.
+	if _, err := n1.Spawn("back", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rx.TellReliable(ctxT(t), node.Addr("back", "n1"), wrapperspb.String("back")); !errors.Is(err, node.ErrStoreFailed) {
+		t.Fatalf("a reliable send from the node whose store failed: %v, want ErrStoreFailed", err)
+	}
 	if got := s.values(); !slices.Equal(got, []string{"m1", "m2"}) && !slices.Equal(got, []string{"m1"}) {
 		t.Fatalf("ran before the restart: %v, want [m1 m2] or [m1]: nothing after the failure", got)
 	}
