@@ -45,12 +45,19 @@
 //     (bbolt runs one at a time anyway): after a failed commit, the file's
 //     transaction then says whether bbolt had written it. One that it had
 //     (the meta page's fsync failing) stops the store: every write and
-//     Pull fails with ErrFailed until a restart reopens the file, and
-//     Close does not mark it clean. Appends share commits without a delay
+//     Pull fails with ErrFailed until a restart reopens the file (a
+//     waiting long poll is woken to say so), Applied reports nothing, and
+//     Close, which waits for a write in progress to learn this, does not
+//     mark it clean. Appends share commits without a delay
 //     (group): one that finds no commit running commits at once, those
 //     arriving meanwhile share the next. bbolt's Batch waited 2 ms for
 //     company that one inbox actor, appending one message at a time, never
-//     brings.
+//     brings. A panic in one append (a bad argument) is that append's
+//     error, whichever caller's goroutine ran it.
+//   - Pull returns no message above the highest cursor whose append has
+//     returned: a commit shared by several appends is in the file before
+//     each has counted it, and a program must never be handed a cursor
+//     that its next Pull would call beyond the last stored message.
 //   - Duplicates: a reliable message is stored once. The node dedupes by
 //     its stream watermark and idempotency keys before the handler runs,
 //     but a receiver killed after an append's commit and before the

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"errors"
+	"fmt"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -54,7 +55,7 @@ func (s *Store) commitGroup(calls []*groupCall) {
 	failed := -1
 	err := s.update(func(tx *bolt.Tx) error {
 		for i, c := range calls {
-			if err := c.fn(tx); err != nil {
+			if err := c.run(tx); err != nil {
 				failed = i
 				return err
 			}
@@ -69,6 +70,17 @@ func (s *Store) commitGroup(calls []*groupCall) {
 	for _, c := range calls {
 		c.finish(err)
 	}
+}
+
+// run runs c's fn in tx; a panic in it (a caller's bad argument) is its
+// error alone, not the leader's, and leaves the hand-over intact.
+func (c *groupCall) run(tx *bolt.Tx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("inbox: append panicked: %v", p)
+		}
+	}()
+	return c.fn(tx)
 }
 
 func (c *groupCall) finish(err error) {

@@ -44,9 +44,13 @@ type Mark struct {
 }
 
 // Applied returns the highest sequence of stream (its outbox.StreamKey)
-// stored in any inbox, 0 when none was or the file cannot be read (the
-// node's own watermark then stands).
+// stored in any inbox, 0 when none was, the file cannot be read or the
+// store stopped after a failed sync (the node's own watermark then
+// stands).
 func (s *Store) Applied(stream []byte) uint64 {
+	if s.Err() != nil {
+		return 0 // the file's word is not trusted after a failed sync
+	}
 	var m streamMark
 	_ = s.db.View(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bucketStreams); b != nil {
@@ -223,6 +227,12 @@ func (s *Store) update(fn func(*bolt.Tx) error) error {
 	}
 	err = fmt.Errorf("%w: %w", ErrFailed, err)
 	s.failed.Store(&err)
+	s.mu.Lock()
+	for _, b := range s.boxes {
+		close(b.notify) // waiting pulls return the failure
+		b.notify = make(chan struct{})
+	}
+	s.mu.Unlock()
 	return err
 }
 
@@ -243,7 +253,12 @@ func (s *Store) Close() error {
 		s.closed = true
 		s.mu.Unlock()
 		close(s.done)
-		if cerr := s.db.Close(); cerr != nil {
+		// Under wmu: a write that failed has learnt whether bbolt wrote
+		// it (update) before the file closes.
+		s.wmu.Lock()
+		cerr := s.db.Close()
+		s.wmu.Unlock()
+		if cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
 		} else if s.Err() != nil {
 			// Not clean: the next Open checks the whole file.
@@ -644,7 +659,10 @@ func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wa
 			return nil, fmt.Errorf("inbox: pull %q: %w: after %d, last %d", name, ErrPullBeyond, after, last)
 		}
 		if last > after {
-			msgs, err := s.read(name, after, max)
+			// No further than last: a commit whose appenders have not yet
+			// counted it may be in the file, and a cursor Pull hands out
+			// must never be one a later Pull calls beyond the last.
+			msgs, err := s.read(name, after, last, max)
 			if err != nil || len(msgs) > 0 {
 				return msgs, err
 			}
@@ -664,7 +682,9 @@ func (s *Store) Pull(ctx context.Context, name string, after uint64, max int, wa
 	}
 }
 
-func (s *Store) read(name string, after uint64, max int) ([]*pb.Envelope, error) {
+// read returns up to max messages of inbox name with cursors in
+// (after, last].
+func (s *Store) read(name string, after, last uint64, max int) ([]*pb.Envelope, error) {
 	var out []*pb.Envelope
 	err := s.db.View(func(tx *bolt.Tx) error {
 		q := tx.Bucket([]byte(prefixQueue + name))
@@ -673,7 +693,7 @@ func (s *Store) read(name string, after uint64, max int) ([]*pb.Envelope, error)
 		}
 		c := q.Cursor()
 		bytes := 0
-		for k, v := c.Seek(be(after + 1)); k != nil && len(out) < max; k, v = c.Next() {
+		for k, v := c.Seek(be(after + 1)); k != nil && len(out) < max && binary.BigEndian.Uint64(k) <= last; k, v = c.Next() {
 			if bytes += len(v); bytes > s.cfg.MaxPullBytes && len(out) > 0 {
 				break
 			}
