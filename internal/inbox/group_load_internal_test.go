@@ -131,15 +131,13 @@ func TestGroupedAppendsUnderLoadStoreEachSequenceOnce(t *testing.T) {
 			for !stop.Load() {
 				msgs, err := s.Pull(ctx, name, after, 50, 0)
 				if err != nil {
-					if !errors.Is(err, ErrPullBeyond) {
-						report(fmt.Errorf("pull: %w", err))
-					}
+					report(fmt.Errorf("pull: %w", err))
 					continue
 				}
 				if len(msgs) > 0 {
 					last := msgs[len(msgs)-1].GetEventSeq()
-					if _, err := s.AckUpTo(name, msgs[len(msgs)/2].GetEventSeq()); err != nil && !errors.Is(err, ErrWrite) {
-						// AckUpTo wraps the disk error plainly
+					if _, err := s.AckUpTo(name, msgs[len(msgs)/2].GetEventSeq()); err != nil && !errors.Is(err, errFull) {
+						report(fmt.Errorf("ack: %w", err)) // only the full disk may refuse it
 					}
 					after = last
 				}

@@ -27,7 +27,7 @@ import (
 func boltStatlock(t *testing.T, db *bolt.DB) *sync.RWMutex {
 	v := reflect.ValueOf(db).Elem().FieldByName("statlock")
 	if !v.IsValid() || v.Type() != reflect.TypeFor[sync.RWMutex]() {
-		t.Skip("this bbolt has no statlock")
+		t.Fatal("bbolt.DB has no statlock of the known type: this test's pause needs updating for this bbolt")
 	}
 	return (*sync.RWMutex)(unsafe.Pointer(v.UnsafeAddr()))
 }
