@@ -35,6 +35,9 @@ func TestInboxWrittenButNotSyncedStops(t *testing.T) {
 	if _, err := s.AppendMarked(ctx, "box", env("m1"), inbox.Mark{Stream: stream, Seq: 1}); err != nil {
 		t.Fatal(err)
 	}
+	if got := s.Applied(stream); got != 1 {
+		t.Fatalf("Applied = %d, want 1", got)
+	}
 	failing.Store(true)
 	_, err := s.AppendMarked(ctx, "box", env("m2"), inbox.Mark{Stream: stream, Seq: 2})
 	if !errors.Is(err, inbox.ErrFailed) || !errors.Is(err, inbox.ErrWrite) || !errors.Is(err, syncErr) {
@@ -55,6 +58,9 @@ func TestInboxWrittenButNotSyncedStops(t *testing.T) {
 	}
 	if err := s.Err(); !errors.Is(err, inbox.ErrFailed) {
 		t.Fatalf("Err() = %v, want ErrFailed", err)
+	}
+	if got := s.Applied(stream); got != 0 {
+		t.Fatalf("Applied after the failure = %d, want 0: the file's word is not trusted (the node's watermark stands)", got)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
