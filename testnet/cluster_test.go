@@ -40,19 +40,7 @@ func TestClusterPartitionQueuesThenDelivers(t *testing.T) {
 		}
 	}
 	c.Heal()
-	if err := c.WaitConverged(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitDrained(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := c.Check(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
-	}
+	rep := drainedAndChecked(t, c, rec, 10*time.Second)
 	if rep.Delivered != 1 || rep.Queued != 20 || rep.Processed != 21 {
 		t.Fatalf("unexpected counts:\n%s", rep)
 	}
@@ -209,16 +197,7 @@ func TestClusterDiskFull(t *testing.T) {
 		}
 	}
 	c.FreeDisks()
-	if err := c.WaitDrained(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := c.Check(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
-	}
+	rep := drainedAndChecked(t, c, rec, 30*time.Second)
 	if rep.Processed != 10 {
 		t.Fatalf("unexpected counts:\n%s", rep)
 	}
@@ -263,20 +242,28 @@ func TestClusterSyncFail(t *testing.T) {
 	if err := c.apply(FaultStep{Kind: FaultRestart, Node: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.WaitConverged(10 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitDrained(30 * time.Second); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := c.Check(rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); err != nil {
-		t.Fatal(err)
-	}
+	rep := drainedAndChecked(t, c, rec, 30*time.Second)
 	if rep.Processed < 8 || rep.Processed > 9 {
 		t.Fatalf("processed %d, want the 8 acknowledged and perhaps the one whose commit failed:\n%s", rep.Processed, rep)
 	}
+}
+
+// drainedAndChecked waits for c to converge and drain, then checks what
+// rec recorded and fails tb on a broken invariant.
+func drainedAndChecked(tb testing.TB, c *Cluster, rec *Recorder, drain time.Duration) Report {
+	tb.Helper()
+	if err := c.WaitConverged(10 * time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	if err := c.WaitDrained(drain); err != nil {
+		tb.Fatal(err)
+	}
+	rep, err := c.Check(rec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return rep
 }
