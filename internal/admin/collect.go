@@ -11,10 +11,11 @@ import (
 var (
 	inboxDepthDesc = prometheus.NewDesc("meshnode_inbox_depth", "Messages stored in one inbox and not yet acknowledged.", []string{"inbox"}, nil)
 	inboxLastDesc  = prometheus.NewDesc("meshnode_inbox_last_cursor", "Cursor of the newest message stored in one inbox.", []string{"inbox"}, nil)
+	inboxFailDesc  = prometheus.NewDesc("meshnode_inbox_failed", "1 when the inbox store stopped because the disk failed a commit it had already written (its fsync); the daemon must be restarted. 0 otherwise; alert on 1.", nil, nil)
 )
 
 // InboxMetricNames are the families inboxCollector exports.
-var InboxMetricNames = []string{"meshnode_inbox_depth", "meshnode_inbox_last_cursor"}
+var InboxMetricNames = []string{"meshnode_inbox_depth", "meshnode_inbox_last_cursor", "meshnode_inbox_failed"}
 
 // inboxCollector reads the inbox store's statistics at scrape time.
 type inboxCollector struct{ in Inbox }
@@ -22,6 +23,7 @@ type inboxCollector struct{ in Inbox }
 func (c inboxCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- inboxDepthDesc
 	ch <- inboxLastDesc
+	ch <- inboxFailDesc
 }
 
 func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
@@ -30,6 +32,11 @@ func (c inboxCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(inboxDepthDesc, prometheus.GaugeValue, float64(st[n].Depth), n)
 		ch <- prometheus.MustNewConstMetric(inboxLastDesc, prometheus.GaugeValue, float64(st[n].LastCursor), n)
 	}
+	failed := 0.0
+	if c.in.Err() != nil {
+		failed = 1
+	}
+	ch <- prometheus.MustNewConstMetric(inboxFailDesc, prometheus.GaugeValue, failed)
 }
 
 // BuildInfoName is the build information family: always 1, the binary's

@@ -36,6 +36,9 @@ type Inbox interface {
 	Pull(ctx context.Context, name string, after uint64, max int, wait time.Duration) ([]*pb.Envelope, error)
 	AckUpTo(name string, upTo uint64) (int, error)
 	Stats() map[string]inbox.Stats
+	// Err says why the inbox store stopped (a failed sync), nil while it
+	// works.
+	Err() error
 }
 
 // NodeBackend adapts a *node.Node to Backend.

@@ -437,6 +437,7 @@ func TestMetrics(t *testing.T) {
 		"go_goroutines ",
 		"process_open_fds ",
 		`meshnode_inbox_depth{inbox="orders"} 0`,
+		"meshnode_inbox_failed 0",
 		`meshnode_mailbox_depth{actor="busy"} 2`,
 		`meshnode_mailbox_drops_total{actor="busy",reason="rejected"} 5`,
 	} {

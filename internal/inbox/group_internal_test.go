@@ -2,12 +2,16 @@ package inbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 )
@@ -114,5 +118,61 @@ func TestGroupedAppendFailsAlone(t *testing.T) {
 				t.Fatalf("stored %v, want [a c d]", ids)
 			}
 		})
+	}
+}
+
+// Appends that queue while a commit runs share the next commit: ten
+// appends to ten inboxes behind a stalled leader take one commit between
+// them, not ten (each commit writes bbolt's meta page once).
+func TestQueuedAppendsShareOneCommit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	var commits atomic.Int64
+	defer faults.FailWrites(path, errors.New("unused"), func(meta bool) bool {
+		if meta {
+			commits.Add(1)
+		}
+		return false
+	})()
+	s, err := Open(DefaultConfig(path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	const n = 10
+	for i := range n + 1 {
+		if _, err := s.Declare(fmt.Sprint("box", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.wmu.Lock()
+	unlock := sync.OnceFunc(s.wmu.Unlock)
+	defer unlock()
+	var wg sync.WaitGroup
+	appendTo := func(i int) {
+		wg.Go(func() {
+			if _, err := s.Append(context.Background(), fmt.Sprint("box", i), &pb.Envelope{MsgId: fmt.Sprint(i)}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	appendTo(n) // the leader, waiting for the lock held here
+	testutil.WaitFor(t, 10*time.Second, "the first append to lead", func() bool {
+		s.gmu.Lock()
+		defer s.gmu.Unlock()
+		return s.grunning && len(s.gqueue) == 0
+	})
+	for i := range n {
+		appendTo(i)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the others to queue", func() bool {
+		s.gmu.Lock()
+		defer s.gmu.Unlock()
+		return len(s.gqueue) == n
+	})
+	before := commits.Load()
+	unlock()
+	wg.Wait()
+	if got := commits.Load() - before; got != 2 {
+		t.Fatalf("%d appends took %d commits, want 2: the leader's, then one for the %d that queued behind it", n+1, got, n)
 	}
 }
