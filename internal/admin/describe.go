@@ -79,6 +79,8 @@ func Describe(err error) string {
 		return "no dead letters selected: give ids, a recipient, a reason or older_than, or all to mean every one (CLI: --id, --recipient, --reason, --older-than or --all)"
 	case errors.As(err, &mbe):
 		return fmt.Sprintf("request body larger than %d bytes", mbe.Limit)
+	case errors.Is(err, inbox.ErrFailed):
+		return "this node's inbox store stopped: the disk failed to sync a commit (see the daemon's log); check the disk and restart the daemon"
 	case se == nil:
 		return err.Error()
 	case errors.Is(err, node.ErrNoSuchActor):

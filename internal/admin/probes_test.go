@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/admin"
+	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/node"
 )
@@ -141,5 +142,15 @@ func TestErrorsReadOnce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A pull or ack refused by an inbox store that stopped after a failed
+// sync reads as what to do (restart), with no package prefixes.
+func TestStoppedInboxReadsOnce(t *testing.T) {
+	err := fmt.Errorf("inbox: pull %q: %w: fdatasync inbox.db: input/output error", "box", inbox.ErrFailed)
+	msg := admin.Describe(err)
+	if !strings.Contains(msg, "inbox store stopped") || !strings.Contains(msg, "restart the daemon") || strings.Contains(msg, "inbox:") {
+		t.Fatalf("Describe = %q", msg)
 	}
 }
