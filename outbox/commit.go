@@ -303,7 +303,8 @@ func (s *Store) commit(ops []*op) {
 	}
 	if err != nil {
 		s.commitFails.Add(1)
-		if b.tx != 0 && s.fileTx() >= b.tx {
+		cur := s.fileTx()
+		if b.tx != 0 && cur >= b.tx {
 			// bbolt wrote the meta page and then failed (its fsync):
 			// readers of the file see this commit, and the disk may not
 			// keep it. Memory follows the file; the store stops.
@@ -315,7 +316,7 @@ func (s *Store) commit(ops []*op) {
 			s.fail(ops, fmt.Errorf("outbox: commit: %w", err))
 			return
 		}
-		s.unpublish()
+		s.unpublish(cur)
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
 		s.fail(ops, err)

@@ -403,10 +403,9 @@ func (s *Store) fileTx() uint64 {
 
 // unpublish drops the pending commit of a transaction that failed before
 // bbolt wrote it (one it wrote is applied instead: commit). What readers
-// see is then whatever bbolt shows them: the order is counted as agreeing
-// with it.
-func (s *Store) unpublish() {
-	cur := s.fileTx()
+// see is then whatever bbolt shows them (cur, the transaction fileTx
+// read): the order is counted as agreeing with it.
+func (s *Store) unpublish(cur uint64) {
 	s.omu.Lock()
 	p := s.pending
 	s.pending = nil

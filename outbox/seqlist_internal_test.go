@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -14,14 +15,7 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		var l seqList
 		model := map[uint64]bool{}
-		sorted := func() []uint64 {
-			var s []uint64
-			for k := range model {
-				s = append(s, k)
-			}
-			slices.Sort(s)
-			return s
-		}
+		sorted := func() []uint64 { return slices.Sorted(maps.Keys(model)) }
 		next := uint64(1)
 		for range rapid.IntRange(1, 400).Draw(rt, "steps") {
 			switch rapid.IntRange(0, 5).Draw(rt, "op") {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -49,14 +50,7 @@ func TestSeqListAgreesWithASortedSetAcrossTheRange(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		var l seqList
 		model := map[uint64]bool{}
-		sorted := func() []uint64 {
-			var s []uint64
-			for k := range model {
-				s = append(s, k)
-			}
-			slices.Sort(s)
-			return s
-		}
+		sorted := func() []uint64 { return slices.Sorted(maps.Keys(model)) }
 		anchors := []uint64{1, maxOff, markBit, markBit + 1, 1 << 32, 1 << 63, math.MaxUint64 - maxOff, math.MaxUint64 - 600, math.MaxUint64}
 		gen := func(label string) uint64 {
 			a := rapid.SampledFrom(anchors).Draw(rt, label+"a")
