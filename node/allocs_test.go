@@ -24,7 +24,7 @@ import (
 // makes a path allocate more fails here: lower the bound with the gain,
 // raise it only with a reason.
 const (
-	maxAllocsTell     = 7   // remote Tell: 5.1
+	maxAllocsTell     = 5   // remote Tell: 3.4
 	maxAllocsAsk      = 21  // remote Ask round trip: 18.2
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31

@@ -26,7 +26,7 @@ func (r resolver) Resolve(name string) (string, error) {
 type receiver struct{ n *Node }
 
 func (r receiver) HandleEnvelope(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-	r.n.deliverIncoming(from, env, reply)
+	r.n.receive(from, env, reply, true)
 }
 
 // self is the PeerInfo of this node, for its own local deliveries.
@@ -41,6 +41,14 @@ func (n *Node) self() transport.PeerInfo {
 // exception is a copy at or below the durable watermark, which is answered
 // DUPLICATE at once (a watermark only grows).
 func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	n.receive(from, env, reply, false)
+}
+
+// receive is deliverIncoming; decoded says env came from the transport's
+// decoder and nothing but this delivery will refer to it, so that a tell's
+// envelope and delivery are reused once its handler returns (see
+// actor.finish).
+func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt), decoded bool) {
 	kind := env.GetRpc().GetKind()
 	stream := reply != nil
 	if kind == pb.RpcMeta_RESPONSE && !stream {
@@ -113,13 +121,20 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 		receipt(pb.Receipt_EXPIRED, "expired on arrival", 0, 0)
 		return
 	}
+	// A tell's or an ask's envelope from a peer: nothing refers to it
+	// once its actor has answered (finish).
+	owned := decoded && !stream && from.Name != n.name && env.GetOrigin() == nil
 	var d *delivery
-	if ask && !stream && env.GetTtlMs() > 0 {
-		ad := &askDelivery{delivery: delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: true}}
+	switch {
+	case ask && !stream && env.GetTtlMs() > 0:
+		ad := &askDelivery{delivery: delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: true, ownsEnv: owned}}
 		ad.delivery.lazy = &ad.lazy
 		d = &ad.delivery
-	} else {
-		d = &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask}
+	case owned && !ask:
+		d = deliveryPool.Get().(*delivery)
+		d.Message, d.ownsEnv, d.pooled = Message{env: env, from: from.Name}, true, true
+	default:
+		d = &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask, ownsEnv: owned}
 	}
 	if t := env.GetTtlMs(); t > 0 {
 		d.deadlineMs = arrival + t

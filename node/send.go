@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/mesh"
@@ -202,22 +203,9 @@ func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 			return fmt.Errorf("node: ask %s: no response within AskResponseTTL (%v): %w", to, n.cfg.AskResponseTTL, context.DeadlineExceeded)
 		}
 		askChans.Put(ch) // received: the registry holds ch no more
-		if err := mailbox.ErrorOf(r); err != nil {
-			var re *RemoteError
-			if errors.As(err, &re) && re.Code == mailbox.Unavailable {
-				return fmt.Errorf("node: ask %s: %w: %w", to, ErrUnreachable, err)
-			}
-			return fmt.Errorf("node: ask %s: %w", to, err)
-		}
-		if resp := c.Reply; resp != nil {
-			if r.GetBody() == nil {
-				return fmt.Errorf("node: ask %s: reply has no body", to)
-			}
-			if err := r.GetBody().UnmarshalTo(resp); err != nil {
-				return fmt.Errorf("node: ask %s: decode reply: %w", to, err)
-			}
-		}
-		return nil
+		err := n.readResponse(to, r, c.Reply)
+		envcodec.Recycle(r) // nothing refers to it: what was read from it is copied or keeps no part of it
+		return err
 	case <-ctx.Done():
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, ctx.Err())
@@ -228,6 +216,27 @@ func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 		n.responses.Cancel(corr)
 		return fmt.Errorf("node: ask %s: %w", to, ErrClosed)
 	}
+}
+
+// readResponse returns an ask's outcome from its response r, decoding a
+// reply into resp (when not nil).
+func (n *Node) readResponse(to Address, r *pb.Envelope, resp proto.Message) error {
+	if err := mailbox.ErrorOf(r); err != nil {
+		var re *RemoteError
+		if errors.As(err, &re) && re.Code == mailbox.Unavailable {
+			return fmt.Errorf("node: ask %s: %w: %w", to, ErrUnreachable, err)
+		}
+		return fmt.Errorf("node: ask %s: %w", to, err)
+	}
+	if resp != nil {
+		if r.GetBody() == nil {
+			return fmt.Errorf("node: ask %s: reply has no body", to)
+		}
+		if err := r.GetBody().UnmarshalTo(resp); err != nil {
+			return fmt.Errorf("node: ask %s: decode reply: %w", to, err)
+		}
+	}
+	return nil
 }
 
 // askChans are the response channels of asks that received their

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"testing"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -180,6 +182,47 @@ func checkDecodeMatches(tb testing.TB, b []byte) {
 	if err == nil && !proto.Equal(got, &want) {
 		tb.Fatalf("decoded %v, proto.Unmarshal %v", got, &want)
 	}
+	if err == nil {
+		envcodec.Recycle(got) // the next input decodes into it
+	}
+}
+
+// An envelope handed back with Recycle decodes the next one as a new one
+// would (nothing of the last is left, whichever parts either had), and
+// what was read from it before stays as it was: strings, the body's bytes
+// and the headers map are not reused.
+func TestRecycledEnvelopeDecodesAsNew(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		type kept struct {
+			want    *pb.Envelope
+			id      string
+			value   []byte
+			headers map[string]string
+		}
+		var all []kept
+		for i := range rapid.IntRange(1, 8).Draw(t, "n") {
+			want := genEnvelope(t)
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, ok := transport.DecodeEnvelopeFast(b)
+			if !ok {
+				t.Fatalf("fast decoder refused proto.Marshal's bytes % x", b)
+			}
+			if !proto.Equal(got, want) {
+				t.Fatalf("envelope %d decoded %v, want %v", i, got, want)
+			}
+			all = append(all, kept{want, got.GetMsgId(), got.GetBody().GetValue(), got.GetHeaders()})
+			envcodec.Recycle(got)
+		}
+		for i, k := range all {
+			if k.id != k.want.GetMsgId() || !bytes.Equal(k.value, k.want.GetBody().GetValue()) || !maps.Equal(k.headers, k.want.GetHeaders()) {
+				t.Fatalf("envelope %d: what was read before Recycle changed: id %q, body % x, headers %v; want %q, % x, %v",
+					i, k.id, k.value, k.headers, k.want.GetMsgId(), k.want.GetBody().GetValue(), k.want.GetHeaders())
+			}
+		}
+	})
 }
 
 // Strings and the body share one copy of the input: the input can be

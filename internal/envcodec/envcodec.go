@@ -15,6 +15,7 @@ package envcodec
 
 import (
 	"sort"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
@@ -254,6 +255,42 @@ type inEnv struct {
 	body anypb.Any
 }
 
+// envPool holds envelopes handed back by Recycle. A pooled envelope keeps
+// its zeroed RpcMeta and body attached as spares, so that the three stay
+// one allocation through their reuse.
+var envPool = sync.Pool{New: func() any {
+	m := new(inEnv)
+	m.env.Rpc, m.env.Body = &m.rpc, &m.body
+	return &m.env
+}}
+
+// getEnv returns a zero envelope and spares for its RpcMeta and body
+// (either may be nil: then the decoder allocates one if it needs it).
+func getEnv() (env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any) {
+	env = envPool.Get().(*pb.Envelope)
+	rpc, body = env.Rpc, env.Body
+	env.Rpc, env.Body = nil, nil
+	return env, rpc, body
+}
+
+// Recycle hands back an envelope Decode returned, once nothing refers to
+// it, its RpcMeta or its body any more; a later Decode reuses their
+// memory. What was read from them stays valid: strings, the body's bytes
+// and the headers map are not reused. Calling it is optional (an envelope
+// not handed back is garbage as any other).
+func Recycle(env *pb.Envelope) {
+	rpc, body := env.Rpc, env.Body
+	*env = pb.Envelope{}
+	if rpc != nil {
+		*rpc = pb.RpcMeta{}
+	}
+	if body != nil {
+		*body = anypb.Any{}
+	}
+	env.Rpc, env.Body = rpc, body
+	envPool.Put(env)
+}
+
 // Decode is the fast path of decodeEnvelopeOwned.
 func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 	// str returns buf[off:off+n] as a string without copying; those bytes
@@ -298,8 +335,17 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 		buf = make([]byte, len(b))
 		copy(buf, b)
 	}
-	m := new(inEnv)
-	env := &m.env
+	env, rpc, body := getEnv()
+	if env, ok := decodeInto(env, rpc, body, buf, str, val); ok {
+		return env, true
+	}
+	Recycle(env)
+	return nil, false
+}
+
+// decodeInto is Decode's loop, filling env (zero) and using the spares
+// rpc and body when it meets those fields (allocating when they are nil).
+func decodeInto(env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any, buf []byte, str func([]byte) (string, bool), val func([]byte) []byte) (*pb.Envelope, bool) {
 	var seen uint32
 	p := buf
 	for len(p) > 0 {
@@ -342,11 +388,17 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 			case FieldHeaders:
 				ok = decodeHeader(env, v, str)
 			case envBody:
-				ok = decodeAny(&m.body, v, str, val)
-				env.Body = &m.body
+				if body == nil {
+					body = new(anypb.Any)
+				}
+				env.Body = body
+				ok = decodeAny(body, v, str, val)
 			case envRPC:
-				ok = decodeRPC(&m.rpc, v, str)
-				env.Rpc = &m.rpc
+				if rpc == nil {
+					rpc = new(pb.RpcMeta)
+				}
+				env.Rpc = rpc
+				ok = decodeRPC(rpc, v, str)
 			}
 			if !ok {
 				return nil, false
