@@ -25,7 +25,7 @@ import (
 // raise it only with a reason.
 const (
 	maxAllocsTell     = 5   // remote Tell: 3.4
-	maxAllocsAsk      = 21  // remote Ask round trip: 18.2
+	maxAllocsAsk      = 18  // remote Ask round trip: 16.2
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
 	maxAllocsDirect   = 220 // TellReliable delivered at once to an online actor, the receiver committing each watermark (this test's log): 170
