@@ -65,6 +65,12 @@
 //	out, err := n.TellReliable(ctx, node.Addr("worker", "n2"), job,   // Delivered, Queued or DeadLettered
 //		node.WithTTL(time.Hour))
 //
+// A handler's *Message, its Envelope() and the envelope's parts are valid
+// only during the call: a tell's or an ask's from a peer are reused for a
+// later message once the handler returns (they were most of what a message
+// allocated). What the handler reads from them stays valid: strings, the
+// body's bytes, the headers map, a message decoded with Decode.
+//
 // # Around every send
 //
 //   - Headers (WithHeaders), a type (WithType) and a method (WithMethod)

@@ -21,7 +21,10 @@ import (
 // and treated as a permanent failure of that message.
 type Handler func(ctx context.Context, m *Message) (reply proto.Message, err error)
 
-// Message is what a Handler receives. It is only valid during the call.
+// Message is what a Handler receives. It is only valid during the call: a
+// tell's or an ask's from a peer, with its Envelope, is reused for a later
+// message once the handler returns. Values read from it (strings, the
+// body's bytes, the headers map, a decoded message) stay valid.
 type Message struct {
 	env    *pb.Envelope
 	body   proto.Message // the sender's value on the local path; nil when it came over the wire
@@ -29,7 +32,8 @@ type Message struct {
 	from   string        // the node that sent it, as verified by TLS (this node for local sends)
 }
 
-// Envelope returns the wire envelope (ids, headers, rpc metadata). Treat it as read-only.
+// Envelope returns the wire envelope (ids, headers, rpc metadata). Treat it
+// as read-only, and keep it no longer than the Message.
 func (m *Message) Envelope() *pb.Envelope { return m.env }
 
 // ID returns the message id of this attempt.
