@@ -3,13 +3,26 @@ package node_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/rawpeer"
 	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -92,5 +105,185 @@ func checkValuesOutliveTheirMessage(t *testing.T, ask bool) {
 				i, k.id, ids[k.id], k.header, k.headers, k.body, k.value)
 		}
 		ids[k.id] = true
+	}
+}
+
+// tracedPair starts n1 and n2 with edit applied to both, joined.
+func tracedPair(t *testing.T, edit func(*node.Config)) (*node.Node, *node.Node) {
+	t.Helper()
+	n1 := startNodeWith(t, "n1", filepath.Join(t.TempDir(), "n1"), edit)
+	n2 := startNodeWith(t, "n2", filepath.Join(t.TempDir(), "n2"), edit, n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	return n1, n2
+}
+
+// checkMsg verifies within the handler that the message is whole: its id,
+// header and body agree (the sender sets header n=k, body "v"+k, and a
+// second header id=k).
+func checkMsg(m *node.Message) (string, error) {
+	var v wrapperspb.StringValue
+	if err := m.Decode(&v); err != nil {
+		return "", err
+	}
+	h := m.Headers()
+	if "v"+h["n"] != v.GetValue() || h["n"] != h["id"] || m.ID() == "" {
+		return "", fmt.Errorf("torn message: id %q headers %v body %q", m.ID(), h, v.GetValue())
+	}
+	return h["n"], nil
+}
+
+// Reuse holds on every path a tell or an ask from a peer takes: remote tells
+// with TTLs that expire in the mailbox, DropOldest and DropNewest
+// mailboxes, asks whose handlers fail, panic, answer too large, or are slow
+// past the ask's deadline, with tracing and debug logging on; every
+// handler checks its message is whole and every asker its reply.
+func TestReuseOnEveryPath(t *testing.T) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	n1, n2 := tracedPair(t, func(c *node.Config) {
+		c.TracerProvider = tp
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	var torn atomic.Int64
+	var firstTorn atomic.Pointer[string]
+	noteTorn := func(err error) {
+		torn.Add(1)
+		s := err.Error()
+		firstTorn.CompareAndSwap(nil, &s)
+	}
+	handler := func(slow time.Duration) node.Handler {
+		return func(ctx context.Context, m *node.Message) (proto.Message, error) {
+			k, err := checkMsg(m)
+			if err != nil {
+				noteTorn(err)
+				return nil, node.Permanent(err)
+			}
+			i, err := strconv.Atoi(k)
+			if err != nil {
+				return nil, node.Permanent(err)
+			}
+			if slow > 0 {
+				time.Sleep(slow)
+			}
+			switch {
+			case i%13 == 0:
+				panic("boom " + k)
+			case i%7 == 0:
+				return nil, errors.New("fail " + k)
+			case i%11 == 0:
+				return wrapperspb.String(strings.Repeat("x", 5<<20)), nil // too large for a frame
+			}
+			return wrapperspb.String("re v" + k), nil
+		}
+	}
+	for _, a := range []struct {
+		name string
+		opts []node.SpawnOption
+		slow time.Duration
+	}{
+		{"plain", nil, 0},
+		{"oldest", []node.SpawnOption{node.WithMailbox(2, mailbox.DropOldest)}, 200 * time.Microsecond},
+		{"newest", []node.SpawnOption{node.WithMailbox(2, mailbox.DropNewest)}, 200 * time.Microsecond},
+		{"slow", nil, 2 * time.Millisecond},
+	} {
+		if _, err := n2.Spawn(a.name, handler(a.slow), a.opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	var firstBad atomic.Pointer[string]
+	noteBad := func(s string) {
+		bad.Add(1)
+		firstBad.CompareAndSwap(nil, &s)
+	}
+	for w := range 8 {
+		wg.Go(func() {
+			for j := range 300 {
+				i := w*1000 + j
+				k := fmt.Sprint(i)
+				actor := []string{"plain", "oldest", "newest", "slow"}[i%4]
+				to := node.Addr(actor, "n2")
+				opt := node.WithHeaders(map[string]string{"n": k, "id": k})
+				if j%2 == 0 {
+					// A tell, some with a deadline that runs out in the mailbox.
+					ctx := context.Background()
+					var cancel context.CancelFunc = func() {}
+					if j%4 == 0 {
+						ctx, cancel = context.WithTimeout(ctx, time.Millisecond)
+					}
+					_ = n1.Tell(ctx, to, wrapperspb.String("v"+k), opt)
+					cancel()
+					continue
+				}
+				timeout := time.Second
+				if j%3 == 0 {
+					timeout = time.Millisecond // the response comes after the ask gave up
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), timeout)
+				var re wrapperspb.StringValue
+				err := n1.Ask(ctx, to, wrapperspb.String("v"+k), &re, opt)
+				cancel()
+				if err == nil {
+					if re.GetValue() != "re v"+k {
+						noteBad(fmt.Sprintf("ask %s got %.60q (len %d)", k, re.GetValue(), len(re.GetValue())))
+					}
+					continue
+				}
+				var re2 *node.RemoteError
+				if errors.As(err, &re2) && strings.Contains(re2.Message, "fail ") && !strings.Contains(re2.Message, "fail "+k) {
+					noteBad(fmt.Sprintf("ask %s got another's error: %v", k, err))
+				}
+				if strings.Contains(err.Error(), "torn") {
+					noteBad(fmt.Sprintf("ask %s: %v", k, err))
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := torn.Load(); n > 0 {
+		t.Errorf("%d handlers saw a torn message; first: %s", n, *firstTorn.Load())
+	}
+	if n := bad.Load(); n > 0 {
+		t.Errorf("%d asks got a wrong outcome; first: %s", n, *firstBad.Load())
+	}
+}
+
+// Tells that the fast decoder hands to proto.Unmarshal (an unknown field)
+// are recycled into the same pool as the fast ones; interleaved, every
+// handler still sees its own message whole.
+func TestReuseOfFallbackDecodedTells(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir())
+	var got, torn atomic.Int64
+	if _, err := n.Spawn("keep", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		if _, err := checkMsg(m); err != nil {
+			torn.Add(1)
+			return nil, err
+		}
+		if m.Envelope().GetRpc().GetService() != "svc"+m.Headers()["n"] {
+			torn.Add(1)
+		}
+		got.Add(1)
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	evil := rawpeer.Dial(t, testCA(t), "evil", target(n))
+	lane := evil.Lane(t)
+	const total = 2000
+	for i := range total {
+		k := fmt.Sprint(i)
+		env := &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: "m" + k, Sender: "@evil", Recipient: "keep@n1",
+			Headers: map[string]string{"n": k, "id": k}, Body: strBody(t, "v"+k),
+			Rpc: &pb.RpcMeta{Kind: pb.RpcMeta_EVENT, Service: "svc" + k}}
+		if i%3 == 0 {
+			env.ProtoReflect().SetUnknown(protowire.AppendBytes(protowire.AppendTag(nil, 99, protowire.BytesType), []byte("x")))
+		}
+		evil.Send(t, lane, env)
+	}
+	testutil.WaitFor(t, 20*time.Second, "all handled", func() bool { return got.Load()+torn.Load() == total })
+	if torn.Load() > 0 {
+		t.Fatalf("%d torn messages", torn.Load())
 	}
 }
