@@ -31,6 +31,7 @@ func newInboxCmd() *cobra.Command {
 					Depth      int    `json:"depth"`
 					LastCursor uint64 `json:"last_cursor"`
 				} `json:"inboxes"`
+				Failure string `json:"failure,omitempty"`
 			}
 			if err := c.do(cmd.Context(), "GET", "/v1/inbox", nil, &out, 0); err != nil {
 				return err
@@ -43,7 +44,13 @@ func newInboxCmd() *cobra.Command {
 			for _, in := range out.Inboxes {
 				fmt.Fprintf(tw, "%s\t%d\t%d\n", in.Name, in.Depth, in.LastCursor)
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if out.Failure != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "FAILED: the inbox store stopped (check the disk, then restart the daemon): %s\n", out.Failure)
+			}
+			return nil
 		},
 	}
 	declare := &cobra.Command{

@@ -493,7 +493,13 @@ func (s *Server) inboxList(w http.ResponseWriter, r *http.Request) {
 	for _, n := range sortedKeys(st) {
 		out = append(out, row{Name: n, Depth: st[n].Depth, LastCursor: st[n].LastCursor})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"inboxes": out})
+	body := map[string]any{"inboxes": out}
+	if err := s.cfg.Inbox.Err(); err != nil {
+		// The store stopped after a failed sync: what is listed is what it
+		// held then, and nothing is taken or handed out until a restart.
+		body["failure"] = err.Error()
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 func (s *Server) inboxDeclare(w http.ResponseWriter, r *http.Request) {
