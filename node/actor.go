@@ -122,18 +122,18 @@ type delivery struct {
 	charged    *atomic.Int64     // the sending peer's queued bytes, until uncharge (limits.go)
 	size       int64             // what it was charged
 	lazy       *deadlineCtx      // a remote ask's handler context, allocated with it (askDelivery); nil otherwise
-	ownsEnv    bool              // env came from the transport's decoder and only this delivery refers to it: reused after its handler (finish)
-	pooled     bool              // a tell from a peer: the delivery itself is reused after its handler (finish)
+	ownsEnv    bool              // only this delivery refers to env (decoded from a peer's frame, or made for a local send): reused after its handler (finish)
+	pooled     bool              // a local tell or ask, or a tell from a peer: the delivery itself is reused after its handler (finish)
 }
 
-// deliveryPool holds the deliveries of tells from peers, with which the
-// transport's decoded envelopes are reused: the two were most of the bytes
+// deliveryPool holds the deliveries of local tells and asks and of tells
+// from peers, reused with their envelopes: the two were most of the bytes
 // a tell allocated, and their garbage collection a fifth of its CPU.
 var deliveryPool = sync.Pool{New: func() any { return new(delivery) }}
 
 // finish ends a tell's or an ask's delivery once its actor has answered:
-// it gives back what it charged and hands back for reuse the envelope of
-// a message from a peer and a tell's delivery (not an ask's: it holds the
+// it gives back what it charged and hands back for reuse an envelope only
+// it refers to and a pooled delivery (not a remote ask's: it holds the
 // handler's context, which the handler may have passed on). Nothing may
 // refer to what it hands back.
 func (d *delivery) finish() {

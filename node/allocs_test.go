@@ -25,6 +25,7 @@ import (
 // raise it only with a reason.
 const (
 	maxAllocsTell     = 5   // remote Tell: 3.4
+	maxAllocsLocal    = 3   // Tell to an actor on the same node: 2.0
 	maxAllocsAsk      = 18  // remote Ask round trip: 16.2
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
 	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
@@ -68,6 +69,15 @@ func TestAllocsPerMessage(t *testing.T) {
 		}
 		testutil.WaitFor(t, 10*time.Second, "tells handled", func() bool { return got.Load() >= start+k })
 	}), maxAllocsTell)
+	check("local tell", allocsPer(k, func() {
+		start := got.Load()
+		for range k {
+			if err := nodes[1].Tell(ctx, to, payload128); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testutil.WaitFor(t, 10*time.Second, "local tells handled", func() bool { return got.Load() >= start+k })
+	}), maxAllocsLocal)
 	var resp wrapperspb.BytesValue
 	check("ask", allocsPer(k, func() {
 		for range k {

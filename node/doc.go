@@ -66,10 +66,11 @@
 //		node.WithTTL(time.Hour))
 //
 // A handler's *Message, its Envelope() and the envelope's parts are valid
-// only during the call: a tell's or an ask's from a peer are reused for a
-// later message once the handler returns (they were most of what a message
-// allocated). What the handler reads from them stays valid: strings, the
-// body's bytes, the headers map, a message decoded with Decode.
+// only during the call: a tell's or an ask's are reused for a later message
+// once the handler returns (they were most of what a message allocated).
+// What the handler reads from them stays valid: strings, the body's bytes,
+// the headers map, a message decoded with Decode (and, on this node, the
+// sender's own value that Body returns).
 //
 // # Around every send
 //

@@ -22,9 +22,9 @@ import (
 type Handler func(ctx context.Context, m *Message) (reply proto.Message, err error)
 
 // Message is what a Handler receives. It is only valid during the call: a
-// tell's or an ask's from a peer, with its Envelope, is reused for a later
-// message once the handler returns. Values read from it (strings, the
-// body's bytes, the headers map, a decoded message) stay valid.
+// tell's or an ask's, with its Envelope, is reused for a later message once
+// the handler returns. Values read from it (strings, the body's bytes, the
+// headers map, a decoded message) stay valid.
 type Message struct {
 	env    *pb.Envelope
 	body   proto.Message // the sender's value on the local path; nil when it came over the wire

@@ -32,6 +32,7 @@ type Member = mesh.Member
 type Node struct {
 	cfg    Config
 	name   string
+	sender string // "@name": the sender of what the node API sends
 	bootID string
 	log    *slog.Logger // the node's own lines: node=Name, component=node
 	parts  *slog.Logger // handed to mesh, transport, outbox and relay: node=Name
@@ -130,6 +131,7 @@ func Open(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg:       cfg,
 		name:      cfg.Name,
+		sender:    Address{Node: cfg.Name}.String(),
 		bootID:    ident.NewBootID(),
 		parts:     logger,
 		log:       logger.With("component", "node"),

@@ -27,21 +27,27 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// A tell or an ask from a peer is reused (its envelope, and a tell's
-// Message) once its handler returns, as is an ask's response once Ask has
-// read it. What a handler read stays as it was while later messages reuse
-// the memory: the id, the headers map and a header's value, the body's
-// bytes, a decoded copy; and every asker gets its own reply.
+// A tell or an ask is reused (its envelope, and but for a remote ask its
+// Message) once its handler returns, as is a remote ask's response once
+// Ask has read it. What a handler read stays as it was while later
+// messages reuse the memory: the id, the headers map and a header's value,
+// the body's bytes (from a peer), a decoded copy; and every asker gets its
+// own reply.
 func TestValuesOutliveTheirMessage(t *testing.T) {
 	for _, ask := range []bool{false, true} {
-		t.Run(map[bool]string{false: "tell", true: "ask"}[ask], func(t *testing.T) {
-			checkValuesOutliveTheirMessage(t, ask)
-		})
+		for _, local := range []bool{false, true} {
+			name := map[bool]string{false: "tell", true: "ask"}[ask] + map[bool]string{false: "/remote", true: "/local"}[local]
+			t.Run(name, func(t *testing.T) { checkValuesOutliveTheirMessage(t, ask, local) })
+		}
 	}
 }
 
-func checkValuesOutliveTheirMessage(t *testing.T, ask bool) {
+func checkValuesOutliveTheirMessage(t *testing.T, ask, local bool) {
 	nodes := cluster(t, 2)
+	from := nodes[0]
+	if local {
+		from = nodes[1]
+	}
 	type kept struct {
 		id, header, value string
 		headers           map[string]string
@@ -74,14 +80,14 @@ func checkValuesOutliveTheirMessage(t *testing.T, ask bool) {
 			n := fmt.Sprint(b*per + i)
 			opt := node.WithHeaders(map[string]string{"n": n})
 			if !ask {
-				if err := nodes[0].Tell(context.Background(), to, wrapperspb.String(n), opt); err != nil {
+				if err := from.Tell(context.Background(), to, wrapperspb.String(n), opt); err != nil {
 					t.Fatal(err)
 				}
 				continue
 			}
 			wg.Go(func() {
 				var re wrapperspb.StringValue
-				if err := nodes[0].Ask(context.Background(), to, wrapperspb.String(n), &re, opt); err != nil {
+				if err := from.Ask(context.Background(), to, wrapperspb.String(n), &re, opt); err != nil {
 					t.Error(err)
 				} else if re.GetValue() != "re "+n {
 					t.Errorf("ask %s got the reply %q", n, re.GetValue())
@@ -99,6 +105,9 @@ func checkValuesOutliveTheirMessage(t *testing.T, ask bool) {
 		want, err := proto.Marshal(wrapperspb.String(k.value))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if local {
+			want = nil // the sender's value, not bytes
 		}
 		if k.id == "" || ids[k.id] || k.header != k.value || k.headers["n"] != k.value || len(k.headers) != 1 || !bytes.Equal(k.body, want) {
 			t.Fatalf("message %d: what its handler kept changed after it returned: id %q (seen before %v), header %q, headers %v, body % x; value %q",

@@ -63,7 +63,7 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", to, err)
 	}
-	d := &delivery{Message: Message{env: n.callEnvelope(c, pb.RpcMeta_EVENT), body: c.Request, from: n.name}}
+	d := n.localDelivery(c, pb.RpcMeta_EVENT)
 	n.localDeadline(ctx, d)
 	if err := a.post(d); err != nil {
 		n.stats.tellFailed.Add(1)
@@ -274,7 +274,8 @@ func (n *Node) askLocal(ctx context.Context, c *Call) error {
 		return fmt.Errorf("node: ask %s: %w", to, err)
 	}
 	ch := make(chan localReply, 1) // buffered: the actor never blocks on a gone asker
-	d := &delivery{Message: Message{env: n.callEnvelope(c, pb.RpcMeta_REQUEST), body: c.Request, from: n.name}, replyCh: ch}
+	d := n.localDelivery(c, pb.RpcMeta_REQUEST)
+	d.replyCh = ch
 	n.localDeadline(ctx, d)
 	if err := a.post(d); err != nil {
 		return fmt.Errorf("node: ask %s: %w", to, err)
@@ -341,16 +342,25 @@ func (n *Node) check(op string, to Address) error {
 
 // callEnvelope builds the envelope of a local Tell or Ask.
 func (n *Node) callEnvelope(c *Call, kind pb.RpcMeta_Kind) *pb.Envelope {
-	return &pb.Envelope{
-		ProtocolVersion: pb.ProtocolVersion,
-		MsgId:           mailbox.NewID(),
-		Sender:          Address{Node: n.name}.String(),
-		Recipient:       c.To.String(),
-		CreatedAtUnixMs: time.Now().UnixMilli(),
-		Type:            c.o.msgType,
-		Headers:         c.Headers,
-		Rpc:             &pb.RpcMeta{Kind: kind, Service: c.Service, Method: c.Method},
-	}
+	env := envcodec.NewEnvelope()
+	env.ProtocolVersion = pb.ProtocolVersion
+	env.MsgId = mailbox.NewID()
+	env.Sender = n.sender
+	env.Recipient = c.To.String()
+	env.CreatedAtUnixMs = time.Now().UnixMilli()
+	env.Type = c.o.msgType
+	env.Headers = c.Headers
+	env.Rpc.Kind, env.Rpc.Service, env.Rpc.Method = kind, c.Service, c.Method
+	return env
+}
+
+// localDelivery is the delivery of a local tell or ask: from a pool, with
+// its envelope, both reused once the actor has answered (finish).
+func (n *Node) localDelivery(c *Call, kind pb.RpcMeta_Kind) *delivery {
+	d := deliveryPool.Get().(*delivery)
+	d.Message = Message{env: n.callEnvelope(c, kind), body: c.Request, from: n.name}
+	d.ownsEnv, d.pooled = true, true
+	return d
 }
 
 // sendQueueFull is a refusal by this node's own send queue to the peer: a

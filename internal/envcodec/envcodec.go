@@ -273,7 +273,18 @@ func getEnv() (env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any) {
 	return env, rpc, body
 }
 
-// Recycle hands back an envelope Decode returned, once nothing refers to
+// NewEnvelope returns a zero envelope with a zero RpcMeta, from the
+// envelopes handed back with Recycle when there is one.
+func NewEnvelope() *pb.Envelope {
+	env, rpc, _ := getEnv()
+	if rpc == nil {
+		rpc = new(pb.RpcMeta)
+	}
+	env.Rpc = rpc
+	return env
+}
+
+// Recycle hands back an envelope Decode or NewEnvelope returned, once nothing refers to
 // it, its RpcMeta or its body any more; a later Decode reuses their
 // memory. What was read from them stays valid: strings, the body's bytes
 // and the headers map are not reused. Calling it is optional (an envelope
