@@ -46,8 +46,8 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 
 // receive is deliverIncoming; decoded says env came from the transport's
 // decoder and nothing but this delivery will refer to it, so that a tell's
-// envelope and delivery are reused once its handler returns (see
-// actor.finish).
+// or an ask's envelope (and a tell's delivery) is reused once its actor
+// has answered (see delivery.finish).
 func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt), decoded bool) {
 	kind := env.GetRpc().GetKind()
 	stream := reply != nil

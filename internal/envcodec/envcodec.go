@@ -284,11 +284,12 @@ func NewEnvelope() *pb.Envelope {
 	return env
 }
 
-// Recycle hands back an envelope Decode or NewEnvelope returned, once nothing refers to
-// it, its RpcMeta or its body any more; a later Decode reuses their
-// memory. What was read from them stays valid: strings, the body's bytes
-// and the headers map are not reused. Calling it is optional (an envelope
-// not handed back is garbage as any other).
+// Recycle hands back an envelope (one Decode or NewEnvelope returned, or
+// any other) once nothing refers to it, its RpcMeta or its body any more;
+// a later Decode or NewEnvelope reuses their memory. What was read from
+// them stays valid: strings, the body's bytes and the headers map are not
+// reused. Calling it is optional (an envelope not handed back is garbage
+// as any other).
 func Recycle(env *pb.Envelope) {
 	rpc, body := env.Rpc, env.Body
 	*env = pb.Envelope{}
