@@ -367,9 +367,16 @@ func (a *actor) handle(d *delivery) {
 		a.handleStream(d)
 		return
 	}
-	// Not deferred: a panic escaping here (not the handler's, which call
-	// recovers) leaves d to the mailbox's drop, which must not meet it
-	// reused.
+	// finish runs on the paths below, not deferred: a panic escaping here
+	// (not the handler's, which call recovers) leaves d to the mailbox's
+	// drop, which must not meet it reused. A handler that ends its
+	// goroutine (runtime.Goexit) skips them; its charge is given back here.
+	finished := false
+	defer func() {
+		if !finished {
+			d.uncharge()
+		}
+	}()
 	n, env := a.n, d.env
 	ctx := n.ctx
 	if d.deadlineMs > 0 {
@@ -391,6 +398,7 @@ func (a *actor) handle(d *delivery) {
 			// nobody waits for the outcome any more.
 			n.stats.expired.Add(1)
 			a.answer(d, nil, fmt.Errorf("node: %s expired in the mailbox of %q: %w", env.GetMsgId(), a.name, context.DeadlineExceeded))
+			finished = true
 			d.finish()
 			return
 		}
@@ -400,6 +408,7 @@ func (a *actor) handle(d *delivery) {
 	}
 	reply, err := a.call(ctx, &d.Message)
 	a.answer(d, reply, err)
+	finished = true
 	d.finish()
 }
 

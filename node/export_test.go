@@ -1,6 +1,7 @@
 package node
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
@@ -118,3 +119,12 @@ func AgeHeldReplies(n *Node, d time.Duration) {
 
 // HeldReplies returns how many replies n keeps for the disk.
 func HeldReplies(n *Node) int { return int(n.held.n.Load()) }
+
+// PeerQueuedBytes is what peer's messages queued at n are charged against
+// Config.PeerQueuedBytes.
+func (n *Node) PeerQueuedBytes(peer string) int64 {
+	if v, ok := n.charges.m.Load(peer); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
+}

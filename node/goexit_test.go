@@ -1,0 +1,33 @@
+package node_test
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/node"
+	"google.golang.org/protobuf/proto"
+)
+
+// A handler that ends its goroutine (runtime.Goexit, as t.FailNow does)
+// still gives its message's bytes back to the sending peer's budget.
+func TestHandlerGoexitGivesBackItsCharge(t *testing.T) {
+	nodes := cluster(t, 2)
+	var ran atomic.Bool
+	to, err := nodes[1].Spawn("quits", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		ran.Store(true)
+		runtime.Goexit()
+		return nil, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].Tell(context.Background(), to, payload128); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the handler ran", ran.Load)
+	testutil.WaitFor(t, 5*time.Second, "the charge given back", func() bool { return nodes[1].PeerQueuedBytes(nodes[0].Name()) == 0 })
+}
