@@ -435,6 +435,12 @@ func (m *Mailbox[T]) Drain(ctx context.Context) error {
 // exits when the queue is empty or the mailbox is closed.
 func (m *Mailbox[T]) run() {
 	defer m.wg.Done()
+	returned := false
+	defer func() {
+		if !returned {
+			m.handOver()
+		}
+	}()
 	m.mu.Lock()
 	// One clock read per item: an item's time runs from the end of the one
 	// before (the queue's bookkeeping between them is noise against it).
@@ -477,6 +483,23 @@ func (m *Mailbox[T]) run() {
 	}
 	m.signalIdleLocked()
 	m.mu.Unlock()
+	returned = true
+}
+
+// handOver carries on in a new goroutine after a Handle ended run's own
+// (runtime.Goexit, as testing's FailNow does): the items behind it are
+// handled, and the mailbox does not stay "running" with nobody running it.
+func (m *Mailbox[T]) handOver() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.running = false
+	if m.n > 0 && !m.closed {
+		m.running = true
+		m.wg.Add(1) // before run's own Done: a Close waiting sees no gap
+		go m.runFn()
+		return
+	}
+	m.signalIdleLocked()
 }
 
 // safeHandle calls Handle and recovers a panic (reported, not re-raised:
