@@ -67,7 +67,9 @@
 //     10 ms, so a hint is always positive.
 //   - A panicking Handle is recovered, counted (Stats.Panicked) and its item
 //     goes to OnDrop with the added reason DroppedPanicked; the actor keeps
-//     running.
+//     running. A Handle that ends its goroutine (runtime.Goexit) is not
+//     counted and its item reaches no OnDrop; the items behind it are
+//     handled by a new goroutine.
 //   - After Close, Post returns ErrClosed and does not call OnDrop (the
 //     caller holds the item). Close takes queued items at once, waits for the
 //     running Handle, then calls OnDrop(DroppedClosed) for each. Close and
