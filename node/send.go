@@ -203,7 +203,7 @@ func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 			return fmt.Errorf("node: ask %s: no response within AskResponseTTL (%v): %w", to, n.cfg.AskResponseTTL, context.DeadlineExceeded)
 		}
 		askChans.Put(ch) // received: the registry holds ch no more
-		err := n.readResponse(to, r, c.Reply)
+		err := readResponse(to, r, c.Reply)
 		envcodec.Recycle(r) // nothing refers to it: what was read from it is copied or keeps no part of it
 		return err
 	case <-ctx.Done():
@@ -220,7 +220,7 @@ func (n *Node) ask(ctx context.Context, c *Call, now time.Time) error {
 
 // readResponse returns an ask's outcome from its response r, decoding a
 // reply into resp (when not nil).
-func (n *Node) readResponse(to Address, r *pb.Envelope, resp proto.Message) error {
+func readResponse(to Address, r *pb.Envelope, resp proto.Message) error {
 	if err := mailbox.ErrorOf(r); err != nil {
 		var re *RemoteError
 		if errors.As(err, &re) && re.Code == mailbox.Unavailable {

@@ -258,11 +258,12 @@ func (s *Store) Close() error {
 		s.wmu.Lock()
 		cerr := s.db.Close()
 		s.wmu.Unlock()
+		if cerr == nil && s.Err() == nil {
+			// Clean, unless a sync failed: then the next Open checks the
+			// whole file.
+			cerr = storecheck.MarkClean(s.cfg.Path)
+		}
 		if cerr != nil {
-			err = fmt.Errorf("inbox: close: %w", cerr)
-		} else if s.Err() != nil {
-			// Not clean: the next Open checks the whole file.
-		} else if cerr := storecheck.MarkClean(s.cfg.Path); cerr != nil {
 			err = fmt.Errorf("inbox: close: %w", cerr)
 		}
 	})
