@@ -46,16 +46,26 @@ func init() {
 // under a random per-process key, of a counter. No syscall, one allocation
 // (the string).
 func NewID() string {
+	var b [IDLen]byte
+	return string(AppendID(b[:0]))
+}
+
+// IDLen is the length of the identifiers NewID and AppendID make.
+const IDLen = 22
+
+// AppendID appends a new identifier, as NewID makes, to b: for a sender
+// that writes it straight into an encoding, without a string.
+func AppendID(b []byte) []byte {
 	// The blocks go through an interface call, so they would escape:
 	// pooled, they cost no allocation.
 	s := idScratch.Get().(*[32]byte)
 	binary.BigEndian.PutUint64(s[:8], idEpoch)
 	binary.BigEndian.PutUint64(s[8:16], idCounter.Add(1))
 	idCipher.Encrypt(s[16:], s[:16])
-	var b [22]byte
-	encode128(&b, (*[16]byte)(s[16:]))
+	var d [IDLen]byte
+	encode128(&d, (*[16]byte)(s[16:]))
 	idScratch.Put(s)
-	return string(b[:])
+	return append(b, d[:]...)
 }
 
 var idScratch = sync.Pool{New: func() any { return new([32]byte) }}

@@ -157,3 +157,14 @@ func Dialing(t *Transport, node string) bool {
 	p := t.peers[node]
 	return p != nil && p.dialing != nil
 }
+
+// Queued reports what t's send queue to node holds: frames and bytes
+// (zeros without a connection).
+func Queued(t *Transport, node string) (frames, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.peers[node]; p != nil && p.conn != nil {
+		return p.conn.queued.Load(), p.conn.qbytes.Load()
+	}
+	return 0, 0
+}

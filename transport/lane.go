@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -60,18 +61,8 @@ const maxPooledEnc = 64 << 10
 func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	c := l.c
 	k := int64(len(envs))
-	limit := int64(c.t.cfg.SendQueueSize)
-	for {
-		cur := c.queued.Load()
-		if cur+k > limit && cur > 0 {
-			// Over the bound, unless the queue is empty: a batch larger
-			// than SendQueueSize (a relay emission) would otherwise never
-			// fit, as one frame up to MaxFrameSize fits the byte bound.
-			return c.full(cur, "envelopes", c.perEnvelope()*(cur+k-limit))
-		}
-		if c.queued.CompareAndSwap(cur, cur+k) {
-			break
-		}
+	if err := l.reserve(k); err != nil {
+		return err
 	}
 	// The envelopes' sizes, a lower bound of their frames': near the byte
 	// bound they refuse before encoding what the bound would refuse after
@@ -119,7 +110,61 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		}
 	}
 	eb.b = out
-	size := int64(len(out))
+	return l.push(out, nil, k, large)
+}
+
+// enqueueEncoded queues the frame of one envelope already encoded (env,
+// which the caller may reuse once it returns), as enqueueEnvelopes does
+// for an envelope that encodes to env.
+func (l *lane) enqueueEncoded(env []byte) error {
+	c := l.c
+	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
+	if inner > c.maxFrame {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, inner, c.maxFrame)
+	}
+	if err := l.reserve(1); err != nil {
+		return err
+	}
+	if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); c.crowded.Load() && cur > 0 && cur+int64(len(env)) > max {
+		c.queued.Add(-1)
+		return c.full(cur, "bytes", cur+int64(len(env))-max)
+	}
+	var hb [2 * binary.MaxVarintLen64]byte
+	head := protowire.AppendVarint(hb[:0], uint64(inner))
+	head = protowire.AppendTag(head, frameFieldEnvelope, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(env)))
+	large := 0
+	if isLarge(len(head) + len(env)) {
+		large = 1
+	}
+	return l.push(head, env, 1, large)
+}
+
+// reserve takes room for k frames in the connection's queue bound, or
+// says it is full.
+func (l *lane) reserve(k int64) error {
+	c := l.c
+	limit := int64(c.t.cfg.SendQueueSize)
+	for {
+		cur := c.queued.Load()
+		if cur+k > limit && cur > 0 {
+			// Over the bound, unless the queue is empty: a batch larger
+			// than SendQueueSize (a relay emission) would otherwise never
+			// fit, as one frame up to MaxFrameSize fits the byte bound.
+			return c.full(cur, "envelopes", c.perEnvelope()*(cur+k-limit))
+		}
+		if c.queued.CompareAndSwap(cur, cur+k) {
+			return nil
+		}
+	}
+}
+
+// push queues the encoded frames a then b (b may be empty), k of them,
+// large of them large, whose room reserve took: it gives the room back
+// when the byte bound or a closed connection refuses them.
+func (l *lane) push(a, b []byte, k int64, large int) error {
+	c := l.c
+	size := int64(len(a) + len(b))
 	cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes)
 	if cur > max && cur != size {
 		// Over the byte bound, unless the queue was empty: one frame up to
@@ -141,8 +186,9 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		c.noteQueue()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
-	l.appendLocked(out)
-	l.n += len(envs)
+	l.appendLocked(a)
+	l.appendLocked(b)
+	l.n += int(k)
 	l.large += large
 	l.mu.Unlock()
 	l.signal()

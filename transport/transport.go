@@ -552,11 +552,37 @@ func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelop
 		if errors.Is(err, ErrConnLost) && attempt == 0 {
 			continue
 		}
-		if errors.Is(err, ErrConnLost) {
-			return fmt.Errorf("transport: send to %s: %w: %w", node, ErrUnreachable, err)
-		}
-		return fmt.Errorf("transport: send to %s: %w", node, err)
+		return sendErr(node, err)
 	}
+}
+
+// SendEncoded is Send for an envelope to recipient already encoded (env,
+// the bytes proto.Marshal gives for it; the caller may reuse them once
+// SendEncoded returns): a sender that encodes its own envelopes saves
+// building one.
+func (t *Transport) SendEncoded(ctx context.Context, node, recipient string, env []byte) error {
+	for attempt := 0; ; attempt++ {
+		c, err := t.connFor(ctx, node)
+		if err != nil {
+			return err
+		}
+		err = c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, ErrConnLost) && attempt == 0 {
+			continue // the connection died between lookup and use; one fresh try
+		}
+		return sendErr(node, err)
+	}
+}
+
+// sendErr is the error of a send to node that its lane refused.
+func sendErr(node string, err error) error {
+	if errors.Is(err, ErrConnLost) {
+		return fmt.Errorf("transport: send to %s: %w: %w", node, ErrUnreachable, err)
+	}
+	return fmt.Errorf("transport: send to %s: %w", node, err)
 }
 
 // laneOf maps a recipient to a lane: FNV-1a of the recipient modulo lanes.

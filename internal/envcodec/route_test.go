@@ -1,0 +1,80 @@
+package envcodec
+
+import (
+	"bytes"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"pgregory.net/rapid"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
+)
+
+// A route writes, byte for byte, what Append and proto.Marshal write for
+// the same envelope, and what it writes decodes back to that envelope.
+func TestRouteMatchesAppend(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		sender := rapid.String().Draw(t, "sender")
+		recipient := rapid.String().Draw(t, "recipient")
+		url := rapid.String().Draw(t, "url")
+		p := Plain{
+			ID:              []byte(rapid.StringMatching(`[A-Za-z0-9_-]{0,30}`).Draw(t, "id")),
+			CreatedAtUnixMs: rapid.Int64().Draw(t, "created"),
+			Kind:            pb.RpcMeta_Kind(rapid.Int32().Draw(t, "kind")),
+			Value:           rapid.SliceOfN(rapid.Byte(), 0, 300).Draw(t, "value"),
+			TtlMs:           rapid.Int64().Draw(t, "ttl"),
+		}
+		r, ok := NewRoute(sender, recipient, url)
+		if !ok {
+			t.Fatalf("NewRoute refused valid strings %q %q %q", sender, recipient, url)
+		}
+		if !r.Is(sender, recipient, url) || r.Is(sender+"x", recipient, url) {
+			t.Fatal("Is does not name the route's own strings")
+		}
+		env := &pb.Envelope{
+			ProtocolVersion: pb.ProtocolVersion, MsgId: string(p.ID), Sender: sender, Recipient: recipient,
+			CreatedAtUnixMs: p.CreatedAtUnixMs, Body: &anypb.Any{TypeUrl: url, Value: p.Value},
+			Rpc: &pb.RpcMeta{Kind: p.Kind}, TtlMs: p.TtlMs,
+		}
+		prefix := []byte{7, 7}
+		got := r.Append(bytes.Clone(prefix), p)
+		if !bytes.Equal(got[:2], prefix) {
+			t.Fatal("Append overwrote what b held")
+		}
+		got = got[2:]
+		sz, ok := Size(env)
+		if !ok {
+			t.Fatal("Size refused the envelope")
+		}
+		if want := Append(nil, env, sz); !bytes.Equal(got, want) {
+			t.Fatalf("route wrote\n%x\nAppend writes\n%x", got, want)
+		}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("route wrote\n%x\nproto writes\n%x", got, want)
+		}
+		dec, ok := Decode(got, false)
+		if !ok {
+			t.Fatal("Decode refused the route's bytes")
+		}
+		if len(p.Value) == 0 {
+			env.Body.Value = nil // as proto.Unmarshal decodes an empty value
+		}
+		if !proto.Equal(dec, env) {
+			t.Fatalf("decoded %v, want %v", dec, env)
+		}
+	})
+}
+
+// Strings proto would refuse to encode make no route.
+func TestRouteRefusesInvalidUTF8(t *testing.T) {
+	for _, s := range [][3]string{{"\xff", "a@n", "u"}, {"@n", "\xc3", "u"}, {"@n", "a@n", "type/\x80"}} {
+		if _, ok := NewRoute(s[0], s[1], s[2]); ok {
+			t.Errorf("NewRoute(%q, %q, %q) made a route", s[0], s[1], s[2])
+		}
+	}
+}
