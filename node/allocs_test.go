@@ -24,7 +24,7 @@ import (
 // makes a path allocate more fails here: lower the bound with the gain,
 // raise it only with a reason.
 const (
-	maxAllocsTell     = 5   // remote Tell: 3.4
+	maxAllocsTell     = 4   // remote Tell: 2.4
 	maxAllocsLocal    = 3   // Tell to an actor on the same node: 2.0
 	maxAllocsAsk      = 18  // remote Ask round trip: 16.2
 	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ func tellAll(b *testing.B, n *node.Node, to node.Address, got <-chan struct{}) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
+	refused, cpu0 := 0, cpuTime(b)
 	for i := 0; i < b.N; i++ {
 		err := n.Tell(ctx, to, payload128)
 		for err != nil {
@@ -49,6 +51,7 @@ func tellAll(b *testing.B, n *node.Node, to node.Address, got <-chan struct{}) {
 			if !asCapacity(err, &ce) {
 				b.Fatal(err)
 			}
+			refused++
 			time.Sleep(ce.RetryAfter) // back off as the receiver asked: the behaviour measured
 			err = n.Tell(ctx, to, payload128)
 		}
@@ -59,6 +62,19 @@ func tellAll(b *testing.B, n *node.Node, to node.Address, got <-chan struct{}) {
 		b.Fatal("not every message arrived: the receiver dropped some (mailbox full)")
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	b.ReportMetric(float64((cpuTime(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+	b.ReportMetric(float64(refused)/float64(b.N), "refusals/msg")
+}
+
+// cpuTime is the CPU time this process has used (user and system): both
+// nodes' work per message, which a shared machine's noise moves less than
+// the wall-clock rate.
+func cpuTime(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func asCapacity(err error, ce **node.CapacityError) bool { return errors.As(err, ce) }
@@ -120,6 +136,17 @@ func BenchmarkRemoteTell(b *testing.B) {
 	got, to := counter(b, nodes[1], "c", 1<<16, int64(b.N))
 	tellAll(b, nodes[0], to, got)
 	reportFramesPerWrite(b, nodes)
+	reportWakeups(b, nodes[1], "c")
+}
+
+// reportWakeups reports how often the actor's mailbox started a runner per
+// message: how well its wake-ups were batched.
+func reportWakeups(b *testing.B, n *node.Node, name string) {
+	for _, as := range n.ActorStats() {
+		if as.Name == name && as.Processed > 0 {
+			b.ReportMetric(float64(as.Wakeups)/float64(as.Processed), "wakeups/msg")
+		}
+	}
 }
 
 // reportFramesPerWrite reports how many frames each node's stream writes

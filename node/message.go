@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/internal/address"
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/proto"
@@ -201,6 +202,9 @@ type outEnv struct {
 	toStr         string // to.String()
 	desc          protoreflect.MessageDescriptor
 	url           string // typeURL(desc)
+
+	route *envcodec.Route // of fromStr to toStr with bodies of type url
+	wire  []byte          // encodePlain's encoding
 }
 
 var outEnvs = sync.Pool{New: func() any { return new(outEnv) }}
@@ -265,6 +269,46 @@ func (o *outEnv) setCall(c *Call) {
 	o.rpc.Service, o.rpc.Method = c.Service, c.Method
 }
 
+// encodePlain encodes the envelope fill and setCall would build for c,
+// made at now with ttl, straight into bytes (through o's route, see
+// envcodec.Route), when c is plain: a body and none of headers, a type or
+// a method. ok=false leaves it to them (an invalid body too, so that its
+// error is fill's). The bytes are o's, valid until o is released.
+func (o *outEnv) encodePlain(from string, c *Call, kind pb.RpcMeta_Kind, now time.Time, ttl int64) (wire []byte, ok bool) {
+	msg := c.Request
+	if msg == nil || len(c.Headers) > 0 || c.o.msgType != "" || c.Service != "" || c.Method != "" {
+		return nil, false
+	}
+	value, err := proto.MarshalOptions{}.MarshalAppend(o.body.Value[:0], msg)
+	if err != nil {
+		return nil, false
+	}
+	o.body.Value = value
+	if o.fromStr == "" || o.from != from {
+		o.from, o.fromStr = from, Address{Node: from}.String()
+	}
+	if o.toStr == "" || o.to != c.To {
+		o.to, o.toStr = c.To, c.To.String()
+	}
+	if d := msg.ProtoReflect().Descriptor(); d != o.desc || o.url == "" {
+		o.desc, o.url = d, typeURL(d)
+	}
+	if !o.route.Is(o.fromStr, o.toStr, o.url) {
+		if o.route, ok = envcodec.NewRoute(o.fromStr, o.toStr, o.url); !ok {
+			return nil, false
+		}
+	}
+	var id [mailbox.IDLen]byte
+	o.wire = o.route.Append(o.wire[:0], envcodec.Plain{
+		ID:              mailbox.AppendID(id[:0]),
+		CreatedAtUnixMs: now.UnixMilli(),
+		Kind:            kind,
+		Value:           value,
+		TtlMs:           ttl,
+	})
+	return o.wire, true
+}
+
 // release returns o to the pool; nil is ignored.
 func (o *outEnv) release() {
 	if o == nil {
@@ -272,6 +316,9 @@ func (o *outEnv) release() {
 	}
 	if cap(o.body.Value) > maxPooledBody {
 		o.body.Value = nil
+	}
+	if cap(o.wire) > maxPooledBody {
+		o.wire = nil
 	}
 	o.env.Body, o.env.Rpc = nil, nil
 	outEnvs.Put(o)

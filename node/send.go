@@ -86,15 +86,23 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 	o := getOutEnv()
 	defer o.release()
 	now := time.Now()
-	if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request, now); err != nil {
-		return err
-	}
-	o.setCall(c)
+	var ttl int64
 	if dl, ok := ctx.Deadline(); ok {
 		// The time left, not the deadline: the two clocks need not agree.
-		o.env.TtlMs = max(dl.Sub(now).Milliseconds(), 1)
+		ttl = max(dl.Sub(now).Milliseconds(), 1)
 	}
-	if err := n.transport.Send(ctx, c.To.Node, &o.env); err != nil {
+	var err error
+	if wire, ok := o.encodePlain(n.name, c, pb.RpcMeta_EVENT, now, ttl); ok {
+		err = n.transport.SendEncoded(ctx, c.To.Node, o.toStr, wire)
+	} else {
+		if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request, now); err != nil {
+			return err
+		}
+		o.setCall(c)
+		o.env.TtlMs = ttl
+		err = n.transport.Send(ctx, c.To.Node, &o.env)
+	}
+	if err != nil {
 		n.stats.tellFailed.Add(1)
 		return fmt.Errorf("node: tell %s: %w", c.To, n.mapSendErr(err))
 	}
