@@ -187,11 +187,15 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 // above anything the stream sent before it, and is none of them. Either
 // way every message runs, once, in order.
 func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
-	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, false) })
-	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true) })
+	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, false, false) })
+	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true, false) })
+	// The receiver comes back before its actor does: the first emission
+	// is refused (no such actor yet) and only the next one runs, which
+	// must still give the restore away.
+	t.Run("whole data directory, the actor back after a refusal", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true, true) })
 }
 
-func restoredBurstAroundTheWatermark(t *testing.T, wholeDir bool) {
+func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
 	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1 }
@@ -258,6 +262,9 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir bool) {
 		}
 	}
 	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	if lateActor {
+		testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+	}
 	spawn(n2)
 	testutil.WaitFor(t, 15*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
 	if got, want := s.values(), []string{"a", "b", "c", "w", "x", "y"}; !slices.Equal(got, want) {

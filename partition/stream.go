@@ -254,6 +254,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	if v.capacity {
 		lim.OnCapacity()
 	}
+	if v.kind != vRestored {
+		st.unsent(seen, []*pb.Envelope{wire}, rcs)
+	}
 	defer func() {
 		st.mu.Lock()
 		st.direct = false
@@ -936,7 +939,45 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		r.failed.Add(1)
 		r.apply(st, v, e.GetSequence(), true, 0)
 	}
+	if len(onWire) == len(envs) {
+		st.unsent(seen, envs, receipts) // nothing was sent after envs
+	}
 	return acks, !decided && derr == nil
+}
+
+// unsent lowers st's emitted high-water, raised to the top of envs by
+// their emission (the last the stream sent, above seen), to the highest
+// of them that may have run. A message whose receipt says it did not run
+// (notRun) left no copy that could: for what the receiver's watermark may
+// be, and for its TTL, it was never on the wire. So a restored sender
+// whose first emission was refused (its actor not back yet) still finds
+// out from the next one, whose seen would otherwise cover the sequences
+// the receiver ran before the restore.
+func (st *stream) unsent(seen uint64, envs []*pb.Envelope, receipts []*pb.Receipt) {
+	ran := seen
+	for i, e := range envs {
+		if i >= len(receipts) || !notRun(receipts[i]) {
+			ran = max(ran, e.GetSequence())
+		}
+	}
+	st.mu.Lock()
+	if top := envs[len(envs)-1].GetSequence(); st.emittedHW == max(seen, top) {
+		st.emittedHW = ran
+	}
+	st.mu.Unlock()
+}
+
+// notRun reports that rc says its message did not run, and that this
+// delivery of it never will: no such actor (or it was stopping), out of
+// order, or expired before its handler. Not CAPACITY: a receiver whose
+// disk refused the watermark of a message that ran answers it CAPACITY
+// too (the sender waits, uncounted), so CAPACITY proves nothing.
+func notRun(rc *pb.Receipt) bool {
+	switch rc.GetCode() {
+	case pb.Receipt_NO_SUCH_ACTOR, pb.Receipt_OUT_OF_ORDER, pb.Receipt_EXPIRED:
+		return true
+	}
+	return false
 }
 
 type verdictKind int

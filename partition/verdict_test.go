@@ -634,6 +634,54 @@ func TestWatermarkInsideAnEmissionButNoneOfItStartsNewEpoch(t *testing.T) {
 	}
 }
 
+// A restored sender's first emission is refused whole (its actor not back
+// yet, or out of order): none of it ran, so the next emission, which the
+// receiver takes, must still give the restore away. Were the refused
+// sequences counted as sent, the watermark would look like one of them,
+// and the new message under it would be acked as a copy, never run.
+func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
+	for _, code := range []pb.Receipt_Code{pb.Receipt_NO_SUCH_ACTOR, pb.Receipt_OUT_OF_ORDER} {
+		t.Run(code.String(), func(t *testing.T) {
+			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+			refused := false
+			rg.fake.set(func(f *fake) {
+				f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+					if envs[0].GetRecipient() != "a@n1" || envs[0].GetStreamEpoch() != 0 {
+						return nil, nil, false
+					}
+					f.mu.Lock()
+					defer f.mu.Unlock()
+					if k := "a@n1\x000"; f.wm[k] == 0 {
+						// What ran before the restore: up to the sequence the
+						// restored outbox gave b's message.
+						f.wm[k] = envs[0].GetSequence() + 1
+					}
+					if refused {
+						return nil, nil, false
+					}
+					refused = true
+					rcs := make([]*pb.Receipt, len(envs))
+					for i, e := range envs {
+						rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: code, RetryAfterMs: 1}
+					}
+					return rcs, nil, true
+				}
+			})
+			rg.queue(t, "a@n1", "m000")
+			rg.queue(t, "b@n1", "x")
+			rg.queue(t, "a@n1", "m001", "m002", "m003")
+			rg.relay.Start()
+			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+			if got, want := rg.fake.ranTypes("a@n1"), names("m", 4); !slices.Equal(got, want) {
+				t.Fatalf("ran %v, want %v", got, want)
+			}
+			if st := rg.relay.Stats(); st.Restores != 1 {
+				t.Fatalf("restores %d, want 1", st.Restores)
+			}
+		})
+	}
+}
+
 // The same watermark between two messages of an emission, when the stream
 // sent it before (its receipt came back, the one of an earlier message was
 // lost), is the receiver's word on messages this sender did send: an ack,
