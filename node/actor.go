@@ -526,8 +526,12 @@ func (a *actor) handleStream(d *delivery) {
 // waits without counting and sends it again.
 func (a *actor) runStream(d *delivery, st *inStream, held *heldReply) (herr error, ok bool) {
 	n, env, seq := a.n, d.env, d.env.GetSequence()
+	// The handler ran (now or on an earlier copy) and the disk refused its
+	// reply: CAPACITY, as for a watermark the disk refused. The sender
+	// waits, uncounted; NO_SUCH_ACTOR would tell it the message never ran.
 	refused := func(err error) (error, bool) {
-		d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_NO_SUCH_ACTOR, RetryAfterMs: 1000, Message: err.Error()})
+		d.receipt(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(),
+			Message: "reply not stored: " + err.Error()})
 		return nil, false
 	}
 	if held != nil {

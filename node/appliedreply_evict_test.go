@@ -35,8 +35,8 @@ func TestKeptReplyOfAnInboxRequestSurvivesEviction(t *testing.T) {
 		env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "c1"}
 		return rs.deliverWait(t, n, env).GetCode()
 	}
-	if c := copyOf("copy-0"); c != pb.Receipt_NO_SUCH_ACTOR || node.HeldReplies(n) != 1 || st.Stats()["box"].Depth != 1 {
-		t.Fatalf("first copy: %v, %d replies kept, inbox depth %d; want NO_SUCH_ACTOR, 1, 1", c, node.HeldReplies(n), st.Stats()["box"].Depth)
+	if c := copyOf("copy-0"); c != pb.Receipt_CAPACITY || node.HeldReplies(n) != 1 || st.Stats()["box"].Depth != 1 {
+		t.Fatalf("first copy: %v, %d replies kept, inbox depth %d; want CAPACITY, 1, 1", c, node.HeldReplies(n), st.Stats()["box"].Depth)
 	}
 	restore()
 	testutil.WaitFor(t, 5*time.Second, "the idle stream evicted", func() bool { return n.EvictIdleStreams(0) > 0 })

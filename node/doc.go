@@ -200,7 +200,8 @@
 //     refused as full (CAPACITY: it cannot tell the sender whether the
 //     messages ran); their reused sequences below are counted delivered
 //     without running. A first emission refused because the actor was
-//     not back yet (NO_SUCH_ACTOR) is found out from the next. So restore outbox.db alone,
+//     not back yet (NO_SUCH_ACTOR) is found out from the next. So restore
+//     outbox.db alone,
 //     keeping outbox.db.seq, or start the node with an empty outbox: a new
 //     outbox id begins new streams at every peer, and nothing is mistaken
 //     for a duplicate.
@@ -274,7 +275,8 @@
 //     idempotency key made from the correlation id, so a request re-run in
 //     the crash window still gives one reply at the requester. A reply the
 //     disk refuses (full) is kept in memory and the request is not
-//     acknowledged; the copy its sender sends again stores that reply
+//     acknowledged (answered CAPACITY, as a watermark the disk refuses:
+//     it ran); the copy its sender sends again stores that reply
 //     instead of running the handler again (only a copy of that request:
 //     another message at its place runs). Kept replies are bounded (1,024
 //     and 16 MiB in all, a quarter of each per requesting node, dropped

@@ -14,6 +14,7 @@ import (
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -227,8 +228,8 @@ func TestKeptReplyOfASenderStillResendingOutlivesAnHour(t *testing.T) {
 		env := streamEnv("svc", "n1", 1, 0)
 		env.MsgId = id
 		env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "c1"}
-		if c := rs.deliverWait(t, n, env).GetCode(); c != pb.Receipt_NO_SUCH_ACTOR {
-			t.Fatalf("%s: receipt %v, want NO_SUCH_ACTOR (the disk refuses the reply)", id, c)
+		if c := rs.deliverWait(t, n, env).GetCode(); c != pb.Receipt_CAPACITY {
+			t.Fatalf("%s: receipt %v, want CAPACITY (the disk refuses the reply)", id, c)
 		}
 	}
 	copyOf("copy-0m")
@@ -267,8 +268,8 @@ func TestKeptReplyIsNotGivenToATellAtItsSequence(t *testing.T) {
 	req := streamEnv("svc", "n1", 1, 0)
 	req.MsgId = "request-A"
 	req.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, ReplyTo: "rx@p", CorrelationId: "A"}
-	if c := deliver(req); c != pb.Receipt_NO_SUCH_ACTOR {
-		t.Fatalf("request A: %v, want NO_SUCH_ACTOR (reply refused by the disk)", c)
+	if c := deliver(req); c != pb.Receipt_CAPACITY {
+		t.Fatalf("request A: %v, want CAPACITY (reply refused by the disk)", c)
 	}
 	restore()
 	tell := streamEnv("svc", "n1", 1, 0) // the restored sender's next message reuses sequence 1
@@ -278,5 +279,48 @@ func TestKeptReplyIsNotGivenToATellAtItsSequence(t *testing.T) {
 	defer mu.Unlock()
 	if c == pb.Receipt_PROCESSED && (len(ran) != 2 || ran[1] != "tell-M") {
 		t.Fatalf("tell M acknowledged %v but the handler ran only %q: M is lost", c, ran)
+	}
+}
+
+// A reliable request whose handler ran, but whose reply the responder's
+// disk refused, is answered CAPACITY: it ran, and the sender waits. When
+// its TTL runs out at the sender before a copy gets through, the sender
+// must not give it up as "expired" (never sent, never run): its outcome
+// is unknown, and the application must not be told it did not happen.
+// (Answered NO_SUCH_ACTOR, as it once was, it counted as never run.)
+func TestRequestWhoseReplyTheDiskRefusedIsNotGivenUpAsNeverSent(t *testing.T) {
+	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
+	n0 := startNodeWith(t, "n0", dirs[0], func(c *node.Config) { c.Outbox.MaxClockSkew = 2 * time.Second })
+	n1 := startNode(t, "n1", dirs[1], n0.GossipAddr())
+	waitAlive(t, []*node.Node{n0, n1}, 2)
+	var ran atomic.Int64
+	svc, err := n1.Spawn("svc", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		ran.Add(1)
+		return wrapperspb.String("charged"), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n0.Spawn("rx", func(ctx context.Context, m *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	restore, _ := faults.FailCommits(filepath.Join(dirs[1], "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+
+	if _, err := n0.TellReliable(ctxT(t), svc, wrapperspb.String("charge 7"),
+		node.WithReplyTo(node.Addr("rx", "n0")), node.WithTTL(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	var dl []outbox.DeadLetter
+	testutil.WaitFor(t, 30*time.Second, "the request in the sender's dead-letter queue", func() bool {
+		dl, err = n0.Outbox().DeadLetters(outbox.DLQFilter{})
+		return err == nil && len(dl) > 0
+	})
+	if ran.Load() == 0 {
+		t.Fatalf("the handler never ran; dead letter %q", dl[0].Reason)
+	}
+	if dl[0].Reason == outbox.ReasonExpired {
+		t.Fatalf("the handler ran %d time(s), but the sender gave the request up as %q (%q: never sent)",
+			ran.Load(), dl[0].Reason, "the TTL ran out before the message was ever sent")
 	}
 }

@@ -104,8 +104,15 @@ func (d *delivery) uncharge() {
 // holds too much here: about the time a mailbox takes to drain some.
 const peerFullRetry = 100 * time.Millisecond
 
-// deliverySize is what a delivery costs against its mailbox's MaxBytes.
-func deliverySize(d *delivery) int64 { return envBytes(d.env) }
+// deliverySize is what a delivery costs against its mailbox's MaxBytes:
+// what it was charged to its peer, counted once at its arrival (the
+// mailbox asks at post and again at pop), else its envelope's size.
+func deliverySize(d *delivery) int64 {
+	if d.size > 0 {
+		return d.size
+	}
+	return envBytes(d.env)
+}
 
 // envOverhead is what a decoded envelope costs beyond its strings and
 // bytes: the structs, the map, the delivery.

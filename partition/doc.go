@@ -76,12 +76,13 @@
 //     sent before it can only mean this outbox's sequences went back: a
 //     new epoch, as above.
 //   - "Emitted before" counts what may have run: messages whose receipts
-//     said they did not (NO_SUCH_ACTOR, OUT_OF_ORDER, EXPIRED), in the
+//     said they did not (NO_SUCH_ACTOR, OUT_OF_ORDER, EXPIRED, which
+//     package node answers only for a message it did not run), in the
 //     last emission the stream sent, do not count, as if never sent. A
 //     restored sender whose first emission was refused that way (its
 //     receiver back before the actor) still finds out from the next. Not
-//     CAPACITY: a receiver whose disk refused the watermark of a message
-//     that ran answers it CAPACITY too.
+//     CAPACITY: a receiver whose disk refused the watermark or the reply
+//     of a message that ran answers it CAPACITY too.
 //   - Messages in flight to a node never exceed its AIMD limit: +1 per
 //     positive receipt, halved once per emission refused for capacity.
 //   - A peer alive in membership that emissions cannot reach (ErrUnreachable

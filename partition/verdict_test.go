@@ -682,6 +682,50 @@ func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
 	}
 }
 
+// A message whose handler ran but whose reply or watermark the receiver's
+// disk refused is answered CAPACITY: it was on the wire and it ran, so
+// CAPACITY must not count as "did not run". When the receiver then
+// answers its next copy FORGOTTEN (it forgot the stream, the message is
+// older than what it forgot), the message may have run and must be
+// dead-lettered as forgotten, not sent again in a new epoch, where it
+// runs a second time.
+func TestForgottenAfterARunAnsweredCapacityDeadLetters(t *testing.T) {
+	rg := newRig(t, nil, nil)
+	var n atomic.Int64
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if envs[0].GetStreamEpoch() != 0 {
+				return nil, nil, false // a new epoch: the receiver runs it (again)
+			}
+			rcs := make([]*pb.Receipt, len(envs))
+			switch n.Add(1) {
+			case 1:
+				// The handler runs; storing its reply fails: CAPACITY, the
+				// watermark stays.
+				f.mu.Lock()
+				f.ran["a@n1"] = append(f.ran["a@n1"], envs[0])
+				f.mu.Unlock()
+				rcs[0] = &pb.Receipt{MsgId: envs[0].GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 1,
+					Message: "reply not stored: outbox: no space left on device"}
+			default:
+				// The receiver forgot the stream meanwhile.
+				rcs[0] = &pb.Receipt{MsgId: envs[0].GetMsgId(), Code: pb.Receipt_FORGOTTEN, Watermark: envs[0].GetSequence()}
+			}
+			return rcs, nil, true
+		}
+	})
+	rg.queue(t, "a@n1", "req")
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "settled", func() bool { return rg.store.Stats().Depth == 0 })
+	if got := rg.fake.ranTypes("a@n1"); !slices.Equal(got, []string{"req"}) {
+		t.Fatalf("the request's handler ran %d times (%v), want once; restores %d", len(got), got, rg.relay.Stats().Restores)
+	}
+	dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
+	if len(dl) != 1 || dl[0].Reason != outbox.ReasonForgotten {
+		t.Fatalf("dead letters %v, want the request as %q", dl, outbox.ReasonForgotten)
+	}
+}
+
 // The same watermark between two messages of an emission, when the stream
 // sent it before (its receipt came back, the one of an earlier message was
 // lost), is the receiver's word on messages this sender did send: an ack,

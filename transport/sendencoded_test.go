@@ -2,6 +2,8 @@ package transport_test
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,6 +87,70 @@ func TestSendEncodedRefusals(t *testing.T) {
 		return err == nil
 	})
 	waitCond(t, 15*time.Second, "the queue empty, every refusal's room given back", func() bool {
+		frames, bytes := transport.Queued(a.Transport, "b")
+		return frames == 0 && bytes == 0
+	})
+}
+
+// Sends of every kind (Send, SendEncoded, RequestBatch) racing on one
+// small send queue, many refused as full: every frame queued is written
+// and every refusal gives its room back, so the queue drains to zero, and
+// every batch that was accepted gets all its receipts.
+func TestEveryKindOfSendSharesTheQueueBoundWithoutLeaking(t *testing.T) {
+	ca, r := newCA(t), newResolver()
+	cfg := testConfig(t, ca, "a")
+	cfg.SendQueueSize = 16
+	a := startNode(t, cfg, r, &recorder{})
+	rec := &recorder{}
+	startNode(t, testConfig(t, ca, "b"), r, rec)
+	ctx := ctxT(t, 30*time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var fails []string
+	fail := func(f string, args ...any) {
+		mu.Lock()
+		fails = append(fails, fmt.Sprintf(f, args...))
+		mu.Unlock()
+	}
+	for g := range 12 {
+		wg.Go(func() {
+			for i := range 200 {
+				rcpt := fmt.Sprintf("r%d@b", (g+i)%5)
+				switch g % 3 {
+				case 0:
+					err := a.Send(ctx, "b", envTo(t, rcpt, pb.Envelope_RECEIPT_NONE))
+					if err != nil && !errors.Is(err, transport.ErrQueueFull) {
+						fail("send: %v", err)
+					}
+				case 1:
+					b, _ := proto.Marshal(envTo(t, rcpt, pb.Envelope_RECEIPT_NONE))
+					err := a.SendEncoded(ctx, "b", rcpt, b)
+					if err != nil && !errors.Is(err, transport.ErrQueueFull) {
+						fail("send encoded: %v", err)
+					}
+				case 2:
+					envs := []*pb.Envelope{envTo(t, rcpt, pb.Envelope_RECEIPT_PROCESSED), envTo(t, rcpt, pb.Envelope_RECEIPT_PROCESSED), envTo(t, rcpt, pb.Envelope_RECEIPT_PROCESSED)}
+					rcs, err := a.RequestBatch(ctx, "b", envs)
+					if err != nil {
+						if !errors.Is(err, transport.ErrQueueFull) {
+							fail("batch: %v", err)
+						}
+						continue
+					}
+					for j, rc := range rcs {
+						if rc.GetCode() != pb.Receipt_PROCESSED {
+							fail("batch receipt %d: %v", j, rc)
+						}
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, f := range fails {
+		t.Error(f)
+	}
+	waitCond(t, 15*time.Second, "the queue empty", func() bool {
 		frames, bytes := transport.Queued(a.Transport, "b")
 		return frames == 0 && bytes == 0
 	})
