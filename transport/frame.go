@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -105,6 +106,19 @@ func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *p
 	if err != nil {
 		return nil, nil, n, err
 	}
+	// The usual frame (one envelope field) is decoded by hand, counting
+	// its headers as it goes; any other is checked first.
+	if v, ok := envelopeField(body); ok {
+		env, ok, over := envcodec.DecodeLimited(v, !peeked, maxHeaders, maxHeaderBytes)
+		if ok {
+			return env, nil, n, nil
+		}
+		if over {
+			if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {
+				return nil, nil, n, err // the error that counts them all
+			}
+		}
+	}
 	if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {
 		return nil, nil, n, err
 	}
@@ -130,17 +144,26 @@ func decodeEnvelopeFrame(b []byte) (env *pb.Envelope, other any, err error) {
 	return decodeEnvelopeFrameOwned(b, false)
 }
 
+// envelopeField returns the envelope of the bytes of a pb.Frame that hold
+// exactly one envelope field, nothing else.
+func envelopeField(b []byte) ([]byte, bool) {
+	if num, typ, tn := protowire.ConsumeTag(b); tn > 0 && num == frameFieldEnvelope && typ == protowire.BytesType {
+		if v, vn := protowire.ConsumeBytes(b[tn:]); vn > 0 && tn+vn == len(b) {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
 // decodeEnvelopeFrameOwned is decodeEnvelopeFrame; owned says b is the
 // frame's own buffer (see decodeEnvelopeOwned).
 func decodeEnvelopeFrameOwned(b []byte, owned bool) (env *pb.Envelope, other any, err error) {
-	if num, typ, tn := protowire.ConsumeTag(b); tn > 0 && num == frameFieldEnvelope && typ == protowire.BytesType {
-		if v, vn := protowire.ConsumeBytes(b[tn:]); vn > 0 && tn+vn == len(b) {
-			env, err := decodeEnvelopeOwned(v, owned)
-			if err != nil {
-				return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
-			}
-			return env, nil, nil
+	if v, ok := envelopeField(b); ok {
+		env, err := decodeEnvelopeOwned(v, owned)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 		}
+		return env, nil, nil
 	}
 	var f pb.Frame
 	if err := proto.Unmarshal(b, &f); err != nil {

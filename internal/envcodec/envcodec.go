@@ -14,6 +14,7 @@
 package envcodec
 
 import (
+	"math"
 	"sort"
 	"sync"
 	"unicode/utf8"
@@ -305,6 +306,17 @@ func Recycle(env *pb.Envelope) {
 
 // Decode is the fast path of decodeEnvelopeOwned.
 func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
+	env, ok, _ := DecodeLimited(b, owned, math.MaxInt, math.MaxInt)
+	return env, ok
+}
+
+// DecodeLimited is Decode for an envelope of at most maxHeaders header
+// entries of at most maxHeaderBytes (each entry's encoded length, its
+// length prefix included), counting every entry, a repeated key too: it
+// stops at the first entry past either bound and reports over, before
+// the headers map holds more than maxHeaders+1 of them. ok and over are
+// both false when b needs the generic path.
+func DecodeLimited(b []byte, owned bool, maxHeaders, maxHeaderBytes int) (env *pb.Envelope, ok, over bool) {
 	// str returns buf[off:off+n] as a string without copying; those bytes
 	// are never written after the copy below, which is what unsafe.String
 	// requires (the body's bytes, which a handler may write, are others).
@@ -348,16 +360,24 @@ func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
 		copy(buf, b)
 	}
 	env, rpc, body := getEnv()
-	if env, ok := decodeInto(env, rpc, body, buf, str, val); ok {
-		return env, true
+	lim := headerLimits{entries: maxHeaders, bytes: maxHeaderBytes}
+	if env, ok := decodeInto(env, rpc, body, buf, str, val, &lim); ok {
+		return env, true, false
 	}
 	Recycle(env)
-	return nil, false
+	return nil, false, lim.over
+}
+
+// headerLimits counts an envelope's header entries against their bounds
+// while it is decoded.
+type headerLimits struct {
+	entries, bytes int  // what is left of each bound
+	over           bool // an entry went past one
 }
 
 // decodeInto is Decode's loop, filling env (zero) and using the spares
 // rpc and body when it meets those fields (allocating when they are nil).
-func decodeInto(env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any, buf []byte, str func([]byte) (string, bool), val func([]byte) []byte) (*pb.Envelope, bool) {
+func decodeInto(env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any, buf []byte, str func([]byte) (string, bool), val func([]byte) []byte, lim *headerLimits) (*pb.Envelope, bool) {
 	var seen uint32
 	p := buf
 	for len(p) > 0 {
@@ -398,6 +418,12 @@ func decodeInto(env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any, buf []byte, 
 			case envCoalesceKey:
 				env.CoalesceKey, ok = str(v)
 			case FieldHeaders:
+				lim.entries--
+				lim.bytes -= n
+				if lim.entries < 0 || lim.bytes < 0 {
+					lim.over = true
+					return nil, false
+				}
 				ok = decodeHeader(env, v, str)
 			case envBody:
 				if body == nil {
