@@ -5,14 +5,12 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"sync"
 	"sync/atomic"
 )
-
-// idAlphabet is base64url: IDs are safe in URLs, headers and file names.
-const idAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 var (
 	// idCipher is AES under a key made at start-up: NewID encrypts a
@@ -62,35 +60,14 @@ func AppendID(b []byte) []byte {
 	binary.BigEndian.PutUint64(s[:8], idEpoch)
 	binary.BigEndian.PutUint64(s[8:16], idCounter.Add(1))
 	idCipher.Encrypt(s[16:], s[:16])
+	// base64url, unpadded: IDs are safe in URLs, headers and file names.
 	var d [IDLen]byte
-	encode128(&d, (*[16]byte)(s[16:]))
+	base64.RawURLEncoding.Encode(d[:], s[16:])
 	idScratch.Put(s)
 	return append(b, d[:]...)
 }
 
 var idScratch = sync.Pool{New: func() any { return new([32]byte) }}
-
-// encode128 writes the 128 bits of v as 22 base64url digits, big-endian
-// (the last digit carries the last 2 bits).
-func encode128(dst *[22]byte, v *[16]byte) {
-	hi, lo := binary.BigEndian.Uint64(v[:8]), binary.BigEndian.Uint64(v[8:])
-	for i := 0; i < 22; i++ {
-		// The 6 bits starting at bit 6*i of the 132-bit string v<<4.
-		shift := 6 * i
-		var d uint64
-		switch {
-		case shift+6 <= 64:
-			d = hi >> (58 - shift)
-		case shift < 64:
-			d = hi<<(shift-58) | lo>>(122-shift)
-		case shift+6 <= 128:
-			d = lo >> (122 - shift)
-		default:
-			d = lo << (shift - 122)
-		}
-		dst[i] = idAlphabet[d&63]
-	}
-}
 
 // DeterministicID returns 32 hex characters (128 bits) of the SHA-256 of
 // the parts, each prefixed with its length (8 bytes, big-endian), so

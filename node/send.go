@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/meshnode/meshnode/internal/envcodec"
@@ -73,6 +74,25 @@ func (n *Node) tell(ctx context.Context, c *Call) error {
 	return nil
 }
 
+// wallBase is a time.Now reading (wall and monotonic) that wallNow counts
+// from, taken again once it is a second old.
+var wallBase atomic.Pointer[time.Time]
+
+// wallNow is time.Now at the cost of a monotonic reading alone (half of
+// one here): the wall time of the last second's reading plus the
+// monotonic time since, so a step of the wall clock shows within a
+// second. The result keeps its monotonic reading, as time.Now's does.
+func wallNow() time.Time {
+	if b := wallBase.Load(); b != nil {
+		if d := time.Since(*b); d >= 0 && d < time.Second {
+			return b.Add(d)
+		}
+	}
+	t := time.Now()
+	wallBase.Store(&t)
+	return t
+}
+
 // tellRemote is Tell to another node. Its envelope comes from a pool: the
 // transport has encoded it by the time Send returns.
 func (n *Node) tellRemote(ctx context.Context, c *Call) error {
@@ -85,7 +105,7 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 	}
 	o := getOutEnv()
 	defer o.release()
-	now := time.Now()
+	now := wallNow()
 	var ttl int64
 	if dl, ok := ctx.Deadline(); ok {
 		// The time left, not the deadline: the two clocks need not agree.
