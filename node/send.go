@@ -52,7 +52,9 @@ func (n *Node) Tell(ctx context.Context, to Address, msg proto.Message, opts ...
 // tell is Tell without interceptors. It does not keep c.
 func (n *Node) tell(ctx context.Context, c *Call) error {
 	to := c.To
-	if err := n.check("tell", to); err != nil {
+	// Not check: a remote tell's peer is looked up once, by the transport,
+	// which refuses one known to be down as check does, without a dial.
+	if err := n.checkAddress(to); err != nil {
 		n.stats.tellFailed.Add(1)
 		return err
 	}
@@ -356,16 +358,21 @@ func (n *Node) localActor(name string) (*actor, error) {
 // check validates a destination and refuses sends to dead peers at once
 // (and to every other node before Start); op names the send in errors.
 func (n *Node) check(op string, to Address) error {
-	if n.closed.Load() {
-		return ErrClosed
-	}
-	if err := to.Validate(); err != nil {
+	if err := n.checkAddress(to); err != nil {
 		return err
 	}
 	if !n.alive(to.Node) {
 		return fmt.Errorf("node: %s %s: %w", op, to, ErrUnreachable)
 	}
 	return nil
+}
+
+// checkAddress is check without the liveness of to's node.
+func (n *Node) checkAddress(to Address) error {
+	if n.closed.Load() {
+		return ErrClosed
+	}
+	return to.Validate()
 }
 
 // callEnvelope builds the envelope of a local Tell or Ask.
