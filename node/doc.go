@@ -194,14 +194,13 @@
 //     watermark lies between two of its messages, above everything the
 //     stream sent before, and is none of them. Not found out: an emission
 //     that skips a watermark the restored outbox had stored for the stream
-//     itself (a message replaced, or given up, before it was sent), a
+//     itself (a message replaced, or given up, before it was sent), and a
 //     restore on top of a handler record ahead of the watermark whose
-//     sequence the emission holds, and a first emission the receiver
-//     refused as full (CAPACITY: it cannot tell the sender whether the
-//     messages ran); their reused sequences below are counted delivered
-//     without running. A first emission refused because the actor was
-//     not back yet (NO_SUCH_ACTOR) is found out from the next. So restore
-//     outbox.db alone,
+//     sequence the emission holds; their reused sequences below are
+//     counted delivered without running. A first emission refused as
+//     full is found out from its refusals (CAPACITY for room carries the
+//     stream's watermark), one refused because the actor was not back yet
+//     (NO_SUCH_ACTOR) from the next emission. So restore outbox.db alone,
 //     keeping outbox.db.seq, or start the node with an empty outbox: a new
 //     outbox id begins new streams at every peer, and nothing is mistaken
 //     for a duplicate.

@@ -161,9 +161,21 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			return
 		}
 	}
+	// A stream message refused for room did not run: its receipt carries
+	// the stream's watermark, as a DUPLICATE's does, so that a sender
+	// restored from a backup whose first emission is refused learns from
+	// it that its sequences went back. (A CAPACITY for a message that ran,
+	// its watermark or reply refused by the disk, carries none.)
+	roomRefusal := func(msg string, retry time.Duration) {
+		var w uint64
+		if st != nil {
+			w = n.in.reported(st, st.durable.Load())
+		}
+		receipt(pb.Receipt_CAPACITY, msg, retry, w)
+	}
 	if from.Name != n.name && !n.charge(d, from.Name) {
 		err := &CapacityError{RetryAfter: peerFullRetry}
-		receipt(pb.Receipt_CAPACITY, "node: the sender's messages fill this node's mailboxes", peerFullRetry, 0)
+		roomRefusal("node: the sender's messages fill this node's mailboxes", peerFullRetry)
 		if d.remoteAsk {
 			n.respond(from.Name, env, nil, err)
 		}
@@ -186,7 +198,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	switch {
 	case errors.As(err, &ce):
 		n.stats.refusedFull.Add(1)
-		receipt(pb.Receipt_CAPACITY, err.Error(), ce.RetryAfter, 0)
+		roomRefusal(err.Error(), ce.RetryAfter)
 		if d.remoteAsk {
 			n.respond(from.Name, env, nil, err)
 		}

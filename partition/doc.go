@@ -82,7 +82,10 @@
 //     restored sender whose first emission was refused that way (its
 //     receiver back before the actor) still finds out from the next. Not
 //     CAPACITY: a receiver whose disk refused the watermark or the reply
-//     of a message that ran answers it CAPACITY too.
+//     of a message that ran answers it CAPACITY too. A CAPACITY refusal
+//     for room carries the stream's watermark (that one has none), judged
+//     as a DUPLICATE's: a restored sender whose first emission met a full
+//     receiver finds out from it.
 //   - Messages in flight to a node never exceed its AIMD limit: +1 per
 //     positive receipt, halved once per emission refused for capacity.
 //   - A peer alive in membership that emissions cannot reach (ErrUnreachable

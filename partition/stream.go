@@ -1092,6 +1092,11 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		// node was down longer than its clock could count).
 		return verdict{kind: vExpired, reason: outbox.ReasonForgotten}
 	case pb.Receipt_CAPACITY:
+		if rc.GetWatermark() != 0 && restored() {
+			// Refused for room before it ran, with the stream's
+			// watermark: one this sender never sent.
+			return verdict{kind: vRestored}
+		}
 		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
 	case pb.Receipt_EXPIRED:
 		return verdict{kind: vExpired, reason: outbox.ReasonExpired}

@@ -635,12 +635,13 @@ func TestWatermarkInsideAnEmissionButNoneOfItStartsNewEpoch(t *testing.T) {
 }
 
 // A restored sender's first emission is refused whole (its actor not back
-// yet, or out of order): none of it ran, so the next emission, which the
-// receiver takes, must still give the restore away. Were the refused
+// yet, out of order, or the receiver full): none of it ran, so it or the
+// next emission must still give the restore away. Were the refused
 // sequences counted as sent, the watermark would look like one of them,
-// and the new message under it would be acked as a copy, never run.
+// and the new message under it would be acked as a copy, never run. A
+// refusal for room says the stream's watermark, as the receiver's do.
 func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
-	for _, code := range []pb.Receipt_Code{pb.Receipt_NO_SUCH_ACTOR, pb.Receipt_OUT_OF_ORDER} {
+	for _, code := range []pb.Receipt_Code{pb.Receipt_NO_SUCH_ACTOR, pb.Receipt_OUT_OF_ORDER, pb.Receipt_CAPACITY} {
 		t.Run(code.String(), func(t *testing.T) {
 			rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
 			refused := false
@@ -651,7 +652,8 @@ func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
 					}
 					f.mu.Lock()
 					defer f.mu.Unlock()
-					if k := "a@n1\x000"; f.wm[k] == 0 {
+					k := "a@n1\x000"
+					if f.wm[k] == 0 {
 						// What ran before the restore: up to the sequence the
 						// restored outbox gave b's message.
 						f.wm[k] = envs[0].GetSequence() + 1
@@ -663,6 +665,9 @@ func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
 					rcs := make([]*pb.Receipt, len(envs))
 					for i, e := range envs {
 						rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: code, RetryAfterMs: 1}
+						if code == pb.Receipt_CAPACITY {
+							rcs[i].Watermark = f.wm[k]
+						}
 					}
 					return rcs, nil, true
 				}
@@ -723,6 +728,30 @@ func TestForgottenAfterARunAnsweredCapacityDeadLetters(t *testing.T) {
 	dl, _ := rg.store.DeadLetters(outbox.DLQFilter{})
 	if len(dl) != 1 || dl[0].Reason != outbox.ReasonForgotten {
 		t.Fatalf("dead letters %v, want the request as %q", dl, outbox.ReasonForgotten)
+	}
+}
+
+// A receiver full for a moment refuses a message of a stream that is not
+// restored: its refusal carries the stream's watermark, one this sender
+// set, so the stream goes on in its epoch and every message runs once, in
+// order.
+func TestRoomRefusalWithItsOwnWatermarkIsNoRestore(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	refused := false
+	rg.fake.set(func(f *fake) {
+		f.handlers["a@n1"] = func(e *pb.Envelope) *pb.Receipt {
+			if e.GetType() != "m002" || refused {
+				return nil
+			}
+			refused = true
+			return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 1, Watermark: f.wm["a@n1\x000"]}
+		}
+	})
+	rg.queue(t, "a@n1", names("m", 4)...)
+	rg.relay.Start()
+	rg.noRestore(t, names("m", 4))
+	if !refused {
+		t.Fatal("m002 was never refused: the case did not happen")
 	}
 }
 

@@ -190,9 +190,9 @@ const (
 	Receipt_CODE_UNSPECIFIED Receipt_Code = 0
 	Receipt_ACCEPTED         Receipt_Code = 1  // in the recipient's mailbox (never for stream messages)
 	Receipt_PROCESSED        Receipt_Code = 2  // the handler returned without error, and the stream's watermark covering it is durable
-	Receipt_CAPACITY         Receipt_Code = 3  // mailbox full, or the outcome could not be recorded (the receiver's disk refused the watermark); retry after retry_after_ms (not counted; AIMD decreases)
-	Receipt_NO_SUCH_ACTOR    Receipt_Code = 4  // no actor of that name; with retry_after_ms > 0 the node is within its spawn grace (not counted)
-	Receipt_EXPIRED          Receipt_Code = 5  // the TTL ran out before the actor took it
+	Receipt_CAPACITY         Receipt_Code = 3  // mailbox full (not run; watermark carries the stream's), or the outcome could not be recorded (the receiver's disk refused the watermark or the reply of a message that ran; no watermark); retry after retry_after_ms (not counted; AIMD decreases)
+	Receipt_NO_SUCH_ACTOR    Receipt_Code = 4  // no actor of that name, or it is stopping: not run; with retry_after_ms > 0 the node is within its spawn grace (not counted)
+	Receipt_EXPIRED          Receipt_Code = 5  // the TTL ran out before the actor took it: not run
 	Receipt_DUPLICATE        Receipt_Code = 6  // already processed (sequence <= watermark, or its idempotency key was seen); durable
 	Receipt_REJECTED         Receipt_Code = 7  // permanent failure: do not retry (dead-letter it)
 	Receipt_TRANSIENT        Receipt_Code = 8  // the handler failed (older receivers: or its watermark could not be made durable): retry with backoff
@@ -696,7 +696,7 @@ type Receipt struct {
 	Code         Receipt_Code           `protobuf:"varint,2,opt,name=code,proto3,enum=meshnode.v1.Receipt_Code" json:"code,omitempty"`
 	RetryAfterMs int64                  `protobuf:"varint,3,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	Message      string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Watermark    uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER, DIVERGED and PROCESSED; the forgotten horizon on FORGOTTEN
+	Watermark    uint64                 `protobuf:"varint,5,opt,name=watermark,proto3" json:"watermark,omitempty"` // the stream's watermark, on DUPLICATE, OUT_OF_ORDER, DIVERGED, PROCESSED and a CAPACITY for room; the forgotten horizon on FORGOTTEN
 	// signature is set only on a receipt for a forwarded envelope (one with
 	// origin): the recipient's word on it, which the forwarder carrying it
 	// back can neither forge nor alter. A sender trusts no receipt that came
