@@ -582,7 +582,17 @@ func TestDataDirOfFirstReleaseIsMigrated(t *testing.T) {
 	if _, err := n2.Spawn("sink", s.handler); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.waitLen(t, 5); strings.Join(got, ",") != "v1,v2,hb-new,v3,v4" {
+	// n1 may have sent before the sink was spawned: answered "no such actor
+	// yet, retry in a second", it waits that second on its outbox's clock,
+	// which only the test moves.
+	testutil.WaitFor(t, 15*time.Second, "sink has all messages", func() bool {
+		if len(s.values()) >= 5 {
+			return true
+		}
+		clk.Advance(100 * time.Millisecond)
+		return false
+	})
+	if got := s.values(); strings.Join(got, ",") != "v1,v2,hb-new,v3,v4" {
 		t.Fatalf("delivered %v", got)
 	}
 	dl := deadLetters(t, n1)
