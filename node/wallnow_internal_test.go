@@ -1,6 +1,7 @@
 package node
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -19,7 +20,7 @@ func TestWallNowFollowsTheWallClock(t *testing.T) {
 		if w.Round(0).Before(before.Round(0).Add(-slack)) || w.Round(0).After(after.Round(0).Add(slack)) {
 			t.Fatalf("%s: wallNow %v outside [%v, %v]", what, w, before, after)
 		}
-		if w.Round(0) == w {
+		if !strings.Contains(w.String(), " m=") { // String shows the monotonic reading
 			t.Fatalf("%s: wallNow %v has no monotonic reading", what, w)
 		}
 		if d := after.Sub(w); d < 0 {
