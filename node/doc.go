@@ -194,9 +194,14 @@
 //     watermark lies between two of its messages, above everything the
 //     stream sent before, and is none of them. Not found out: an emission
 //     that skips a watermark the restored outbox had stored for the stream
-//     itself (a message replaced, or given up, before it was sent), and a
+//     itself (a message replaced, or given up, before it was sent), a
 //     restore on top of a handler record ahead of the watermark whose
-//     sequence the emission holds; their reused sequences below are
+//     sequence the emission holds, an emission whose message at the
+//     watermark's sequence is refused for room (it never reaches the
+//     digest check) while those below it are answered as copies, and a
+//     sender restarted after its restore and before its burst went out
+//     whose first emission stops below the watermark (the restart counts
+//     every stored message as sent); their reused sequences below are
 //     counted delivered without running. A first emission refused as
 //     full is found out from its refusals (CAPACITY for room carries the
 //     stream's watermark), one refused because the actor was not back yet
