@@ -621,6 +621,16 @@ func TestWatermarkInsideAnEmissionButNoneOfItStartsNewEpoch(t *testing.T) {
 			return nil, nil, false
 		}
 	})
+	rg.runAroundAnotherRecipient(t)
+}
+
+// runAroundAnotherRecipient queues a@n1's m000, b@n1's x, then a@n1's
+// m001..m003 (x takes the sequence between m000's and m001's, the one the
+// restored receiver's watermark names), runs the relay until all are
+// delivered, and checks that a@n1's stream started one new epoch where
+// its four ran once, in order.
+func (rg *rig) runAroundAnotherRecipient(t *testing.T) {
+	t.Helper()
 	rg.queue(t, "a@n1", "m000")
 	rg.queue(t, "b@n1", "x")
 	rg.queue(t, "a@n1", "m001", "m002", "m003")
@@ -672,17 +682,7 @@ func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
 					return rcs, nil, true
 				}
 			})
-			rg.queue(t, "a@n1", "m000")
-			rg.queue(t, "b@n1", "x")
-			rg.queue(t, "a@n1", "m001", "m002", "m003")
-			rg.relay.Start()
-			testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
-			if got, want := rg.fake.ranTypes("a@n1"), names("m", 4); !slices.Equal(got, want) {
-				t.Fatalf("ran %v, want %v", got, want)
-			}
-			if st := rg.relay.Stats(); st.Restores != 1 {
-				t.Fatalf("restores %d, want 1", st.Restores)
-			}
+			rg.runAroundAnotherRecipient(t)
 		})
 	}
 }
