@@ -687,6 +687,91 @@ func TestRefusedFirstEmissionStillFindsTheRestore(t *testing.T) {
 	}
 }
 
+// A restored sender's emission [m000, m001, m002, m003] reaches a receiver
+// whose watermark is m001's sequence, where another message ran: m000,
+// below it, is answered DUPLICATE as a copy without being looked at; m001,
+// at it, is refused for room, so it never reaches the check that would
+// have answered DIVERGED. m000 is a copy only if m001 is: it must not be
+// acked on its own word, and every message must run, once, in order, in
+// a new epoch.
+func TestCopiesAreAckedOnlyWithTheMessageAtTheWatermark(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	calls := 0
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if envs[0].GetStreamEpoch() != 0 {
+				return nil, nil, false // the new epoch: the receiver runs them
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			calls++
+			w := envs[0].GetSequence() + 1 // m001's: another message ran there before the restore
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				switch {
+				case e.GetSequence() < w:
+					rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: w}
+				case calls == 1:
+					rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 1, Watermark: w}
+				default:
+					rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DIVERGED, Watermark: w}
+				}
+			}
+			return rcs, nil, true
+		}
+	})
+	rg.queue(t, "a@n1", names("m", 4)...)
+	rg.relay.Start()
+	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
+	if got, want := rg.fake.ranTypes("a@n1"), names("m", 4); !slices.Equal(got, want) {
+		t.Fatalf("ran %v, want %v", got, want)
+	}
+	if st := rg.relay.Stats(); st.Restores != 1 {
+		t.Fatalf("restores %d, want 1", st.Restores)
+	}
+}
+
+// The same answers to a sender whose state did not go back: m000 and m001
+// ran in an earlier emission whose receipts were lost; m001, sent again,
+// is refused for room while m002 and m003 run. m000's DUPLICATE waits for
+// m001's word; the stream stays in its epoch, every message runs once, and
+// all are acked.
+func TestCopiesOfAnHonestSenderAreAckedOnceTheMessageAtTheWatermarkIs(t *testing.T) {
+	rg := newRig(t, nil, func(c *partition.Config) { c.BatchSize = 4 })
+	refused := false
+	rg.fake.set(func(f *fake) {
+		f.intercept = func(_ context.Context, n int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if n == 0 {
+				// The first emission: m000 and m001 run, and their
+				// receipts are lost with the connection.
+				for _, e := range envs[:2] {
+					f.receive(e)
+				}
+				return nil, errors.New("fake: connection lost"), true
+			}
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				if e.GetType() == "m001" && !refused {
+					// At the watermark: the receiver's actor is full.
+					refused = true
+					rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 1, Watermark: f.wm["a@n1\x000"]}
+					continue
+				}
+				rcs[i] = f.receive(e)
+			}
+			return rcs, nil, true
+		}
+	})
+	rg.queue(t, "a@n1", names("m", 4)...)
+	rg.relay.Start()
+	rg.noRestore(t, names("m", 4))
+	if !refused {
+		t.Fatal("m001 was never refused: the case did not happen")
+	}
+}
+
 // A message whose handler ran but whose reply or watermark the receiver's
 // disk refused is answered CAPACITY: it was on the wire and it ran, so
 // CAPACITY must not count as "did not run". When the receiver then
