@@ -196,11 +196,10 @@
 //     that skips a watermark the restored outbox had stored for the stream
 //     itself (a message replaced, or given up, before it was sent), a
 //     restore on top of a handler record ahead of the watermark whose
-//     sequence the emission holds, an emission that stops below the
-//     watermark's sequence while its message there waits, refused for
-//     room (a copy below the watermark is acked only with the message at
-//     it when both are in one emission: that one the receiver checks), and
-//     a sender restarted after its restore and before its burst went out
+//     sequence the emission holds, an emission whose message at the
+//     watermark's sequence is refused for room (it never reaches the
+//     digest check) while those below it are answered as copies, and a
+//     sender restarted after its restore and before its burst went out
 //     whose first emission stops below the watermark (the restart counts
 //     every stored message as sent); their reused sequences below are
 //     counted delivered without running. A first emission refused as

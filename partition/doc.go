@@ -68,11 +68,7 @@
 //     restored outbox gave that sequence to another recipient's message).
 //     So does DIVERGED anywhere in an emission (the receiver ran another
 //     message under the sequence of its watermark): then nothing of the
-//     emission is acked but what came back PROCESSED. A DUPLICATE whose
-//     watermark is the sequence of a later message of the same emission
-//     is acked only with that one, once it comes back positive: the
-//     receiver takes what is below its watermark for a copy unseen, and
-//     checks only the message at it.
+//     emission is acked but what came back PROCESSED.
 //   - FORGOTTEN (the receiver forgot the stream, idle past its retention,
 //     and the message is older than what it forgot) dead-letters a message
 //     that was on the wire before with outbox.ReasonForgotten: it may have

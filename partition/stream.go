@@ -914,15 +914,6 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		r.newEpoch(st)
 		return acks, false
 	}
-	// held[j] lists the messages answered DUPLICATE with the sequence of
-	// envs[j], later in the emission, as the watermark. The receiver takes
-	// a message below its watermark for a copy without looking at it; the
-	// one at the watermark it checks against what ran there (DIVERGED when
-	// this sender's state went back). So they are copies only if envs[j]
-	// comes back positive: acked with it, or not at all (refused for
-	// room, it never reached that check).
-	var held map[int][]uint64
-	defer func() { slices.Sort(acks) }()
 	for i, e := range envs {
 		var rc *pb.Receipt
 		if i < len(receipts) {
@@ -931,15 +922,7 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		v := r.judge(st, e, rc, derr, i, seen, onWire)
 		congested = congested || v.capacity
 		if v.kind == vPositive {
-			seqs := append(held[i], e.GetSequence())
-			if j, ok := vouchedBy(envs, i, rc); ok {
-				if held == nil {
-					held = map[int][]uint64{}
-				}
-				held[j] = append(held[j], seqs...)
-				continue
-			}
-			acks = append(acks, seqs...)
+			acks = append(acks, e.GetSequence())
 			continue
 		}
 		if v.kind == vRestored {
@@ -960,17 +943,6 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		st.unsent(seen, envs, receipts) // nothing was sent after envs
 	}
 	return acks, !decided && derr == nil
-}
-
-// vouchedBy reports the index of the message after envs[i] whose sequence
-// rc, a DUPLICATE of envs[i], gives as the receiver's watermark.
-func vouchedBy(envs []*pb.Envelope, i int, rc *pb.Receipt) (int, bool) {
-	w := rc.GetWatermark()
-	if rc.GetCode() != pb.Receipt_DUPLICATE || w <= envs[i].GetSequence() {
-		return 0, false
-	}
-	j, found := slices.BinarySearchFunc(envs[i+1:], w, func(e *pb.Envelope, w uint64) int { return cmp.Compare(e.GetSequence(), w) })
-	return i + 1 + j, found
 }
 
 // unsent lowers st's emitted high-water, raised to the top of envs by
