@@ -216,14 +216,32 @@ func getOutEnv() *outEnv { return outEnvs.Get().(*outEnv) }
 
 // fill sets the envelope as Node.envelope does, made at now, with msg packed as packBody does.
 func (o *outEnv) fill(from string, to Address, kind pb.RpcMeta_Kind, msg proto.Message, now time.Time) error {
+	o.address(from, to)
+	o.reset(o.fromStr, o.toStr, kind, now)
+	return o.setBody(msg)
+}
+
+// address sets fromStr and toStr for from and to, building them only when
+// they changed since o's last use.
+func (o *outEnv) address(from string, to Address) {
 	if o.fromStr == "" || o.from != from {
 		o.from, o.fromStr = from, Address{Node: from}.String()
 	}
 	if o.toStr == "" || o.to != to {
 		o.to, o.toStr = to, to.String()
 	}
-	o.reset(o.fromStr, o.toStr, kind, now)
-	return o.setBody(msg)
+}
+
+// marshal encodes msg into o's body buffer and sets url to its type URL.
+func (o *outEnv) marshal(msg proto.Message) ([]byte, error) {
+	value, err := proto.MarshalOptions{}.MarshalAppend(o.body.Value[:0], msg)
+	if err != nil {
+		return nil, err
+	}
+	if d := msg.ProtoReflect().Descriptor(); d != o.desc || o.url == "" {
+		o.desc, o.url = d, typeURL(d)
+	}
+	return value, nil
 }
 
 // reset empties the envelope and sets its header fields: a new msg id,
@@ -249,12 +267,9 @@ func (o *outEnv) setBody(msg proto.Message) error {
 	if msg == nil {
 		return nil
 	}
-	value, err := proto.MarshalOptions{}.MarshalAppend(o.body.Value[:0], msg)
+	value, err := o.marshal(msg)
 	if err != nil {
 		return fmt.Errorf("node: encode body: %w", err)
-	}
-	if d := msg.ProtoReflect().Descriptor(); d != o.desc || o.url == "" {
-		o.desc, o.url = d, typeURL(d)
 	}
 	o.body.TypeUrl = o.url
 	o.body.Value = value
@@ -279,20 +294,12 @@ func (o *outEnv) encodePlain(from string, c *Call, kind pb.RpcMeta_Kind, now tim
 	if msg == nil || len(c.Headers) > 0 || c.o.msgType != "" || c.Service != "" || c.Method != "" {
 		return nil, false
 	}
-	value, err := proto.MarshalOptions{}.MarshalAppend(o.body.Value[:0], msg)
+	value, err := o.marshal(msg)
 	if err != nil {
 		return nil, false
 	}
 	o.body.Value = value
-	if o.fromStr == "" || o.from != from {
-		o.from, o.fromStr = from, Address{Node: from}.String()
-	}
-	if o.toStr == "" || o.to != c.To {
-		o.to, o.toStr = c.To, c.To.String()
-	}
-	if d := msg.ProtoReflect().Descriptor(); d != o.desc || o.url == "" {
-		o.desc, o.url = d, typeURL(d)
-	}
+	o.address(from, c.To)
 	if !o.route.Is(o.fromStr, o.toStr, o.url) {
 		if o.route, ok = envcodec.NewRoute(o.fromStr, o.toStr, o.url); !ok {
 			return nil, false

@@ -107,16 +107,11 @@ func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *p
 		return nil, nil, n, err
 	}
 	// The usual frame (one envelope field) is decoded by hand, counting
-	// its headers as it goes; any other is checked first.
+	// its headers as it goes and stopping past the limits; any other, and
+	// one past them, is checked here (whose error counts them all).
 	if v, ok := envelopeField(body); ok {
-		env, ok, over := envcodec.DecodeLimited(v, !peeked, maxHeaders, maxHeaderBytes)
-		if ok {
+		if env, ok := envcodec.DecodeLimited(v, !peeked, maxHeaders, maxHeaderBytes); ok {
 			return env, nil, n, nil
-		}
-		if over {
-			if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {
-				return nil, nil, n, err // the error that counts them all
-			}
 		}
 	}
 	if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {

@@ -306,17 +306,16 @@ func Recycle(env *pb.Envelope) {
 
 // Decode is the fast path of decodeEnvelopeOwned.
 func Decode(b []byte, owned bool) (*pb.Envelope, bool) {
-	env, ok, _ := DecodeLimited(b, owned, math.MaxInt, math.MaxInt)
-	return env, ok
+	return DecodeLimited(b, owned, math.MaxInt, math.MaxInt)
 }
 
 // DecodeLimited is Decode for an envelope of at most maxHeaders header
 // entries of at most maxHeaderBytes (each entry's encoded length, its
 // length prefix included), counting every entry, a repeated key too: it
-// stops at the first entry past either bound and reports over, before
-// the headers map holds more than maxHeaders+1 of them. ok and over are
-// both false when b needs the generic path.
-func DecodeLimited(b []byte, owned bool, maxHeaders, maxHeaderBytes int) (env *pb.Envelope, ok, over bool) {
+// stops at the first entry past either bound, before the headers map
+// holds more than maxHeaders+1 of them, and answers ok=false, as for b
+// that needs the generic path (whose caller checks the limits first).
+func DecodeLimited(b []byte, owned bool, maxHeaders, maxHeaderBytes int) (*pb.Envelope, bool) {
 	// str returns buf[off:off+n] as a string without copying; those bytes
 	// are never written after the copy below, which is what unsafe.String
 	// requires (the body's bytes, which a handler may write, are others).
@@ -362,18 +361,15 @@ func DecodeLimited(b []byte, owned bool, maxHeaders, maxHeaderBytes int) (env *p
 	env, rpc, body := getEnv()
 	lim := headerLimits{entries: maxHeaders, bytes: maxHeaderBytes}
 	if env, ok := decodeInto(env, rpc, body, buf, str, val, &lim); ok {
-		return env, true, false
+		return env, true
 	}
 	Recycle(env)
-	return nil, false, lim.over
+	return nil, false
 }
 
 // headerLimits counts an envelope's header entries against their bounds
-// while it is decoded.
-type headerLimits struct {
-	entries, bytes int  // what is left of each bound
-	over           bool // an entry went past one
-}
+// while it is decoded: what is left of each.
+type headerLimits struct{ entries, bytes int }
 
 // decodeInto is Decode's loop, filling env (zero) and using the spares
 // rpc and body when it meets those fields (allocating when they are nil).
@@ -421,7 +417,6 @@ func decodeInto(env *pb.Envelope, rpc *pb.RpcMeta, body *anypb.Any, buf []byte, 
 				lim.entries--
 				lim.bytes -= n
 				if lim.entries < 0 || lim.bytes < 0 {
-					lim.over = true
 					return nil, false
 				}
 				ok = decodeHeader(env, v, str)
