@@ -188,7 +188,8 @@
 //     the message under the watermark's sequence does: the receiver keeps a
 //     digest of the message at its watermark and answers another message
 //     there DIVERGED (Stats.Diverged), not run, with every later one of the
-//     stream. An emission that skips the watermark's sequence (sequences
+//     stream; also when its mailbox is full, since the messages below it
+//     are answered as copies without a look. An emission that skips the watermark's sequence (sequences
 //     are the outbox's, not the stream's: the restored outbox may have
 //     given it to a message to another actor) gives it away too: the
 //     watermark lies between two of its messages, above everything the
@@ -197,9 +198,10 @@
 //     itself (a message replaced, or given up, before it was sent), a
 //     restore on top of a handler record ahead of the watermark whose
 //     sequence the emission holds, an emission whose message at the
-//     watermark's sequence is refused for room (it never reaches the
-//     digest check) while those below it are answered as copies, and a
-//     sender restarted after its restore and before its burst went out
+//     durable watermark's sequence is refused for room while a newer
+//     watermark's commit is under way (only the newest digest is kept) and
+//     those below it are answered as copies, and a sender restarted after
+//     its restore and before its burst went out
 //     whose first emission stops below the watermark (the restart counts
 //     every stored message as sent); their reused sequences below are
 //     counted delivered without running. A first emission refused as

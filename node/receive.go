@@ -169,6 +169,11 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	roomRefusal := func(msg string, retry time.Duration) {
 		var w uint64
 		if st != nil {
+			if n.in.divergentAtRoom(st, env) {
+				n.stats.diverged.Add(1)
+				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+				return
+			}
 			w = n.in.reported(st, st.durable.Load())
 		}
 		receipt(pb.Receipt_CAPACITY, msg, retry, w)

@@ -2,12 +2,15 @@ package node_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // A stream message refused for room did not run, and its CAPACITY receipt
@@ -36,5 +39,97 @@ func TestRoomRefusalSaysTheStreamsWatermark(t *testing.T) {
 	rc := rs.deliverWait(t, n, streamEnv("a", "n1", 4, 3))
 	if rc.GetCode() != pb.Receipt_CAPACITY || rc.GetWatermark() != 1 {
 		t.Fatalf("m4 refused for room: %v, watermark %d; want CAPACITY with the watermark 1", rc.GetCode(), rc.GetWatermark())
+	}
+}
+
+// The receiver answers messages below its durable watermark as copies
+// without looking at them and checks only the one at the watermark against
+// what ran there. A sender restored from a backup sends new messages under
+// those sequences; were the one at the watermark refused for room, it
+// would take the others for copies and never send them again. So a
+// message at the watermark's sequence with other contents is answered
+// DIVERGED even while the mailbox is full, the stream is marked, and
+// nothing more of it runs, then or after a restart. A copy of the message
+// that ran there is refused for room as before.
+func TestMessageAtTheWatermarkRefusedForRoomStillShowsADivergedSender(t *testing.T) {
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var ran []string
+	started, release := make(chan struct{}), make(chan struct{})
+	handler := func(_ context.Context, m *node.Message) (proto.Message, error) {
+		var v wrapperspb.StringValue
+		if err := m.Decode(&v); err != nil {
+			return nil, err
+		}
+		if v.GetValue() == "hold" {
+			close(started)
+			<-release
+			return nil, nil
+		}
+		mu.Lock()
+		ran = append(ran, v.GetValue())
+		mu.Unlock()
+		return nil, nil
+	}
+	n := startNode(t, "n1", dir)
+	if _, err := n.Spawn("sink", handler, node.WithMailbox(1, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	if c := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")).GetCode(); c != pb.Receipt_PROCESSED {
+		t.Fatalf("a: %v, want PROCESSED", c)
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+	}()
+	sink := node.Addr("sink", "n1")
+	if err := n.Tell(ctxT(t), sink, wrapperspb.String("hold")); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	if err := n.Tell(ctxT(t), sink, wrapperspb.String("fill")); err != nil { // the mailbox is full
+		t.Fatal(err)
+	}
+
+	cp := stringEnv(t, 1, 0, "a")
+	cp.MsgId += "-copy"
+	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_CAPACITY || rc.GetWatermark() != 1 {
+		t.Fatalf("a copy of a, the message at the watermark, refused for room: %v, watermark %d; want CAPACITY with the watermark 1", rc.GetCode(), rc.GetWatermark())
+	}
+	if c := rs.deliverWait(t, n, stringEnv(t, 1, 0, "b")).GetCode(); c != pb.Receipt_DIVERGED {
+		t.Fatalf("b, another message under a's sequence, while the mailbox is full: %v, want DIVERGED", c)
+	}
+	if c := rs.deliverWait(t, n, stringEnv(t, 2, 1, "c")).GetCode(); c != pb.Receipt_DIVERGED {
+		t.Fatalf("c, after b in its emission, while the mailbox is full: %v, want DIVERGED", c)
+	}
+	close(release)
+	released = true
+	later := stringEnv(t, 2, 1, "c")
+	later.MsgId += "-again"
+	if c := rs.deliverWait(t, n, later).GetCode(); c != pb.Receipt_DIVERGED {
+		t.Fatalf("c with room: %v, want DIVERGED", c)
+	}
+	if got := n.Stats().Diverged; got != 3 {
+		t.Fatalf("Stats.Diverged = %d, want 3", got)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	n = startNode(t, "n1", dir)
+	if _, err := n.Spawn("sink", handler); err != nil {
+		t.Fatal(err)
+	}
+	later.MsgId += "-restarted"
+	if c := rs.deliverWait(t, n, later).GetCode(); c != pb.Receipt_DIVERGED {
+		t.Fatalf("c after a restart: %v, want DIVERGED (the mark is on disk)", c)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"a", "fill"}; !slices.Equal(ran, want) {
+		t.Fatalf("sink ran %v, want %v", ran, want)
 	}
 }

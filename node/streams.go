@@ -241,6 +241,42 @@ func (in *inbound) divergent(st *inStream, env *pb.Envelope) bool {
 	return true
 }
 
+// divergentAtRoom is divergent for a message of st refused for room (its
+// mailbox or its sender's share of this node full) before the owner could
+// decide it, called from the goroutine that received it. The receiver
+// answers messages below its durable watermark as copies without looking
+// at them and checks only the one at the watermark: were that one refused
+// for room, a sender restored from a backup would take the new messages it
+// sent under the lower sequences for copies and never send them again. So
+// a message at the watermark's sequence with other contents is answered
+// DIVERGED here too, and the stream is marked as divergent marks it, under
+// cmu, where the owner moves the watermark (and keeps the mark). A message
+// that cannot be checked (the watermark moved meanwhile, or its digest is
+// unknown) is refused for room, as before.
+func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
+	seq := env.GetSequence()
+	if d := st.digest(); d != divergedMark && (seq != st.w.Load() || d == 0) {
+		return false // the common refusal: nothing to compare
+	}
+	sd := streamDigest(env)
+	st.cmu.Lock()
+	w, d := st.w.Load(), st.past.Load()
+	if w == 0 || d != divergedMark && (seq != w || d == 0 || d == sd) {
+		st.cmu.Unlock()
+		return false
+	}
+	start := false
+	if d != divergedMark {
+		st.past.Store(divergedMark)
+		start = st.queue(w, nil, func(error, uint64) {})
+	}
+	st.cmu.Unlock()
+	if start {
+		in.commit(st)
+	}
+	return true
+}
+
 // divergedReceipt answers a message of a stream found divergent.
 func divergedReceipt(st *inStream) *pb.Receipt {
 	return &pb.Receipt{Code: pb.Receipt_DIVERGED, Watermark: st.w.Load(),
@@ -360,20 +396,33 @@ func (in *inbound) wait(st *inStream, seq, digest uint64, keys [][]byte, move bo
 		in.store.HoldKeys(keys)
 	}
 	st.cmu.Lock()
+	if move {
+		// A mark set meanwhile by divergentAtRoom stays: the owner decided
+		// seq before it, and the sender's history differs from here on
+		// whatever ran.
+		if st.w.Load() == 0 || st.past.Load() != divergedMark {
+			st.past.Store(digest)
+		}
+		st.w.Store(seq)
+	}
+	start := st.queue(seq, keys, fn)
+	st.cmu.Unlock()
+	if start {
+		in.commit(st)
+	}
+}
+
+// queue adds a waiter for seq, and keys for the next commit, to what the
+// stream's commits gather, and reports whether a commit must start (none
+// is under way). Called with cmu held.
+func (st *inStream) queue(seq uint64, keys [][]byte, fn func(err error, watermark uint64)) bool {
 	start := st.pend == nil
 	if start {
 		st.pend = &pending{}
 	}
 	st.pend.next = append(st.pend.next, durableWaiter{seq: seq, fn: fn})
 	st.pend.nextKeys = append(st.pend.nextKeys, keys...)
-	if move {
-		st.w.Store(seq)
-		st.past.Store(digest)
-	}
-	st.cmu.Unlock()
-	if start {
-		in.commit(st)
-	}
+	return start
 }
 
 // commit hands the stream's current watermark and gathered keys to the

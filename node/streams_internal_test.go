@@ -10,6 +10,9 @@ import (
 	"time"
 	"unsafe"
 
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 	"github.com/meshnode/meshnode/partition"
 	"github.com/meshnode/meshnode/transport"
@@ -91,5 +94,59 @@ func TestCongestedCarriesTheQueuesEstimate(t *testing.T) {
 	}
 	if !errors.Is(err, partition.ErrCongested) || !errors.Is(err, transport.ErrQueueFull) {
 		t.Fatalf("%v: want both ErrCongested and ErrQueueFull in the chain", err)
+	}
+}
+
+// A message at the watermark refused for room may mark the stream
+// divergent (divergentAtRoom, on the goroutine that received it) while
+// the owner runs a message it decided before the mark. The owner's move
+// of the watermark keeps the mark, and the commit after it records the
+// mark: nothing more of the stream runs, whatever ran meanwhile.
+func TestOwnersMoveKeepsAMarkSetMeanwhile(t *testing.T) {
+	s, err := outbox.Open(outbox.DefaultConfig(filepath.Join(t.TempDir(), "outbox.db")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	in := newInbound(s)
+	id := StreamID{Node: "p", Outbox: [16]byte{'p'}, Actor: "a"}
+	st, err := in.acquire(id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := func(seq uint64, v string) *pb.Envelope {
+		return &pb.Envelope{Sequence: seq, CreatedAtUnixMs: 1000, Body: &anypb.Any{TypeUrl: "t", Value: []byte(v)}}
+	}
+	done := make(chan error, 2)
+	in.advance(st, 1, streamDigest(env(1, "a")), nil, func(err error, _ uint64) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// The owner has decided message 2 and runs it; meanwhile another
+	// message under 1 is refused for room.
+	if in.divergentAtRoom(st, env(1, "a")) {
+		t.Fatal("a copy of the message at the watermark taken for another history")
+	}
+	if !in.divergentAtRoom(st, env(1, "b")) {
+		t.Fatal("another message at the watermark not found divergent")
+	}
+	in.advance(st, 2, streamDigest(env(2, "c")), nil, func(err error, _ uint64) { done <- err })
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st.digest() != divergedMark {
+		t.Fatal("the owner's move of the watermark dropped the mark")
+	}
+	if !in.divergent(st, env(3, "d")) {
+		t.Fatal("the next message of the stream runs after the mark")
+	}
+	in.release(st)
+	in.settle()
+	rec, err := s.StreamRecord(id.key())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Watermark != 2 || rec.Digest != divergedMark {
+		t.Fatalf("on disk: watermark %d, digest %#x; want 2 and the mark", rec.Watermark, rec.Digest)
 	}
 }
