@@ -154,6 +154,13 @@ func ReceiptDigest(rc *pb.Receipt, signer string, envDigest [32]byte) [32]byte {
 	d.u64(uint64(rc.GetRetryAfterMs()))
 	d.str(rc.GetMessage())
 	d.u64(rc.GetWatermark())
+	if wd := rc.GetWatermarkDigest(); wd != 0 {
+		// Covered when set, so that a forwarder can neither add one (a
+		// sender takes a digest of another message for a restore of its
+		// own outbox) nor strip one; a receipt without one (signed by an
+		// older release) hashes as before.
+		d.u64(wd)
+	}
 	return d.sum()
 }
 

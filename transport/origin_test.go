@@ -230,6 +230,7 @@ func TestReceiptSignVerify(t *testing.T) {
 	for name, f := range map[string]func(rc *pb.Receipt) (node string, digest [32]byte){
 		"code":             func(rc *pb.Receipt) (string, [32]byte) { rc.Code = pb.Receipt_REJECTED; return "n2", dg },
 		"watermark":        func(rc *pb.Receipt) (string, [32]byte) { rc.Watermark = 99; return "n2", dg },
+		"watermark digest": func(rc *pb.Receipt) (string, [32]byte) { rc.WatermarkDigest = 5; return "n2", dg },
 		"msg id":           func(rc *pb.Receipt) (string, [32]byte) { rc.MsgId = "m-2"; return "n2", dg },
 		"message":          func(rc *pb.Receipt) (string, [32]byte) { rc.Message = ""; return "n2", dg },
 		"retry after":      func(rc *pb.Receipt) (string, [32]byte) { rc.RetryAfterMs = 0; return "n2", dg },

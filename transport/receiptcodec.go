@@ -26,6 +26,7 @@ const (
 	receiptWatermark  = 5
 	receiptRoom       = 7
 	receiptArrived    = 8
+	receiptWMDigest   = 9
 )
 
 // receiptSize is the encoded size of rc, or ok=false when rc needs the
@@ -47,8 +48,12 @@ func receiptSize(rc *pb.Receipt) (size int, ok bool) {
 		}
 		return 1 + protowire.SizeVarint(v)
 	}
+	fixed := 0
+	if rc.WatermarkDigest != 0 {
+		fixed = 1 + 8
+	}
 	return str(rc.MsgId) + varint(uint64(int64(rc.Code))) + varint(uint64(rc.RetryAfterMs)) +
-		str(rc.Message) + varint(rc.Watermark) + varint(uint64(rc.Room)) + varint(rc.Arrived), true
+		str(rc.Message) + varint(rc.Watermark) + varint(uint64(rc.Room)) + varint(rc.Arrived) + fixed, true
 }
 
 // appendReceiptFrame appends the length-prefixed frame of rc, the bytes
@@ -86,7 +91,12 @@ func appendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
 	dst = str(dst, receiptMessage, rc.Message)
 	dst = varint(dst, receiptWatermark, rc.Watermark)
 	dst = varint(dst, receiptRoom, uint64(rc.Room))
-	return varint(dst, receiptArrived, rc.Arrived), nil
+	dst = varint(dst, receiptArrived, rc.Arrived)
+	if rc.WatermarkDigest != 0 {
+		dst = protowire.AppendTag(dst, receiptWMDigest, protowire.Fixed64Type)
+		dst = protowire.AppendFixed64(dst, rc.WatermarkDigest)
+	}
+	return dst, nil
 }
 
 // decodeControlFrame decodes the bytes of one pb.Frame read from the
@@ -120,7 +130,7 @@ func decodeReceiptFast(b []byte) (rc *pb.Receipt, ok bool) {
 	var seen uint32
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 || num < receiptMsgID || num > receiptArrived || num == receiptRoom-1 || seen&(1<<num) != 0 {
+		if n < 0 || num < receiptMsgID || num > receiptWMDigest || num == receiptRoom-1 || seen&(1<<num) != 0 {
 			return nil, false
 		}
 		seen |= 1 << num
@@ -140,6 +150,16 @@ func decodeReceiptFast(b []byte) (rc *pb.Receipt, ok bool) {
 			} else {
 				rc.Message = string(v)
 			}
+		case receiptWMDigest:
+			if typ != protowire.Fixed64Type {
+				return nil, false
+			}
+			v, n := protowire.ConsumeFixed64(b)
+			if n < 0 {
+				return nil, false
+			}
+			b = b[n:]
+			rc.WatermarkDigest = v
 		default:
 			if typ != protowire.VarintType {
 				return nil, false

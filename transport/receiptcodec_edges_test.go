@@ -65,15 +65,16 @@ func checkReceiptEncode(t interface {
 // UTF-8, NUL, negative codes and retry_after, and unknown fields (also
 // bytes that repeat a known one).
 func FuzzReceiptEncodeMatchesGeneric(f *testing.F) {
-	f.Add("m", int32(2), int64(0), "", uint64(7), uint32(1024), uint64(9), []byte(nil), false, 1<<20)
-	f.Add("", int32(-1), int64(-1), "\x00", uint64(math.MaxUint64), uint32(0), uint64(0), []byte{0x38, 0x01}, true, 64)
-	f.Add(strings.Repeat("x", 127), int32(math.MaxInt32), int64(math.MinInt64), strings.Repeat("é", 8192), uint64(1<<63), uint32(math.MaxUint32), uint64(math.MaxUint64), []byte{}, false, 16390)
-	f.Add("\xff", int32(0), int64(math.MaxInt64), "ok", uint64(0), uint32(1), uint64(1), []byte{0x40, 0x02}, false, 1<<20)
-	f.Fuzz(func(t *testing.T, id string, code int32, retry int64, msg string, wm uint64, room uint32, arrived uint64, unknown []byte, signed bool, max int) {
+	f.Add("m", int32(2), int64(0), "", uint64(7), uint32(1024), uint64(9), uint64(0), []byte(nil), false, 1<<20)
+	f.Add("", int32(-1), int64(-1), "\x00", uint64(math.MaxUint64), uint32(0), uint64(0), uint64(math.MaxUint64), []byte{0x38, 0x01}, true, 64)
+	f.Add(strings.Repeat("x", 127), int32(math.MaxInt32), int64(math.MinInt64), strings.Repeat("é", 8192), uint64(1<<63), uint32(math.MaxUint32), uint64(math.MaxUint64), uint64(1), []byte{}, false, 16390)
+	f.Add("\xff", int32(0), int64(math.MaxInt64), "ok", uint64(0), uint32(1), uint64(1), uint64(0), []byte{0x40, 0x02}, false, 1<<20)
+	f.Add("d", int32(6), int64(0), "", uint64(3), uint32(0), uint64(0), uint64(7), []byte{0x49, 1, 2, 3, 4, 5, 6, 7, 8}, false, 1<<20)
+	f.Fuzz(func(t *testing.T, id string, code int32, retry int64, msg string, wm uint64, room uint32, arrived, digest uint64, unknown []byte, signed bool, max int) {
 		if max < 0 || max > 1<<22 {
 			max = 1 << 20
 		}
-		rc := &pb.Receipt{MsgId: id, Code: pb.Receipt_Code(code), RetryAfterMs: retry, Message: msg, Watermark: wm, Room: room, Arrived: arrived}
+		rc := &pb.Receipt{MsgId: id, Code: pb.Receipt_Code(code), RetryAfterMs: retry, Message: msg, Watermark: wm, Room: room, Arrived: arrived, WatermarkDigest: digest}
 		if signed {
 			rc.Signature = &pb.ReceiptSignature{Node: id}
 		}

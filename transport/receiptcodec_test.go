@@ -31,6 +31,9 @@ func genReceipt(t *rapid.T) *pb.Receipt {
 		Room:         rapid.Uint32().Draw(t, "room"),
 		Arrived:      rapid.Uint64().Draw(t, "arrived"),
 	}
+	if rapid.Bool().Draw(t, "digest?") {
+		rc.WatermarkDigest = rapid.Uint64().Draw(t, "digest")
+	}
 	if rapid.IntRange(0, 9).Draw(t, "signed") == 0 {
 		rc.Signature = &pb.ReceiptSignature{Node: str("node"), Signature: []byte{1, 2}}
 	}
@@ -116,7 +119,10 @@ func receiptSeeds(tb testing.TB) [][]byte {
 		{0x1a, 0x02, 0x30, 0x01},                // an unknown field inside
 		{0x1a, 0x05, 0x0a, 0x01},                // truncated
 		{0x1a, 0x00},                            // an empty receipt
-		{},                                      // an empty frame
+		rcf(&pb.Receipt{MsgId: "m3", Code: pb.Receipt_DUPLICATE, Watermark: 9, WatermarkDigest: 0x0102030405060708}),
+		{0x1a, 0x02, 0x48, 0x01},                   // watermark_digest as a varint: the wrong wire type
+		{0x1a, 0x05, 0x49, 0x01, 0x02, 0x03, 0x04}, // watermark_digest truncated
+		{}, // an empty frame
 	}
 	return seeds
 }

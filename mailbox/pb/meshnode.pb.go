@@ -709,10 +709,18 @@ type Receipt struct {
 	// older receivers). A sender sizes the emissions it sends ahead of their
 	// predecessors' receipts by them: what it sent above arrived is on its
 	// way, not yet counted against the room.
-	Room          uint32 `protobuf:"varint,7,opt,name=room,proto3" json:"room,omitempty"`
-	Arrived       uint64 `protobuf:"varint,8,opt,name=arrived,proto3" json:"arrived,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Room    uint32 `protobuf:"varint,7,opt,name=room,proto3" json:"room,omitempty"`
+	Arrived uint64 `protobuf:"varint,8,opt,name=arrived,proto3" json:"arrived,omitempty"`
+	// watermark_digest is the digest (StreamDigest) of the message that ran
+	// at watermark, on a DUPLICATE, OUT_OF_ORDER or CAPACITY-for-room
+	// receipt of another message, when the receiver knows it (0: not said,
+	// as by older receivers and on receipts that come through a forwarder).
+	// A sender that holds another message of the stream under that sequence
+	// learns from it that its sequences went back (its outbox was restored
+	// from a backup), even when it sent nothing at or above the watermark.
+	WatermarkDigest uint64 `protobuf:"fixed64,9,opt,name=watermark_digest,json=watermarkDigest,proto3" json:"watermark_digest,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Receipt) Reset() {
@@ -797,6 +805,13 @@ func (x *Receipt) GetRoom() uint32 {
 func (x *Receipt) GetArrived() uint64 {
 	if x != nil {
 		return x.Arrived
+	}
+	return 0
+}
+
+func (x *Receipt) GetWatermarkDigest() uint64 {
+	if x != nil {
+		return x.WatermarkDigest
 	}
 	return 0
 }
@@ -1444,7 +1459,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12$\n" +
-	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\xdd\x03\n" +
+	"\x0eretry_after_ms\x18\x03 \x01(\x03R\fretryAfterMs\"\x88\x04\n" +
 	"\aReceipt\x12\x15\n" +
 	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\x12-\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x19.meshnode.v1.Receipt.CodeR\x04code\x12$\n" +
@@ -1453,7 +1468,8 @@ const file_meshnode_proto_rawDesc = "" +
 	"\twatermark\x18\x05 \x01(\x04R\twatermark\x12;\n" +
 	"\tsignature\x18\x06 \x01(\v2\x1d.meshnode.v1.ReceiptSignatureR\tsignature\x12\x12\n" +
 	"\x04room\x18\a \x01(\rR\x04room\x12\x18\n" +
-	"\aarrived\x18\b \x01(\x04R\aarrived\"\xc2\x01\n" +
+	"\aarrived\x18\b \x01(\x04R\aarrived\x12)\n" +
+	"\x10watermark_digest\x18\t \x01(\x06R\x0fwatermarkDigest\"\xc2\x01\n" +
 	"\x04Code\x12\x14\n" +
 	"\x10CODE_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bACCEPTED\x10\x01\x12\r\n" +
