@@ -427,7 +427,10 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 // handleStream decides a reliable message when the actor takes it, from
 // the stream's watermark W (this goroutine is its only writer):
 //
-//   - sequence <= W: already processed: DUPLICATE, not run;
+//   - sequence <= W: already processed: DUPLICATE, not run, once W itself
+//     is durable (its receipt gives W and the digest of the message that
+//     ran there, the only one kept: a restored sender compares it with
+//     the message it holds under W);
 //   - prev_sequence neither 0 nor W: its predecessor has not run here:
 //     OUT_OF_ORDER, not run (the sender resends from its frontier);
 //   - its TTL ran out: EXPIRED;
@@ -460,7 +463,7 @@ func (a *actor) handleStream(d *delivery) {
 		return
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
-		n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
+		n.in.afterDurable(st, w, positive(pb.Receipt_DUPLICATE))
 		return
 	case w == 0 && seq <= st.horizon():
 		// This node forgot the stream (idle past its retention) and the
@@ -491,7 +494,7 @@ func (a *actor) handleStream(d *delivery) {
 			// The application sent this key before (a retry of its own):
 			// it took effect then. W moves on as for a success.
 			n.stats.dedupeHits.Add(1)
-			n.in.advance(st, seq, streamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
+			n.in.advance(st, seq, pb.StreamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
 			return
 		}
 		keys = [][]byte{scoped}
@@ -502,7 +505,7 @@ func (a *actor) handleStream(d *delivery) {
 	}
 	if herr == nil {
 		// A nil return is success, even after the deadline.
-		n.in.advance(st, seq, streamDigest(env), keys, positive(pb.Receipt_PROCESSED))
+		n.in.advance(st, seq, pb.StreamDigest(env), keys, positive(pb.Receipt_PROCESSED))
 		return
 	}
 	r := &pb.Receipt{MsgId: id, Code: pb.Receipt_TRANSIENT, Message: herr.Error()}
@@ -618,8 +621,22 @@ func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.Room = uint32(min(room, math.MaxUint32))
 	if st != nil {
 		r.Arrived = st.arrived.Load()
+		if w := r.GetWatermark(); w != d.env.GetSequence() && digestSaid(r.GetCode()) {
+			r.WatermarkDigest = a.n.in.digestAt(st, w)
+		}
 	}
 	d.receipt(r)
+}
+
+// digestSaid reports whether a receipt of code for a message that is not
+// the one at the watermark says the watermark's digest: those that answer
+// it without running it, as a copy or out of order, or refuse it for room.
+func digestSaid(code pb.Receipt_Code) bool {
+	switch code {
+	case pb.Receipt_DUPLICATE, pb.Receipt_OUT_OF_ORDER, pb.Receipt_CAPACITY:
+		return true
+	}
+	return false
 }
 
 // call runs the handler, turning a panic into a permanent error.

@@ -165,7 +165,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			rc(divergedReceipt(st))
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
-			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
+			n.in.afterDurable(st, w, positive(pb.Receipt_DUPLICATE)) // as handleStream does
 		case w == 0 && seq <= st.horizon():
 			n.stats.forgotten.Add(1)
 			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.horizon(),
@@ -184,7 +184,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			case seen:
 				// Sent before under this key: it took effect then.
 				n.stats.dedupeHits.Add(1)
-				n.in.advance(st, seq, streamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
+				n.in.advance(st, seq, pb.StreamDigest(env), nil, positive(pb.Receipt_DUPLICATE))
 			default:
 				answered = false
 			}
@@ -273,7 +273,7 @@ func (a *actor) answerBatch(b *batch, done int, err error) {
 			// Each message's digest, also in a run of one stream's: a
 			// commit may start at any of them (the first starts at once)
 			// and record its watermark.
-			n.in.advance(st, seq, streamDigest(d.env), it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
+			n.in.advance(st, seq, pb.StreamDigest(d.env), it.keys, n.in.onDurable(st, rc, pb.Receipt_PROCESSED))
 		case i == done && err != nil:
 			r := &pb.Receipt{Code: pb.Receipt_TRANSIENT, Message: err.Error()}
 			var ce *CapacityError

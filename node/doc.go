@@ -183,34 +183,32 @@
 //     reuses sequences. It finds out from the receiver and starts a new
 //     epoch of the stream (messages it had sent after the backup and that
 //     ran are unknown to it, and anything still queued in the backup runs
-//     again): the receiver's watermark tells when it is above everything the
-//     stream sent since the restore, and when an emission reaches past it,
-//     the message under the watermark's sequence does: the receiver keeps a
-//     digest of the message at its watermark and answers another message
-//     there DIVERGED (Stats.Diverged), not run, with every later one of the
-//     stream; also when its mailbox is full, since the messages below it
-//     are answered as copies without a look. An emission that skips the watermark's sequence (sequences
-//     are the outbox's, not the stream's: the restored outbox may have
-//     given it to a message to another actor) gives it away too: the
-//     watermark lies between two of its messages, above everything the
-//     stream sent before, and is none of them. Not found out: an emission
-//     that skips a watermark the restored outbox had stored for the stream
-//     itself (a message replaced, or given up, before it was sent), a
-//     restore on top of a handler record ahead of the watermark whose
-//     sequence the emission holds, an emission whose message at the
-//     durable watermark's sequence is refused for room while a newer
-//     watermark's commit is under way (only the newest digest is kept) and
-//     those below it are answered as copies, and a sender restarted after
-//     its restore and before its burst went out
-//     whose first emission stops below the watermark (the restart counts
-//     every stored message as sent); their reused sequences below are
-//     counted delivered without running. A first emission refused as
-//     full is found out from its refusals (CAPACITY for room carries the
-//     stream's watermark), one refused because the actor was not back yet
-//     (NO_SUCH_ACTOR) from the next emission. So restore outbox.db alone,
-//     keeping outbox.db.seq, or start the node with an empty outbox: a new
-//     outbox id begins new streams at every peer, and nothing is mistaken
-//     for a duplicate.
+//     again). The receiver keeps a digest of the message at its watermark
+//     (what its sender stored: creation time, correlation id, type, key and
+//     body) and answers another message under the watermark's sequence
+//     DIVERGED (Stats.Diverged), not run, with every later one of the
+//     stream, also when its mailbox has no room for it. Every receipt that
+//     answers a message without running it (a copy, out of order, refused
+//     for room) gives the watermark with that digest; a copy's waits until
+//     the newest watermark is durable, the one whose digest is kept. The
+//     sender compares the digest with the message it holds under that
+//     sequence, in the emission or in its outbox: another message, or one
+//     for another recipient, is a restore, even when the emission stopped
+//     below the watermark. A watermark above everything the stream sent,
+//     or between two messages of an emission and none of them, is one too.
+//     Not found out: a watermark the restored outbox had stored for the
+//     stream itself and no longer holds (a message replaced, or given up,
+//     before it was sent), and a restore on top of a handler record ahead
+//     of the watermark (WithApplied) whose sequence the emission holds;
+//     their reused sequences below are counted delivered without running.
+//     Receipts that come through a forwarder carry no digest (an origin of
+//     an older release could not check it): there the watermark alone
+//     tells. A first emission refused as full is found out from its
+//     refusals (CAPACITY for room carries the stream's watermark), one
+//     refused because the actor was not back yet (NO_SUCH_ACTOR) from the
+//     next emission. So restore outbox.db alone, keeping outbox.db.seq, or
+//     start the node with an empty outbox: a new outbox id begins new
+//     streams at every peer, and nothing is mistaken for a duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".

@@ -280,7 +280,9 @@ func (n *Node) forwarded(from transport.PeerInfo, env *pb.Envelope, reply func(*
 	n.fwd.accepted.Add(1)
 	origin := transport.PeerInfo{Name: o.GetNode(), OutboxID: [16]byte(o.GetOutboxId())}
 	signed := func(rc *pb.Receipt) {
-		// A copy with exactly the fields signed, under the envelope's msg id.
+		// A copy with exactly the fields signed, under the envelope's msg
+		// id: not the watermark's digest, which an origin of an older
+		// release could not check and would refuse the receipt for.
 		j := signJob{dg: dg, reply: reply, rc: &pb.Receipt{MsgId: env.GetMsgId(), Code: rc.GetCode(),
 			RetryAfterMs: rc.GetRetryAfterMs(), Message: rc.GetMessage(), Watermark: rc.GetWatermark()}}
 		if n.startedMs.Load() != 0 && n.ctx.Err() == nil {

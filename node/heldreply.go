@@ -2,7 +2,6 @@ package node
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +43,7 @@ type heldKey struct {
 
 // heldReply is a reply its handler made, waiting to be stored.
 type heldReply struct {
-	req  [sha256.Size]byte // requestDigest of its request: another message at its place must run
+	req  [sha256.Size]byte // pb.RequestDigest of its request: another message at its place must run
 	peer string            // the requesting node
 	sm   *pb.StoredMessage
 	herr error // the handler's permanent error (the reply carries it), or nil
@@ -75,30 +74,11 @@ func (h *heldReplies) get(stream string, seq uint64, env *pb.Envelope) *heldRepl
 	h.expireLocked(time.Now())
 	k := heldKey{stream, seq}
 	r := h.m[k]
-	if r != nil && r.req != requestDigest(env) {
+	if r != nil && r.req != pb.RequestDigest(env) {
 		h.removeLocked(k)
 		return nil
 	}
 	return r
-}
-
-// requestDigest identifies a request across its copies, whose msg ids
-// differ (each emission makes its own), by what its sender stored: the
-// creation time, correlation id, type, idempotency key and body.
-func requestDigest(env *pb.Envelope) [sha256.Size]byte {
-	h := sha256.New()
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], uint64(env.GetCreatedAtUnixMs()))
-	h.Write(b[:])
-	for _, f := range []string{env.GetRpc().GetCorrelationId(), env.GetType(), env.GetIdempotencyKey(), env.GetBody().GetTypeUrl()} {
-		binary.BigEndian.PutUint64(b[:], uint64(len(f)))
-		h.Write(b[:])
-		h.Write([]byte(f))
-	}
-	h.Write(env.GetBody().GetValue())
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
-	return sum
 }
 
 // touch marks r as wanted now: a copy of its request came, so its sender
@@ -126,7 +106,7 @@ func (h *heldReplies) put(peer, stream string, seq uint64, env *pb.Envelope, sm 
 	if h.m == nil {
 		h.m, h.peers = map[heldKey]*heldReply{}, map[string]heldUse{}
 	}
-	h.m[k] = &heldReply{req: requestDigest(env), peer: peer, sm: sm, herr: herr, size: size, at: time.Now()}
+	h.m[k] = &heldReply{req: pb.RequestDigest(env), peer: peer, sm: sm, herr: herr, size: size, at: time.Now()}
 	h.bytes += size
 	h.peers[peer] = heldUse{use.n + 1, use.bytes + size}
 	h.n.Store(int32(len(h.m)))

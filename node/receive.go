@@ -69,6 +69,16 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
 	}
+	// copyReceipt is receipt for a stream message of st answered without
+	// its owner (a copy below the durable watermark, or refused for
+	// room), with the digest of the message at the watermark it gives.
+	copyReceipt := func(st *inStream, code pb.Receipt_Code, msg string, retry time.Duration) {
+		if reply != nil {
+			w := n.in.reported(st, st.durable.Load())
+			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
+				Watermark: w, WatermarkDigest: n.in.digestAt(st, w)})
+		}
+	}
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)
 		if ask {
@@ -154,10 +164,21 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		}
 		// Below the durable watermark: a copy, answered here without
 		// taking a mailbox slot. At it, the owner decides: it may be
-		// another message under that sequence (divergent).
-		if w := st.durable.Load(); env.GetSequence() < w {
+		// another message under that sequence (divergent). The answer
+		// waits until the watermark as it is now is durable (at once,
+		// unless a commit is under way or the disk refuses): only the
+		// digest of the message at the newest watermark is kept, and a
+		// restored sender learns from it whether the message it holds
+		// there is the one that ran.
+		if env.GetSequence() < st.durable.Load() {
 			n.stats.dedupeHits.Add(1)
-			receipt(pb.Receipt_DUPLICATE, "", 0, n.in.reported(st, w))
+			n.in.afterDurable(st, st.w.Load(), func(err error, _ uint64) {
+				if err != nil {
+					receipt(pb.Receipt_CAPACITY, "watermark not durable: "+err.Error(), notDurableRetry, 0)
+					return
+				}
+				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+			})
 			return
 		}
 	}
@@ -167,16 +188,15 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	// it that its sequences went back. (A CAPACITY for a message that ran,
 	// its watermark or reply refused by the disk, carries none.)
 	roomRefusal := func(msg string, retry time.Duration) {
-		var w uint64
-		if st != nil {
-			if n.in.divergentAtRoom(st, env) {
-				n.stats.diverged.Add(1)
-				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
-				return
-			}
-			w = n.in.reported(st, st.durable.Load())
+		switch {
+		case st == nil:
+			receipt(pb.Receipt_CAPACITY, msg, retry, 0)
+		case n.in.divergentAtRoom(st, env):
+			n.stats.diverged.Add(1)
+			receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+		default:
+			copyReceipt(st, pb.Receipt_CAPACITY, msg, retry)
 		}
-		receipt(pb.Receipt_CAPACITY, msg, retry, w)
 	}
 	if from.Name != n.name && !n.charge(d, from.Name) {
 		err := &CapacityError{RetryAfter: peerFullRetry}

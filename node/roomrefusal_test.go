@@ -133,3 +133,56 @@ func TestMessageAtTheWatermarkRefusedForRoomStillShowsADivergedSender(t *testing
 		t.Fatalf("sink ran %v, want %v", ran, want)
 	}
 }
+
+// A receipt that answers a stream message without running it (a copy, out
+// of order, refused for room) says the digest of the message that ran at
+// the watermark it gives: a sender restored from a backup that holds
+// another message under that sequence learns from it that its sequences
+// went back, even when it sent nothing at or above the watermark. The
+// receipt of the message at the watermark itself says none.
+func TestReceiptsSayTheDigestAtTheirWatermark(t *testing.T) {
+	n := startNode(t, "n1", t.TempDir())
+	started, release := make(chan struct{}), make(chan struct{})
+	if _, err := n.Spawn("sink", func(_ context.Context, m *node.Message) (proto.Message, error) {
+		var v wrapperspb.StringValue
+		if err := m.Decode(&v); err == nil && v.GetValue() == "hold" {
+			close(started)
+			<-release
+		}
+		return nil, nil
+	}, node.WithMailbox(1, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	a, b := stringEnv(t, 1, 0, "a"), stringEnv(t, 2, 1, "b")
+	for _, env := range []*pb.Envelope{a, b} {
+		if c := rs.deliverWait(t, n, env).GetCode(); c != pb.Receipt_PROCESSED {
+			t.Fatalf("%s: %v, want PROCESSED", env.GetMsgId(), c)
+		}
+	}
+	want := pb.StreamDigest(b)
+	check := func(env *pb.Envelope, code pb.Receipt_Code, digest uint64) {
+		t.Helper()
+		rc := rs.deliverWait(t, n, env)
+		if rc.GetCode() != code || rc.GetWatermark() != 2 || rc.GetWatermarkDigest() != digest {
+			t.Fatalf("%s: %v, watermark %d, digest %#x; want %v, 2, %#x", env.GetMsgId(), rc.GetCode(), rc.GetWatermark(), rc.GetWatermarkDigest(), code, digest)
+		}
+	}
+	cp := stringEnv(t, 1, 0, "a")
+	cp.MsgId += "-copy"
+	check(cp, pb.Receipt_DUPLICATE, want)
+	check(stringEnv(t, 4, 3, "d"), pb.Receipt_OUT_OF_ORDER, want) // decided by the actor
+	atW := stringEnv(t, 2, 1, "b")
+	atW.MsgId += "-copy"
+	check(atW, pb.Receipt_DUPLICATE, 0)
+
+	if err := n.Tell(ctxT(t), node.Addr("sink", "n1"), wrapperspb.String("hold")); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	defer close(release)
+	if err := n.Tell(ctxT(t), node.Addr("sink", "n1"), wrapperspb.String("fill")); err != nil {
+		t.Fatal(err)
+	}
+	check(stringEnv(t, 3, 2, "c"), pb.Receipt_CAPACITY, want)
+}

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"math"
@@ -83,7 +82,7 @@ type inStream struct {
 	// stream's sender outbox and epoch (outbox.Watermark), set at load: a
 	// message at or below it may have run before this node forgot the
 	// stream, and is refused. From the first move of w on it holds the
-	// digest of the message at w (streamDigest; 0 if unknown), moved with
+	// digest of the message at w (pb.StreamDigest; 0 if unknown), moved with
 	// w under cmu, or divergedMark. One field for both keeps the struct
 	// small; read them through horizon and digest.
 	past atomic.Uint64
@@ -135,16 +134,6 @@ func (st *inStream) digest() uint64 {
 		return 0
 	}
 	return st.past.Load()
-}
-
-// streamDigest is what a receiver keeps of the message at a stream's
-// watermark: enough of what its sender stored (requestDigest) to tell a
-// copy, which differs only in msg id and TTL, from another message sent
-// under the same sequence by a sender whose outbox went back. Never 0,
-// which stands for unknown, nor divergedMark.
-func streamDigest(env *pb.Envelope) uint64 {
-	d := requestDigest(env)
-	return min(max(binary.BigEndian.Uint64(d[:8]), 1), divergedMark-1)
 }
 
 // divergedMark takes the place of a stream's digest once its sender showed
@@ -234,7 +223,7 @@ func (in *inbound) divergent(st *inStream, env *pb.Envelope) bool {
 		return true
 	}
 	w := st.w.Load()
-	if env.GetSequence() != w || d == 0 || d == streamDigest(env) {
+	if env.GetSequence() != w || d == 0 || d == pb.StreamDigest(env) {
 		return false
 	}
 	in.advance(st, w, divergedMark, nil, func(error, uint64) {})
@@ -258,7 +247,7 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 	if d := st.digest(); d != divergedMark && (seq != st.w.Load() || d == 0) {
 		return false // the common refusal: nothing to compare
 	}
-	sd := streamDigest(env)
+	sd := pb.StreamDigest(env)
 	st.cmu.Lock()
 	w, d := st.w.Load(), st.past.Load()
 	if w == 0 || d != divergedMark && (seq != w || d == 0 || d == sd) {
@@ -275,6 +264,23 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 		in.commit(st)
 	}
 	return true
+}
+
+// digestAt is the digest of the message that ran at st's watermark, for a
+// receipt that gives w as the watermark (watermark_digest): 0 when w is not
+// the watermark now (the receipt says the durable one, behind it, or what
+// the handler applied) or its digest is not known. Read under cmu, where
+// the watermark and its digest move together.
+func (in *inbound) digestAt(st *inStream, w uint64) uint64 {
+	if w == 0 {
+		return 0
+	}
+	st.cmu.Lock()
+	defer st.cmu.Unlock()
+	if d := st.past.Load(); st.w.Load() == w && d != divergedMark {
+		return d
+	}
+	return 0
 }
 
 // divergedReceipt answers a message of a stream found divergent.
@@ -380,7 +386,7 @@ func (in *inbound) afterDurable(st *inStream, seq uint64, fn func(err error, wat
 }
 
 // advance moves the watermark to seq (the owner only: seq ran, or its key
-// was seen), recording digest (streamDigest) as the message's at it, and
+// was seen), recording digest (pb.StreamDigest) as the message's at it, and
 // calls fn as afterDurable does. keys are idempotency keys that took
 // effect with seq: they are registered for the next commit in the same
 // step that moves the watermark, under cmu, where commit reads both, so

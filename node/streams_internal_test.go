@@ -118,7 +118,7 @@ func TestOwnersMoveKeepsAMarkSetMeanwhile(t *testing.T) {
 		return &pb.Envelope{Sequence: seq, CreatedAtUnixMs: 1000, Body: &anypb.Any{TypeUrl: "t", Value: []byte(v)}}
 	}
 	done := make(chan error, 2)
-	in.advance(st, 1, streamDigest(env(1, "a")), nil, func(err error, _ uint64) { done <- err })
+	in.advance(st, 1, pb.StreamDigest(env(1, "a")), nil, func(err error, _ uint64) { done <- err })
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func TestOwnersMoveKeepsAMarkSetMeanwhile(t *testing.T) {
 	if !in.divergentAtRoom(st, env(1, "b")) {
 		t.Fatal("another message at the watermark not found divergent")
 	}
-	in.advance(st, 2, streamDigest(env(2, "c")), nil, func(err error, _ uint64) { done <- err })
+	in.advance(st, 2, pb.StreamDigest(env(2, "c")), nil, func(err error, _ uint64) { done <- err })
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -266,6 +266,26 @@ func (s *Store) Queued(recipient string, seqs []uint64) (int, error) {
 	return n, nil
 }
 
+// Stored returns the message queued under sequence seq, whatever its
+// recipient, or nil when none is (acked, replaced, given up, or never
+// handed out). It reads the file.
+func (s *Store) Stored(seq uint64) (*pb.StoredMessage, error) {
+	var sm *pb.StoredMessage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRecords).Get(seqKey(seq))
+		if v == nil {
+			return nil
+		}
+		var err error
+		sm, err = decodeRecord(v)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: stored #%d: %w", seq, err)
+	}
+	return sm, nil
+}
+
 // Failure is the receiver's verdict on one message, as far as it counts.
 type Failure struct {
 	Reason    string // stored as last_error, and in the dead-letter reason

@@ -54,6 +54,7 @@ type fake struct {
 	down      map[string]bool    // node
 	handlers  map[string]handler // recipient
 	wm        map[string]uint64  // recipient NUL epoch
+	digest    map[string]uint64  // recipient NUL epoch: pb.StreamDigest of the message that ran at wm, if one did here
 	ran       map[string][]*pb.Envelope
 	calls     []call
 	inflight  map[string]int // recipient: Deliver calls in progress
@@ -77,7 +78,7 @@ type fake struct {
 }
 
 func newFake() *fake {
-	f := &fake{down: map[string]bool{}, handlers: map[string]handler{}, wm: map[string]uint64{},
+	f := &fake{down: map[string]bool{}, handlers: map[string]handler{}, wm: map[string]uint64{}, digest: map[string]uint64{},
 		ran: map[string][]*pb.Envelope{}, inflight: map[string]int{}, maxFlight: map[string]int{},
 		nodeMsgs: map[string]int{}, maxNode: map[string]int{}, queue: map[string][]int{}}
 	f.turned = sync.NewCond(&f.mu)
@@ -151,18 +152,24 @@ func (f *fake) Deliver(ctx context.Context, node string, envs []*pb.Envelope) ([
 func (f *fake) receive(e *pb.Envelope) *pb.Receipt {
 	k := fmt.Sprintf("%s\x00%d", e.GetRecipient(), e.GetStreamEpoch())
 	w := f.wm[k]
+	// As a receiver does, a receipt of another message than the one at the
+	// watermark says the digest of that one, when it ran here.
+	var dg uint64
+	if e.GetSequence() != w {
+		dg = f.digest[k]
+	}
 	switch {
 	case e.GetSequence() <= w:
-		return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: w}
+		return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: w, WatermarkDigest: dg}
 	case e.GetPrevSequence() != 0 && e.GetPrevSequence() != w:
-		return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_OUT_OF_ORDER, Watermark: w}
+		return &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_OUT_OF_ORDER, Watermark: w, WatermarkDigest: dg}
 	}
 	var rc *pb.Receipt
 	if h := f.handlers[e.GetRecipient()]; h != nil {
 		rc = h(e)
 	}
 	if rc == nil || rc.GetCode() == pb.Receipt_PROCESSED {
-		f.wm[k] = e.GetSequence()
+		f.wm[k], f.digest[k] = e.GetSequence(), pb.StreamDigest(e)
 		f.ran[e.GetRecipient()] = append(f.ran[e.GetRecipient()], e)
 		rc := &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
 		if f.room > 0 {

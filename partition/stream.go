@@ -900,7 +900,8 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 			r.Limiter(st.node).OnCapacity()
 		}
 	}()
-	if slices.ContainsFunc(receipts, func(rc *pb.Receipt) bool { return rc.GetCode() == pb.Receipt_DIVERGED }) {
+	if slices.ContainsFunc(receipts, func(rc *pb.Receipt) bool { return rc.GetCode() == pb.Receipt_DIVERGED }) ||
+		r.otherAtWatermark(st, onWire, receipts) {
 		// The receiver holds other messages under this stream's sequences
 		// than this sender sent: the emission's DUPLICATEs speak of a
 		// history this sender no longer has, and its messages must go
@@ -943,6 +944,49 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 		st.unsent(seen, envs, receipts) // nothing was sent after envs
 	}
 	return acks, !decided && derr == nil
+}
+
+// otherAtWatermark reports that a receipt of the emission gives the
+// digest of the message the receiver ran at its watermark
+// (watermark_digest) and this stream holds another message under that
+// sequence: the sequences went back (the outbox was restored from a
+// backup), and the receipts' DUPLICATEs speak of messages this sender no
+// longer has. It finds what the watermark tells by itself (wentBack) only
+// when the stream has sent nothing at or above it; this works from the
+// message it holds there, so an emission that stops below the watermark
+// (its size kept small by the receiver's room or a restart that counted
+// everything stored as sent) gives the restore away too. The message is
+// looked for in what is on the wire, then in the store: an honest
+// stream's message at the watermark is the one that ran, or gone (acked,
+// replaced by a newer version, given up), and a sequence is never another
+// stream's.
+func (r *Relay) otherAtWatermark(st *stream, onWire []*pb.Envelope, receipts []*pb.Receipt) bool {
+	var checked uint64
+	for _, rc := range receipts {
+		w, d := rc.GetWatermark(), rc.GetWatermarkDigest()
+		if d == 0 || w == 0 || w == checked {
+			continue
+		}
+		checked = w
+		if i, found := slices.BinarySearchFunc(onWire, w, func(e *pb.Envelope, w uint64) int { return cmp.Compare(e.GetSequence(), w) }); found {
+			if pb.StreamDigest(onWire[i]) != d {
+				return true
+			}
+			continue
+		}
+		sm, err := r.store.Stored(w)
+		if err != nil || sm == nil {
+			continue // nothing to compare: what the watermark says by itself still counts (judge)
+		}
+		if sm.GetEnvelope().GetRecipient() != st.rcpt || pb.StreamDigest(sm.GetEnvelope()) != d {
+			// Another message of this stream, or one of another stream:
+			// a sequence is handed out once per outbox, so the receiver's
+			// watermark, a sequence this stream sent it, is another
+			// recipient's only in an outbox that handed it out again.
+			return true
+		}
+	}
+	return false
 }
 
 // unsent lowers st's emitted high-water, raised to the top of envs by

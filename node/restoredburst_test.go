@@ -1,0 +1,262 @@
+package node_test
+
+// Real two-node runs: a sender restored from a backup of its whole data
+// directory sends a burst that straddles the receiver's watermark while the
+// receiver's actor is busy, and every message of the burst still runs.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+)
+
+// heldSink records what it runs, except "hold", which blocks its actor
+// until release is closed.
+type heldSink struct {
+	sink
+	started, release chan struct{}
+}
+
+func newHeldSink() *heldSink {
+	return &heldSink{started: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *heldSink) handler(ctx context.Context, m *node.Message) (proto.Message, error) {
+	var v wrapperspb.StringValue
+	if err := m.Decode(&v); err != nil {
+		return nil, err
+	}
+	if v.GetValue() == "hold" {
+		close(s.started)
+		<-s.release
+		return nil, nil
+	}
+	return s.sink.handler(ctx, m)
+}
+
+// restoredBurstMeetingABusyActor runs a (seq 1), takes a backup of the
+// sender's whole data directory, runs b (2) and c (3: the receiver's
+// watermark), restores the backup and queues the burst w x y z (2..5)
+// while the receiver is down. The receiver comes back; once the burst was
+// refused (no such actor yet) the sink is spawned with opts, its actor is
+// held by a local tell, fills are told (they wait in the mailbox), and
+// whileHeld waits for what the test needs before the actor is released.
+// Every message must run once, in order (fills aside).
+func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit1 func(*node.Config), fills int, whileHeld func(t *testing.T, n1, n2 *node.Node)) {
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; edit1(c) }
+	s := newHeldSink()
+	n2 := newNode(t, "n2", d2, func(*node.Config) {})
+	if _, err := n2.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	n1 := newNode(t, "n1", d1, edit, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send := func(v string) node.Outcome {
+		t.Helper()
+		out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	send("a")
+	s.waitLen(t, 1)
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, d1, filepath.Join(dir, "backup"))
+	n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send("b")
+	send("c")
+	s.waitLen(t, 3)
+	testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	for _, n := range []*node.Node{n1, n2} {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(d1); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, filepath.Join(dir, "backup"), d1) // the outbox goes back to before b and c
+
+	n1 = newNode(t, "n1", d1, edit)
+	burst := []string{"w", "x", "y", "z"} // under the sequences of b, c (the watermark) and two more
+	for _, v := range burst {
+		if out := send(v); out != node.Queued {
+			t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
+		}
+	}
+	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	// The burst's first emission is refused (no such actor yet, within the
+	// spawn grace: it comes back after up to a second); the actor is busy
+	// when it does.
+	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+	if _, err := n2.Spawn("sink", s.handler, opts...); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(s.release)
+		}
+	}
+	defer release()
+	sinkAddr := node.Addr("sink", "n2")
+	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
+		t.Fatal(err)
+	}
+	<-s.started
+	for range fills {
+		if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whileHeld(t, n1, n2)
+	release()
+	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" })
+	if want := append([]string{"a", "b", "c"}, burst...); !slices.Equal(got, want) {
+		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, refused full %d, dropped %d; n1 restores %d)",
+			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().RefusedFull, n2.Stats().Dropped, n1.Outbox().Stats().Restores)
+	}
+	if dl := deadLetters(t, n1); len(dl) != 0 {
+		t.Fatalf("dead letters %+v", dl)
+	}
+}
+
+// The restored sender's burst [w x y z] reaches the receiver while its
+// actor's mailbox is full. w, below the durable watermark, is answered
+// DUPLICATE without a look; x, at the watermark, has no room. x is
+// answered DIVERGED (and w's receipt gives the digest of c, which ran at
+// the watermark), so the sender does not take w for a copy.
+func TestRestoredBurstMeetingAFullMailboxRuns(t *testing.T) {
+	restoredBurstMeetingABusyActor(t, []node.SpawnOption{node.WithMailbox(1, mailbox.Reject)}, func(*node.Config) {}, 1,
+		func(t *testing.T, n1, n2 *node.Node) {
+			// The burst came back while the mailbox was full.
+			testutil.WaitFor(t, 15*time.Second, "the burst met the full mailbox", func() bool {
+				return n2.Stats().RefusedFull > 0 || n2.Stats().Diverged > 0
+			})
+			// And it was judged: the next emission came (w answered a
+			// copy again, or x refused again) or w was acked.
+			testutil.WaitFor(t, 15*time.Second, "the emission judged", func() bool {
+				return n1.Outbox().Stats().Depth < 4 || n2.Stats().RefusedFull > 1 || n2.Stats().DedupeHits > 1 || n1.Outbox().Stats().Restores > 0
+			})
+		})
+}
+
+// The same burst meets an actor whose mailbox drops its oldest message when
+// full (WithMailbox(1, DropOldest)): x, the message at the watermark, is
+// queued, then evicted by y (and y by z). Its CAPACITY receipt comes from
+// the mailbox's drop, which never compares it with the digest at the
+// watermark; w's DUPLICATE gives that digest (c's), and the sender, which
+// sent x under c's sequence in the same emission, starts a new epoch.
+func TestRestoredBurstWhoseWatermarkMessageIsDroppedOldestRuns(t *testing.T) {
+	restoredBurstMeetingABusyActor(t, []node.SpawnOption{node.WithMailbox(1, mailbox.DropOldest)}, func(*node.Config) {}, 0,
+		func(t *testing.T, n1, n2 *node.Node) {
+			testutil.WaitFor(t, 15*time.Second, "x and y evicted from the mailbox", func() bool {
+				return n2.Stats().Dropped >= 2 || n2.Stats().Diverged > 0
+			})
+		})
+}
+
+// The same burst meets an actor busy for longer than the sender's
+// DeliverTimeout: w is answered DUPLICATE at once, x waits in the mailbox
+// behind the busy handler, and the emission is judged with x's receipt
+// missing. w's DUPLICATE gives the digest of c, the message at the
+// watermark, which is not x: a new epoch, and w is not taken for a copy.
+func TestRestoredBurstOutwaitingTheDeliverTimeoutRuns(t *testing.T) {
+	restoredBurstMeetingABusyActor(t, nil, func(c *node.Config) { c.Relay.DeliverTimeout = 300 * time.Millisecond }, 0,
+		func(t *testing.T, n1, n2 *node.Node) {
+			testutil.WaitFor(t, 15*time.Second, "the emission timed out and was judged", func() bool {
+				return n1.Outbox().Stats().Depth < 4 || n2.Stats().DedupeHits > 1 || n1.Outbox().Stats().Restores > 0
+			})
+		})
+}
+
+// The digest kept is the in-memory watermark's only. While a newer
+// watermark is not durable (its commit under way, or, as here, refused by
+// a full disk and retried), a message at the durable watermark's sequence
+// must not be answered DUPLICATE with that watermark, its own sequence,
+// and no digest: a sender restored from a backup taken before a, whose
+// emission is [a2] (another message under a's sequence), would take it
+// for a copy and a2 would never run. A copy is answered once the newest
+// watermark is durable, with its digest; until then, not as a copy.
+func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, "n1", dir)
+	var s sink
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	if c := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")).GetCode(); c != pb.Receipt_PROCESSED {
+		t.Fatalf("a: %v, want PROCESSED", c)
+	}
+	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+	if c := rs.deliverWait(t, n, stringEnv(t, 2, 1, "b")).GetCode(); c != pb.Receipt_CAPACITY {
+		t.Fatalf("b, its watermark refused by the disk: %v, want CAPACITY", c)
+	}
+	rc := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a2"))
+	if rc.GetCode() == pb.Receipt_DUPLICATE {
+		t.Fatalf("a2, another message under a's sequence (the durable watermark), while b's watermark is not durable: DUPLICATE with watermark %d; its sender acks it as a copy and it never runs (sink ran %v)",
+			rc.GetWatermark(), s.values())
+	}
+}
+
+// Below the durable watermark too: while a newer watermark is not durable,
+// a copy is not answered DUPLICATE with the durable watermark and no
+// digest (a restored sender whose emission holds another message at that
+// watermark would ack the one below it as a copy), but once the newest
+// watermark is durable, with it and the digest of the message that ran
+// there.
+func TestCopyBelowTheDurableWatermarkWaitsForTheNewest(t *testing.T) {
+	dir := t.TempDir()
+	n := startNode(t, "n1", dir)
+	var s sink
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	a, b, c := stringEnv(t, 1, 0, "a"), stringEnv(t, 2, 1, "b"), stringEnv(t, 3, 2, "c")
+	for _, env := range []*pb.Envelope{a, b} {
+		if code := rs.deliverWait(t, n, env).GetCode(); code != pb.Receipt_PROCESSED {
+			t.Fatalf("%s: %v, want PROCESSED", env.GetMsgId(), code)
+		}
+	}
+	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	if code := rs.deliverWait(t, n, c).GetCode(); code != pb.Receipt_CAPACITY {
+		t.Fatalf("c, its watermark refused by the disk: %v, want CAPACITY", code)
+	}
+	cp := stringEnv(t, 1, 0, "a")
+	cp.MsgId += "-copy"
+	if rc := rs.deliverWait(t, n, cp); rc.GetCode() == pb.Receipt_DUPLICATE {
+		t.Fatalf("a copy of a while c's watermark is not durable: DUPLICATE with watermark %d, digest %#x; want no copy's answer until c's watermark is durable",
+			rc.GetWatermark(), rc.GetWatermarkDigest())
+	}
+	restore()
+	cp.MsgId += "-again"
+	rc := rs.deliverWait(t, n, cp)
+	if rc.GetCode() != pb.Receipt_DUPLICATE || rc.GetWatermark() != 3 || rc.GetWatermarkDigest() != pb.StreamDigest(c) {
+		t.Fatalf("a copy of a with the disk back: %v, watermark %d, digest %#x; want DUPLICATE, 3, %#x",
+			rc.GetCode(), rc.GetWatermark(), rc.GetWatermarkDigest(), pb.StreamDigest(c))
+	}
+}
