@@ -951,11 +951,13 @@ func (r *Relay) process(st *stream, envs []*pb.Envelope, receipts []*pb.Receipt,
 // (watermark_digest) and this stream holds another message under that
 // sequence: the sequences went back (the outbox was restored from a
 // backup), and the receipts' DUPLICATEs speak of messages this sender no
-// longer has. It finds what the watermark tells by itself (wentBack) only
-// when the stream has sent nothing at or above it; this works from the
-// message it holds there, so an emission that stops below the watermark
-// (its size kept small by the receiver's room or a restart that counted
-// everything stored as sent) gives the restore away too. The message is
+// longer has. The watermark by itself (wentBack) shows a restore only when
+// it lies above, or between, what the stream counts as sent; this works
+// from the message the stream holds there, so an emission that stops
+// below the watermark (kept small by the receiver's room, or after a
+// restart that counted everything stored as sent) gives it away too, and
+// so does an emission whose message at the watermark got no answer that
+// compared it (refused for room, dropped, not yet decided). The message is
 // looked for in what is on the wire, then in the store: an honest
 // stream's message at the watermark is the one that ran, or gone (acked,
 // replaced by a newer version, given up), and a sequence is never another
