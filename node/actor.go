@@ -427,10 +427,7 @@ func (a *actor) answer(d *delivery, reply proto.Message, err error) {
 // handleStream decides a reliable message when the actor takes it, from
 // the stream's watermark W (this goroutine is its only writer):
 //
-//   - sequence <= W: already processed: DUPLICATE, not run, once W itself
-//     is durable (its receipt gives W and the digest of the message that
-//     ran there, the only one kept: a restored sender compares it with
-//     the message it holds under W);
+//   - sequence <= W: already processed: DUPLICATE, not run;
 //   - prev_sequence neither 0 nor W: its predecessor has not run here:
 //     OUT_OF_ORDER, not run (the sender resends from its frontier);
 //   - its TTL ran out: EXPIRED;
@@ -463,7 +460,7 @@ func (a *actor) handleStream(d *delivery) {
 		return
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)
-		n.in.afterDurable(st, w, positive(pb.Receipt_DUPLICATE))
+		n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		return
 	case w == 0 && seq <= st.horizon():
 		// This node forgot the stream (idle past its retention) and the
@@ -621,16 +618,17 @@ func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.Room = uint32(min(room, math.MaxUint32))
 	if st != nil {
 		r.Arrived = st.arrived.Load()
-		if w := r.GetWatermark(); w != d.env.GetSequence() && digestSaid(r.GetCode()) {
-			r.WatermarkDigest = a.n.in.digestAt(st, w)
+		if digestSaid(r.GetCode()) {
+			r.WatermarkDigest = a.n.in.digestAt(st, r.GetWatermark())
 		}
 	}
 	d.receipt(r)
 }
 
-// digestSaid reports whether a receipt of code for a message that is not
-// the one at the watermark says the watermark's digest: those that answer
-// it without running it, as a copy or out of order, or refuse it for room.
+// digestSaid reports whether a receipt of code says the digest of the
+// message at its watermark: those that answer a message without running
+// it, as a copy or out of order, or refuse it for room. A sender restored
+// from a backup compares it with the message it holds there.
 func digestSaid(code pb.Receipt_Code) bool {
 	switch code {
 	case pb.Receipt_DUPLICATE, pb.Receipt_OUT_OF_ORDER, pb.Receipt_CAPACITY:

@@ -165,7 +165,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 			rc(divergedReceipt(st))
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
-			n.in.afterDurable(st, w, positive(pb.Receipt_DUPLICATE)) // as handleStream does
+			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))
 		case w == 0 && seq <= st.horizon():
 			n.stats.forgotten.Add(1)
 			rc(&pb.Receipt{Code: pb.Receipt_FORGOTTEN, Watermark: st.horizon(),

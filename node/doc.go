@@ -189,16 +189,18 @@
 //     DIVERGED (Stats.Diverged), not run, with every later one of the
 //     stream, also when its mailbox has no room for it. Every receipt that
 //     answers a message without running it (a copy, out of order, refused
-//     for room) gives the watermark with that digest; a copy's waits until
-//     the newest watermark is durable, the one whose digest is kept. The
-//     sender compares the digest with the message it holds under that
-//     sequence, in the emission or in its outbox: another message, or one
-//     for another recipient, is a restore, even when the emission stopped
-//     below the watermark. A watermark above everything the stream sent,
-//     or between two messages of an emission and none of them, is one too.
-//     Not found out: a watermark the restored outbox had stored for the
-//     stream itself and no longer holds (a message replaced, or given up,
-//     before it was sent), and a restore on top of a handler record ahead
+//     for room) gives the watermark with that digest (kept for the newest
+//     watermark and the durable one). The sender compares the digest with
+//     the message it holds under that sequence, in the emission or in its
+//     outbox: another message, or one for another recipient, is a
+//     restore, even when the emission stopped below the watermark. A
+//     watermark above everything the stream sent, or between two messages
+//     of an emission and none of them, is one too. Not found out: a
+//     watermark whose sequence has left the restored outbox while the
+//     stream counts it as sent (the stream's own message there replaced
+//     or given up before it was sent; or, after a restart of the sender,
+//     which counts everything stored as sent, a message for another actor
+//     that was delivered), and a restore on top of a handler record ahead
 //     of the watermark (WithApplied) whose sequence the emission holds;
 //     their reused sequences below are counted delivered without running.
 //     Receipts that come through a forwarder carry no digest (an origin of

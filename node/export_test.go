@@ -128,3 +128,15 @@ func (n *Node) PeerQueuedBytes(peer string) int64 {
 	}
 	return 0
 }
+
+// DurableWatermark returns the highest durable watermark among the cached
+// inbound streams.
+func (n *Node) DurableWatermark() uint64 {
+	n.in.mu.Lock()
+	defer n.in.mu.Unlock()
+	var d uint64
+	for _, st := range n.in.streams {
+		d = max(d, st.durable.Load())
+	}
+	return d
+}

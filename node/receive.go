@@ -163,22 +163,13 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			return
 		}
 		// Below the durable watermark: a copy, answered here without
-		// taking a mailbox slot. At it, the owner decides: it may be
-		// another message under that sequence (divergent). The answer
-		// waits until the watermark as it is now is durable (at once,
-		// unless a commit is under way or the disk refuses): only the
-		// digest of the message at the newest watermark is kept, and a
-		// restored sender learns from it whether the message it holds
-		// there is the one that ran.
+		// taking a mailbox slot, with the digest of the message at the
+		// watermark (a restored sender compares it with the message it
+		// holds there). At it, the owner decides: it may be another
+		// message under that sequence (divergent).
 		if env.GetSequence() < st.durable.Load() {
 			n.stats.dedupeHits.Add(1)
-			n.in.afterDurable(st, st.w.Load(), func(err error, _ uint64) {
-				if err != nil {
-					receipt(pb.Receipt_CAPACITY, "watermark not durable: "+err.Error(), notDurableRetry, 0)
-					return
-				}
-				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
-			})
+			copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
 			return
 		}
 	}

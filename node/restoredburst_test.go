@@ -191,14 +191,13 @@ func TestRestoredBurstOutwaitingTheDeliverTimeoutRuns(t *testing.T) {
 		})
 }
 
-// The digest kept is the in-memory watermark's only. While a newer
-// watermark is not durable (its commit under way, or, as here, refused by
-// a full disk and retried), a message at the durable watermark's sequence
-// must not be answered DUPLICATE with that watermark, its own sequence,
-// and no digest: a sender restored from a backup taken before a, whose
-// emission is [a2] (another message under a's sequence), would take it
-// for a copy and a2 would never run. A copy is answered once the newest
-// watermark is durable, with its digest; until then, not as a copy.
+// While a newer watermark is not durable (its commit under way, or, as
+// here, refused by a full disk and retried), a message at the durable
+// watermark's sequence reaches the actor, which answers it DUPLICATE with
+// the durable watermark, its own sequence. A sender restored from a backup
+// taken before a, whose emission is [a2] (another message under a's
+// sequence), must not take that for a copy: the receipt gives the digest
+// of a, kept with the durable watermark, which is not a2's.
 func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable(t *testing.T) {
 	dir := t.TempDir()
 	n := startNode(t, "n1", dir)
@@ -207,7 +206,8 @@ func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable
 		t.Fatal(err)
 	}
 	var rs receipts
-	if c := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")).GetCode(); c != pb.Receipt_PROCESSED {
+	a := stringEnv(t, 1, 0, "a")
+	if c := rs.deliverWait(t, n, a).GetCode(); c != pb.Receipt_PROCESSED {
 		t.Fatalf("a: %v, want PROCESSED", c)
 	}
 	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
@@ -215,20 +215,21 @@ func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable
 	if c := rs.deliverWait(t, n, stringEnv(t, 2, 1, "b")).GetCode(); c != pb.Receipt_CAPACITY {
 		t.Fatalf("b, its watermark refused by the disk: %v, want CAPACITY", c)
 	}
-	rc := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a2"))
-	if rc.GetCode() == pb.Receipt_DUPLICATE {
-		t.Fatalf("a2, another message under a's sequence (the durable watermark), while b's watermark is not durable: DUPLICATE with watermark %d; its sender acks it as a copy and it never runs (sink ran %v)",
-			rc.GetWatermark(), s.values())
+	a2 := stringEnv(t, 1, 0, "a2")
+	rc := rs.deliverWait(t, n, a2)
+	if rc.GetCode() == pb.Receipt_DUPLICATE && (rc.GetWatermarkDigest() != pb.StreamDigest(a) || rc.GetWatermark() != 1) {
+		t.Fatalf("a2, another message under a's sequence (the durable watermark), while b's watermark is not durable: DUPLICATE with watermark %d and digest %#x, want a's %#x at 1 (a2's is %#x); its sender would ack it as a copy (sink ran %v)",
+			rc.GetWatermark(), rc.GetWatermarkDigest(), pb.StreamDigest(a), pb.StreamDigest(a2), s.values())
 	}
 }
 
-// Below the durable watermark too: while a newer watermark is not durable,
-// a copy is not answered DUPLICATE with the durable watermark and no
-// digest (a restored sender whose emission holds another message at that
-// watermark would ack the one below it as a copy), but once the newest
-// watermark is durable, with it and the digest of the message that ran
-// there.
-func TestCopyBelowTheDurableWatermarkWaitsForTheNewest(t *testing.T) {
+// While a newer watermark is not durable (its commit refused by the disk),
+// a copy is answered DUPLICATE at once with the durable watermark and the
+// digest of the message that ran there: kept with the durable watermark,
+// so that a restored sender still learns whether the message it holds
+// there is the one that ran, and an honest sender acks its copy instead
+// of waiting, as long as the disk refuses, for its TTL to run out.
+func TestCopyIsAnsweredWithTheDurableWatermarksDigest(t *testing.T) {
 	dir := t.TempDir()
 	n := startNode(t, "n1", dir)
 	var s sink
@@ -243,20 +244,16 @@ func TestCopyBelowTheDurableWatermarkWaitsForTheNewest(t *testing.T) {
 		}
 	}
 	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
 	if code := rs.deliverWait(t, n, c).GetCode(); code != pb.Receipt_CAPACITY {
 		t.Fatalf("c, its watermark refused by the disk: %v, want CAPACITY", code)
 	}
-	cp := stringEnv(t, 1, 0, "a")
-	cp.MsgId += "-copy"
-	if rc := rs.deliverWait(t, n, cp); rc.GetCode() == pb.Receipt_DUPLICATE {
-		t.Fatalf("a copy of a while c's watermark is not durable: DUPLICATE with watermark %d, digest %#x; want no copy's answer until c's watermark is durable",
-			rc.GetWatermark(), rc.GetWatermarkDigest())
-	}
-	restore()
-	cp.MsgId += "-again"
-	rc := rs.deliverWait(t, n, cp)
-	if rc.GetCode() != pb.Receipt_DUPLICATE || rc.GetWatermark() != 3 || rc.GetWatermarkDigest() != pb.StreamDigest(c) {
-		t.Fatalf("a copy of a with the disk back: %v, watermark %d, digest %#x; want DUPLICATE, 3, %#x",
-			rc.GetCode(), rc.GetWatermark(), rc.GetWatermarkDigest(), pb.StreamDigest(c))
+	for _, env := range []*pb.Envelope{stringEnv(t, 1, 0, "a"), stringEnv(t, 2, 1, "b")} {
+		env.MsgId += "-copy" // below the durable watermark, and at it
+		rc := rs.deliverWait(t, n, env)
+		if rc.GetCode() != pb.Receipt_DUPLICATE || rc.GetWatermark() != 2 || rc.GetWatermarkDigest() != pb.StreamDigest(b) {
+			t.Fatalf("%s while c's watermark is not durable: %v, watermark %d, digest %#x; want DUPLICATE, 2, %#x",
+				env.GetMsgId(), rc.GetCode(), rc.GetWatermark(), rc.GetWatermarkDigest(), pb.StreamDigest(b))
+		}
 	}
 }

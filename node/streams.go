@@ -76,8 +76,12 @@ type inStream struct {
 	// w is the watermark: the highest sequence whose handler succeeded, or
 	// that an idempotency key answered. Written by the owner only.
 	w atomic.Uint64
-	// durable is the highest watermark known to be committed.
-	durable atomic.Uint64
+	// durable is the highest watermark known to be committed, and
+	// durableDigest the digest committed with it (see past; 0 if unknown),
+	// both moved under cmu: a receipt that gives the durable watermark
+	// while w is ahead of it gives that digest (digestAt).
+	durable       atomic.Uint64
+	durableDigest atomic.Uint64
 	// past holds, while w is 0, the horizon of forgotten streams of the
 	// stream's sender outbox and epoch (outbox.Watermark), set at load: a
 	// message at or below it may have run before this node forgot the
@@ -196,6 +200,7 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 		}
 		st.w.Store(w)
 		st.durable.Store(w)
+		st.durableDigest.Store(rec.Digest)
 		in.streams[st.key] = st
 	}
 	st.lastUse = elapsedSeconds(now)
@@ -266,21 +271,29 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 	return true
 }
 
-// digestAt is the digest of the message that ran at st's watermark, for a
-// receipt that gives w as the watermark (watermark_digest): 0 when w is not
-// the watermark now (the receipt says the durable one, behind it, or what
-// the handler applied) or its digest is not known. Read under cmu, where
-// the watermark and its digest move together.
+// digestAt is the digest of the message that ran at w, st's watermark or
+// its durable one, for a receipt that gives w as the watermark
+// (watermark_digest): 0 when w is neither (the receipt says what the
+// handler applied, or the watermark moved on meanwhile), the digest is
+// not known, or the stream is marked divergent. Read under cmu, where each
+// watermark and its digest move together.
 func (in *inbound) digestAt(st *inStream, w uint64) uint64 {
 	if w == 0 {
 		return 0
 	}
 	st.cmu.Lock()
 	defer st.cmu.Unlock()
-	if d := st.past.Load(); st.w.Load() == w && d != divergedMark {
-		return d
+	var d uint64
+	switch w {
+	case st.w.Load():
+		d = st.past.Load()
+	case st.durable.Load():
+		d = st.durableDigest.Load()
 	}
-	return 0
+	if d == divergedMark {
+		return 0
+	}
+	return d
 }
 
 // divergedReceipt answers a message of a stream found divergent.
@@ -446,8 +459,13 @@ func (in *inbound) commit(st *inStream) {
 	in.wg.Add(1)
 	in.store.CommitStream(&outbox.StreamCommit{Stream: []byte(st.key), Watermark: w, Digest: digest, Keys: keys}, func(err error) {
 		defer in.wg.Done()
-		if err == nil && w > st.durable.Load() {
-			st.durable.Store(w)
+		if err == nil {
+			st.cmu.Lock()
+			if w > st.durable.Load() {
+				st.durable.Store(w)
+				st.durableDigest.Store(digest)
+			}
+			st.cmu.Unlock()
 		}
 		switch {
 		case len(keys) == 0:

@@ -713,7 +713,7 @@ type Receipt struct {
 	Arrived uint64 `protobuf:"varint,8,opt,name=arrived,proto3" json:"arrived,omitempty"`
 	// watermark_digest is the digest (StreamDigest) of the message that ran
 	// at watermark, on a DUPLICATE, OUT_OF_ORDER or CAPACITY-for-room
-	// receipt of another message, when the receiver knows it (0: not said,
+	// receipt of a stream message, when the receiver knows it (0: not said,
 	// as by older receivers and on receipts that come through a forwarder).
 	// A sender that holds another message of the stream under that sequence
 	// learns from it that its sequences went back (its outbox was restored

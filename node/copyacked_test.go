@@ -1,0 +1,108 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/node"
+)
+
+// holdSink runs every value at once except those in hold, whose handler
+// signals started[v] and waits for release[v].
+type holdSink struct {
+	sink
+	started, release map[string]chan struct{}
+}
+
+func newHoldSink(vals ...string) *holdSink {
+	h := &holdSink{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}}
+	for _, v := range vals {
+		h.started[v], h.release[v] = make(chan struct{}), make(chan struct{})
+	}
+	return h
+}
+
+func (h *holdSink) handler(ctx context.Context, m *node.Message) (proto.Message, error) {
+	var v wrapperspb.StringValue
+	if err := m.Decode(&v); err != nil {
+		return nil, err
+	}
+	if ch, ok := h.started[v.GetValue()]; ok {
+		select {
+		case <-ch: // a later copy: the first ran
+		default:
+			close(ch)
+			<-h.release[v.GetValue()]
+		}
+	}
+	return h.sink.handler(ctx, m)
+}
+
+// m1 ran and its watermark is durable; m2 ran after it and the receiver's
+// disk refuses m2's watermark commit (full). m1's receipt was lost (the
+// sender's emission timed out while m1's handler was slow), so the sender
+// sends m1 again. The receiver knows m1 ran durably and answers the copy
+// DUPLICATE at once: were it to wait for the newest watermark to be
+// durable, the disk would keep it from the sender until m1's TTL ran out,
+// and m1 would be dead-lettered "outcome unknown", though it ran and the
+// receiver has it on disk.
+func TestCopyOfADurableMessageIsAckedWhileANewerWatermarkIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	h := newHoldSink("m1", "m2")
+	n1 := newNode(t, "n1", d1, func(c *node.Config) {
+		fastRetries(c)
+		c.Relay.DeliverTimeout = 300 * time.Millisecond
+		c.Outbox.MaxClockSkew = 100 * time.Millisecond
+	})
+	to := node.Addr("sink", "n2")
+	// Both queued while n2 is not there: the first emission is [m1 m2].
+	for _, v := range []string{"m1", "m2"} {
+		if out, err := n1.TellReliable(ctxT(t), to, wrapperspb.String(v), node.WithTTL(4*time.Second)); err != nil || out != node.Queued {
+			t.Fatalf("%s: %v, %v; want Queued", v, out, err)
+		}
+	}
+	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	if _, err := n2.Spawn("sink", h.handler, node.WithMailbox(2, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	released := map[string]bool{}
+	release := func(v string) {
+		if !released[v] {
+			released[v] = true
+			close(h.release[v])
+		}
+	}
+	defer release("m1")
+	defer release("m2")
+	<-h.started["m1"] // m1 in its handler, m2 in the mailbox behind it
+	// The emission [m1 m2] times out (m1's receipt is lost); the next one
+	// puts a copy of m1 in the mailbox, behind m2, and finds it full for
+	// m2: the first emission was judged.
+	testutil.WaitFor(t, 10*time.Second, "the emission of m1 judged without its receipt", func() bool { return n2.Stats().RefusedFull > 0 })
+	release("m1") // m1 runs; its watermark (1) becomes durable
+	<-h.started["m2"]
+	testutil.WaitFor(t, 10*time.Second, "m1's watermark durable", func() bool { return n2.DurableWatermark() >= 1 })
+	restore, hits := faults.FailCommits(filepath.Join(d2, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+	release("m2") // m2 runs; its watermark (2) is refused by the disk
+	testutil.WaitFor(t, 20*time.Second, "m1 acked or dead-lettered", func() bool {
+		return n1.Outbox().Stats().Depth < 2 || n1.Outbox().Stats().DLQDepth > 0
+	})
+	for _, dl := range deadLetters(t, n1) {
+		var v wrapperspb.StringValue
+		if err := dl.Message.GetEnvelope().GetBody().UnmarshalTo(&v); err == nil && v.GetValue() == "m1" {
+			t.Fatalf("m1, which ran and whose watermark (1) is durable at the receiver, was dead-lettered (%q) because a newer watermark's commit was refused (%d refused commits); the sink ran %v",
+				dl.Reason, hits(), h.values())
+		}
+	}
+}
