@@ -54,54 +54,10 @@ func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
-			edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1 }
 			var s sink
-			n2 := newNode(t, "n2", d2, func(*node.Config) {})
-			if err := tc.spawn(n2, &s); err != nil {
-				t.Fatal(err)
-			}
-			n1 := newNode(t, "n1", d1, edit, n2.GossipAddr())
-			waitAlive(t, []*node.Node{n1, n2}, 2)
-			send := func(v string) node.Outcome {
-				t.Helper()
-				out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v))
-				if err != nil {
-					t.Fatal(err)
-				}
-				return out
-			}
-			send("a")
-			s.waitLen(t, 1)
-			if err := n1.Close(); err != nil {
-				t.Fatal(err)
-			}
-			copyDir(t, d1, filepath.Join(dir, "backup"))
-			n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
-			waitAlive(t, []*node.Node{n1, n2}, 2)
-			send("b")
-			send("c")
-			s.waitLen(t, 3)
-			testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
-			for _, n := range []*node.Node{n1, n2} {
-				if err := n.Close(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := os.RemoveAll(d1); err != nil {
-				t.Fatal(err)
-			}
-			copyDir(t, filepath.Join(dir, "backup"), d1) // the outbox goes back to before b and c
-
-			n1 = newNode(t, "n1", d1, edit)
 			burst := []string{"w", "x", "y", "z"} // under the sequences of b, c and two more
-			for _, v := range burst {
-				if out := send(v); out != node.Queued {
-					t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
-				}
-			}
-			n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+			n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { return tc.spawn(n, &s) }, &s, burst)
+			n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
 			if err := tc.spawn(n2, &s); err != nil {
 				t.Fatal(err)
 			}
@@ -118,6 +74,62 @@ func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restoredBurst runs a (sequence 1) from n1 to the sink on n2, which
+// spawn spawns, backs n1's whole data directory up, runs b and c (2 and
+// 3, the sink's watermark), then closes both nodes, restores the backup
+// and starts n1 alone, where it queues burst (its receiver is down) under
+// the sequences of b, c and more. It returns the restored n1 and n2's
+// directory. edit changes n1's configuration.
+func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node) error, s *sink, burst []string) (*node.Node, string) {
+	t.Helper()
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	cfg := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; edit(c) }
+	n2 := newNode(t, "n2", d2, func(*node.Config) {})
+	if err := spawn(n2); err != nil {
+		t.Fatal(err)
+	}
+	n1 := newNode(t, "n1", d1, cfg, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send := func(v string) node.Outcome {
+		t.Helper()
+		out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	send("a")
+	s.waitLen(t, 1)
+	if err := n1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, d1, filepath.Join(dir, "backup"))
+	n1 = newNode(t, "n1", d1, cfg, n2.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	send("b")
+	send("c")
+	s.waitLen(t, 3)
+	testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	for _, n := range []*node.Node{n1, n2} {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.RemoveAll(d1); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, filepath.Join(dir, "backup"), d1) // the outbox goes back to before b and c
+
+	n1 = newNode(t, "n1", d1, cfg)
+	for _, v := range burst {
+		if out := send(v); out != node.Queued {
+			t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
+		}
+	}
+	return n1, d2
 }
 
 // A release from before digests opens the same outbox file (its format did

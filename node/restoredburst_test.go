@@ -7,7 +7,6 @@ package node_test
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -55,55 +54,11 @@ func (s *heldSink) handler(ctx context.Context, m *node.Message) (proto.Message,
 // held by a local tell, fills are told (they wait in the mailbox), and
 // whileHeld waits for what the test needs before the actor is released.
 // Every message must run once, in order (fills aside).
-func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit1 func(*node.Config), fills int, whileHeld func(t *testing.T, n1, n2 *node.Node)) {
-	dir := t.TempDir()
-	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
-	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; edit1(c) }
+func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit func(*node.Config), fills int, whileHeld func(t *testing.T, n1, n2 *node.Node)) {
 	s := newHeldSink()
-	n2 := newNode(t, "n2", d2, func(*node.Config) {})
-	if _, err := n2.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
-	n1 := newNode(t, "n1", d1, edit, n2.GossipAddr())
-	waitAlive(t, []*node.Node{n1, n2}, 2)
-	send := func(v string) node.Outcome {
-		t.Helper()
-		out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	send("a")
-	s.waitLen(t, 1)
-	if err := n1.Close(); err != nil {
-		t.Fatal(err)
-	}
-	copyDir(t, d1, filepath.Join(dir, "backup"))
-	n1 = newNode(t, "n1", d1, edit, n2.GossipAddr())
-	waitAlive(t, []*node.Node{n1, n2}, 2)
-	send("b")
-	send("c")
-	s.waitLen(t, 3)
-	testutil.WaitFor(t, 10*time.Second, "b, c acked", func() bool { return n1.Outbox().Stats().Depth == 0 })
-	for _, n := range []*node.Node{n1, n2} {
-		if err := n.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.RemoveAll(d1); err != nil {
-		t.Fatal(err)
-	}
-	copyDir(t, filepath.Join(dir, "backup"), d1) // the outbox goes back to before b and c
-
-	n1 = newNode(t, "n1", d1, edit)
 	burst := []string{"w", "x", "y", "z"} // under the sequences of b, c (the watermark) and two more
-	for _, v := range burst {
-		if out := send(v); out != node.Queued {
-			t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
-		}
-	}
-	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst)
+	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
 	// The burst's first emission is refused (no such actor yet, within the
 	// spawn grace: it comes back after up to a second); the actor is busy
 	// when it does.
@@ -199,22 +154,8 @@ func TestRestoredBurstOutwaitingTheDeliverTimeoutRuns(t *testing.T) {
 // sequence), must not take that for a copy: the receipt gives the digest
 // of a, kept with the durable watermark, which is not a2's.
 func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable(t *testing.T) {
-	dir := t.TempDir()
-	n := startNode(t, "n1", dir)
-	var s sink
-	if _, err := n.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
 	a := stringEnv(t, 1, 0, "a")
-	if c := rs.deliverWait(t, n, a).GetCode(); c != pb.Receipt_PROCESSED {
-		t.Fatalf("a: %v, want PROCESSED", c)
-	}
-	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
-	defer restore()
-	if c := rs.deliverWait(t, n, stringEnv(t, 2, 1, "b")).GetCode(); c != pb.Receipt_CAPACITY {
-		t.Fatalf("b, its watermark refused by the disk: %v, want CAPACITY", c)
-	}
+	n, rs, s := receiverRefusingAWatermark(t, []*pb.Envelope{a}, stringEnv(t, 2, 1, "b"))
 	a2 := stringEnv(t, 1, 0, "a2")
 	rc := rs.deliverWait(t, n, a2)
 	if rc.GetCode() == pb.Receipt_DUPLICATE && (rc.GetWatermarkDigest() != pb.StreamDigest(a) || rc.GetWatermark() != 1) {
@@ -230,24 +171,8 @@ func TestAnotherMessageAtTheDurableWatermarkIsNotACopyWhileANewerOneIsNotDurable
 // there is the one that ran, and an honest sender acks its copy instead
 // of waiting, as long as the disk refuses, for its TTL to run out.
 func TestCopyIsAnsweredWithTheDurableWatermarksDigest(t *testing.T) {
-	dir := t.TempDir()
-	n := startNode(t, "n1", dir)
-	var s sink
-	if _, err := n.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
-	a, b, c := stringEnv(t, 1, 0, "a"), stringEnv(t, 2, 1, "b"), stringEnv(t, 3, 2, "c")
-	for _, env := range []*pb.Envelope{a, b} {
-		if code := rs.deliverWait(t, n, env).GetCode(); code != pb.Receipt_PROCESSED {
-			t.Fatalf("%s: %v, want PROCESSED", env.GetMsgId(), code)
-		}
-	}
-	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
-	defer restore()
-	if code := rs.deliverWait(t, n, c).GetCode(); code != pb.Receipt_CAPACITY {
-		t.Fatalf("c, its watermark refused by the disk: %v, want CAPACITY", code)
-	}
+	b := stringEnv(t, 2, 1, "b")
+	n, rs, _ := receiverRefusingAWatermark(t, []*pb.Envelope{stringEnv(t, 1, 0, "a"), b}, stringEnv(t, 3, 2, "c"))
 	for _, env := range []*pb.Envelope{stringEnv(t, 1, 0, "a"), stringEnv(t, 2, 1, "b")} {
 		env.MsgId += "-copy" // below the durable watermark, and at it
 		rc := rs.deliverWait(t, n, env)
@@ -256,4 +181,29 @@ func TestCopyIsAnsweredWithTheDurableWatermarksDigest(t *testing.T) {
 				env.GetMsgId(), rc.GetCode(), rc.GetWatermark(), rc.GetWatermarkDigest(), pb.StreamDigest(b))
 		}
 	}
+}
+
+// receiverRefusingAWatermark starts a node whose sink runs ran, each
+// answered PROCESSED, then has its disk refuse every commit and delivers
+// refused, which runs and whose watermark the disk refuses (CAPACITY).
+func receiverRefusingAWatermark(t *testing.T, ran []*pb.Envelope, refused *pb.Envelope) (*node.Node, *receipts, *sink) {
+	t.Helper()
+	dir := t.TempDir()
+	n := startNode(t, "n1", dir)
+	s := &sink{}
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	rs := &receipts{}
+	for _, env := range ran {
+		if code := rs.deliverWait(t, n, env).GetCode(); code != pb.Receipt_PROCESSED {
+			t.Fatalf("%s: %v, want PROCESSED", env.GetMsgId(), code)
+		}
+	}
+	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	t.Cleanup(restore)
+	if code := rs.deliverWait(t, n, refused).GetCode(); code != pb.Receipt_CAPACITY {
+		t.Fatalf("%s, its watermark refused by the disk: %v, want CAPACITY", refused.GetMsgId(), code)
+	}
+	return n, rs, s
 }
