@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,5 +106,86 @@ func TestCopyOfADurableMessageIsAckedWhileANewerWatermarkIsRefused(t *testing.T)
 			t.Fatalf("m1, which ran and whose watermark (1) is durable at the receiver, was dead-lettered (%q) because a newer watermark's commit was refused (%d refused commits); the sink ran %v",
 				dl.Reason, hits(), h.values())
 		}
+	}
+}
+
+// m1 ran and its watermark (1) is durable at the receiver; its receipt was
+// lost (the sender's attempt timed out while m1's handler was slow). Then
+// the receiver's store stops (another stream's commit failed a sync), and
+// the sender sends m1 again: a copy at the durable watermark. The actor
+// refuses everything while the store is stopped, so the copy is answered
+// DUPLICATE by the goroutine that received it (its digest is that of the
+// message that ran there), as a copy below the watermark is: otherwise the
+// receiver would never say it ran, and the sender would dead-letter m1 at
+// its TTL as "outcome unknown".
+func TestCopyAtTheDurableWatermarkIsAnsweredWhileTheStoreIsStopped(t *testing.T) {
+	dir := t.TempDir()
+	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	syncErr := errors.New("fdatasync outbox.db: input/output error")
+	var failing atomic.Bool
+	defer faults.FailWrites(filepath.Join(d2, "outbox.db"), syncErr, func(meta bool) bool { return meta && failing.Load() })()
+
+	h := newHoldSink("m1", "hold2")
+	n1 := newNode(t, "n1", d1, func(c *node.Config) {
+		fastRetries(c)
+		c.Relay.DeliverTimeout = 300 * time.Millisecond
+		c.Relay.DirectTimeout = 100 * time.Millisecond
+		c.Outbox.MaxClockSkew = 100 * time.Millisecond
+	})
+	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	if _, err := n2.Spawn("sink", h.handler, node.WithMailbox(2, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	var other sink
+	if _, err := n2.Spawn("other", other.handler); err != nil {
+		t.Fatal(err)
+	}
+	released := map[string]bool{}
+	release := func(v string) {
+		if !released[v] {
+			released[v] = true
+			close(h.release[v])
+		}
+	}
+	defer release("m1")
+	defer release("hold2")
+
+	to := node.Addr("sink", "n2")
+	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("m1"), node.WithTTL(4*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	<-h.started["m1"] // m1 in its handler: its receipt will come after the sender gave up waiting
+	// hold2 will keep the actor busy after m1, so that the copies of m1 the
+	// sender sends meanwhile wait in the mailbox (or are refused for room).
+	if err := n2.Tell(ctxT(t), to, wrapperspb.String("hold2")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "a copy of m1 refused for room", func() bool { return n2.Stats().RefusedFull > 0 })
+	release("m1")
+	<-h.started["hold2"]
+	testutil.WaitFor(t, 10*time.Second, "m1's watermark durable", func() bool { return n2.DurableWatermark() >= 1 })
+
+	// Another stream's commit fails its sync: n2's store stops.
+	failing.Store(true)
+	if _, err := n1.TellReliable(ctxT(t), node.Addr("other", "n2"), wrapperspb.String("o1")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, "n2's store to fail", func() bool { return n2.Outbox().Err() != nil })
+	failing.Store(false)
+	release("hold2")
+
+	// o1 stays queued (n2 refuses it while its store is failed): m1 is
+	// settled, acked or dead-lettered, once one message is left.
+	testutil.WaitFor(t, 20*time.Second, "m1 acked or dead-lettered", func() bool { return n1.Outbox().Stats().Depth < 2 })
+	for _, dl := range deadLetters(t, n1) {
+		var v wrapperspb.StringValue
+		if err := dl.Message.GetEnvelope().GetBody().UnmarshalTo(&v); err == nil && v.GetValue() == "m1" {
+			t.Fatalf("m1 ran (the sink ran %v) and its watermark (1) is durable at n2 (durable %d), yet it was dead-lettered %q: n2 did not answer its copy at the durable watermark DUPLICATE while its store was stopped",
+				h.values(), n2.DurableWatermark(), dl.Reason)
+		}
+	}
+	if !strings.Contains(strings.Join(h.values(), ","), "m1") {
+		t.Fatalf("m1 did not run: %v", h.values())
 	}
 }

@@ -56,7 +56,7 @@ func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var s sink
 			burst := []string{"w", "x", "y", "z"} // under the sequences of b, c and two more
-			n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { return tc.spawn(n, &s) }, &s, burst)
+			n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { return tc.spawn(n, &s) }, &s, burst, nil)
 			n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
 			if err := tc.spawn(n2, &s); err != nil {
 				t.Fatal(err)
@@ -80,9 +80,10 @@ func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
 // spawn spawns, backs n1's whole data directory up, runs b and c (2 and
 // 3, the sink's watermark), then closes both nodes, restores the backup
 // and starts n1 alone, where it queues burst (its receiver is down) under
-// the sequences of b, c and more. It returns the restored n1 and n2's
-// directory. edit changes n1's configuration.
-func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node) error, s *sink, burst []string) (*node.Node, string) {
+// the sequences of b, c and more, each with the options opts gives (nil:
+// none). It returns the restored n1 and n2's directory. edit changes n1's
+// configuration.
+func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node) error, s *sink, burst []string, opts func(v string) []node.SendOption) (*node.Node, string) {
 	t.Helper()
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
@@ -93,9 +94,9 @@ func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node)
 	}
 	n1 := newNode(t, "n1", d1, cfg, n2.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
-	send := func(v string) node.Outcome {
+	send := func(v string, o ...node.SendOption) node.Outcome {
 		t.Helper()
-		out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v))
+		out, err := n1.TellReliable(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String(v), o...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -125,7 +126,11 @@ func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node)
 
 	n1 = newNode(t, "n1", d1, cfg)
 	for _, v := range burst {
-		if out := send(v); out != node.Queued {
+		var o []node.SendOption
+		if opts != nil {
+			o = opts(v)
+		}
+		if out := send(v, o...); out != node.Queued {
 			t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
 		}
 	}

@@ -137,6 +137,8 @@
 //     out. A receiver whose store stopped (its disk failed a sync) runs no
 //     reliable message until it restarts, since it could not record the
 //     outcome and would run it again after; it is waited out the same way.
+//     It still answers copies of messages at or below its durable
+//     watermark DUPLICATE, so that what ran is not given up as unknown.
 //     A message too large for the wire is refused at
 //     the call with ErrTooLarge; with forwarding on, so is one too large to
 //     go through a forwarder with its origin (certificate and signature),

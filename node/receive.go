@@ -162,14 +162,17 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			receipt(pb.Receipt_NO_SUCH_ACTOR, "node is stopping", time.Second, 0)
 			return
 		}
-		// Below the durable watermark: a copy, answered here without
-		// taking a mailbox slot, with the digest of the message at the
-		// watermark (a restored sender compares it with the message it
-		// holds there). At it, the owner decides: it may be another
-		// message under that sequence (divergent).
-		if env.GetSequence() < st.durable.Load() {
+		// At or below the durable watermark: answered here without
+		// taking a mailbox slot (nor waiting for the owner, which refuses
+		// everything while the store is stopped), as the owner would.
+		switch n.in.early(st, env) {
+		case earlyCopy:
 			n.stats.dedupeHits.Add(1)
 			copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+			return
+		case earlyDiverged:
+			n.stats.diverged.Add(1)
+			receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
 			return
 		}
 	}

@@ -57,7 +57,7 @@ func (s *heldSink) handler(ctx context.Context, m *node.Message) (proto.Message,
 func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit func(*node.Config), fills int, whileHeld func(t *testing.T, n1, n2 *node.Node)) {
 	s := newHeldSink()
 	burst := []string{"w", "x", "y", "z"} // under the sequences of b, c (the watermark) and two more
-	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst)
+	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst, nil)
 	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
 	// The burst's first emission is refused (no such actor yet, within the
 	// spawn grace: it comes back after up to a second); the actor is busy
@@ -206,4 +206,77 @@ func receiverRefusingAWatermark(t *testing.T, ran []*pb.Envelope, refused *pb.En
 		t.Fatalf("%s, its watermark refused by the disk: %v, want CAPACITY", refused.GetMsgId(), code)
 	}
 	return n, rs, s
+}
+
+// The restored sender's burst [w x y z] meets a full mailbox: w (2) is
+// answered DUPLICATE with c's digest, x, y, z DIVERGED (refused for room,
+// at and after the watermark) and the stream is marked. The sender finds
+// the restore, but its disk refuses the new epoch, so it sends again in
+// the old one; while the disk refuses, x, y and z run out of their TTL,
+// and are given up once it takes writes again. The next emission, still
+// in the old epoch, is [w], below the durable watermark. The stream is
+// marked: w is answered DIVERGED, as the actor answers every message of a
+// marked stream, not DUPLICATE (the digest could not help: x, the
+// message the sender held under 3, is gone from its outbox, and its
+// emitted high-water covers the watermark). w goes again in a new epoch
+// and runs.
+func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
+	const ttl = 3 * time.Second
+	s := newHeldSink()
+	n1, d2 := restoredBurst(t, func(c *node.Config) { c.Outbox.MaxClockSkew = 100 * time.Millisecond },
+		func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, []string{"w", "x", "y", "z"},
+		func(v string) []node.SendOption {
+			if v == "w" {
+				return nil
+			}
+			return []node.SendOption{node.WithTTL(ttl)}
+		})
+	queued := time.Now() // x, y, z were queued before
+	// n1's disk refuses commits from now on: the new epoch it will want.
+	restoreDisk, hits := faults.FailCommits(filepath.Join(filepath.Dir(d2), "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restoreDisk()
+
+	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+	if _, err := n2.Spawn("sink", s.handler, node.WithMailbox(1, mailbox.Reject)); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(s.release)
+		}
+	}
+	defer release()
+	sinkAddr := node.Addr("sink", "n2")
+	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
+		t.Fatal(err)
+	}
+	<-s.started
+	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 15*time.Second, "x answered DIVERGED and the new epoch refused by n1's disk", func() bool {
+		return n2.Stats().Diverged > 0 && hits() > 0
+	})
+	// x, y, z run out of TTL while the disk refuses (they cannot be given
+	// up meanwhile: that is a write too).
+	testutil.WaitFor(t, 15*time.Second, "x, y, z past their TTL", func() bool { return time.Since(queued) > ttl+500*time.Millisecond })
+	restoreDisk()
+	release()
+	testutil.WaitFor(t, 15*time.Second, "the queue settled", func() bool { return n1.Outbox().Stats().Depth == 0 })
+	testutil.WaitFor(t, 5*time.Second, "the fill ran", func() bool { return slices.Contains(s.values(), "fill") })
+	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" })
+	var dead []string
+	for _, dl := range deadLetters(t, n1) {
+		var v wrapperspb.StringValue
+		if err := dl.Message.GetEnvelope().GetBody().UnmarshalTo(&v); err == nil {
+			dead = append(dead, v.GetValue())
+		}
+	}
+	if !slices.Contains(got, "w") && !slices.Contains(dead, "w") {
+		t.Fatalf("w was acked (n1's outbox is empty) but never ran: sink ran %v, dead letters %v (n2: diverged %d, dedupe hits %d, refused full %d; n1 restores %d, refused commits %d)",
+			got, dead, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().RefusedFull, n1.Outbox().Stats().Restores, hits())
+	}
 }

@@ -50,7 +50,7 @@ func TestRoomRefusalSaysTheStreamsWatermark(t *testing.T) {
 // message at the watermark's sequence with other contents is answered
 // DIVERGED even while the mailbox is full, the stream is marked, and
 // nothing more of it runs, then or after a restart. A copy of the message
-// that ran there is refused for room as before.
+// that ran there is answered DUPLICATE without a mailbox slot.
 func TestMessageAtTheWatermarkRefusedForRoomStillShowsADivergedSender(t *testing.T) {
 	dir := t.TempDir()
 	var mu sync.Mutex
@@ -96,8 +96,8 @@ func TestMessageAtTheWatermarkRefusedForRoomStillShowsADivergedSender(t *testing
 
 	cp := stringEnv(t, 1, 0, "a")
 	cp.MsgId += "-copy"
-	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_CAPACITY || rc.GetWatermark() != 1 {
-		t.Fatalf("a copy of a, the message at the watermark, refused for room: %v, watermark %d; want CAPACITY with the watermark 1", rc.GetCode(), rc.GetWatermark())
+	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE || rc.GetWatermark() != 1 {
+		t.Fatalf("a copy of a, the message at the watermark, while the mailbox is full: %v, watermark %d; want DUPLICATE with the watermark 1 (it ran; no mailbox slot needed)", rc.GetCode(), rc.GetWatermark())
 	}
 	if c := rs.deliverWait(t, n, stringEnv(t, 1, 0, "b")).GetCode(); c != pb.Receipt_DIVERGED {
 		t.Fatalf("b, another message under a's sequence, while the mailbox is full: %v, want DIVERGED", c)

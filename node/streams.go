@@ -235,6 +235,40 @@ func (in *inbound) divergent(st *inStream, env *pb.Envelope) bool {
 	return true
 }
 
+// earlyVerdict is what the goroutine that received a stream message can
+// decide before its owner (early).
+type earlyVerdict int
+
+const (
+	earlyNone     earlyVerdict = iota // the owner decides
+	earlyCopy                         // a copy of a message that ran: DUPLICATE, with the watermark's digest
+	earlyDiverged                     // the stream is marked divergent: DIVERGED
+)
+
+// early decides env, a message of st, on the goroutine that received it
+// when it can: a message below the durable watermark is a copy, and so is
+// one at it whose digest is that of the message that ran there; on a
+// stream marked divergent either is answered DIVERGED, as the owner
+// answers every message of it (a copy's DUPLICATE would let a sender that
+// could not store its new epoch ack a new message under an old sequence).
+// A message at the durable watermark with another digest, or an unknown
+// one, goes to the owner (divergent).
+func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
+	seq, d := env.GetSequence(), st.durable.Load()
+	switch {
+	case seq > d:
+		return earlyNone
+	case st.digest() == divergedMark:
+		return earlyDiverged
+	case seq < d:
+		return earlyCopy
+	}
+	if dd := in.digestAt(st, d); dd != 0 && dd == pb.StreamDigest(env) {
+		return earlyCopy
+	}
+	return earlyNone
+}
+
 // divergentAtRoom is divergent for a message of st refused for room (its
 // mailbox or its sender's share of this node full) before the owner could
 // decide it, called from the goroutine that received it. The receiver
