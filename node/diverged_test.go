@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,7 +159,27 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The older release runs message 2 "b" and moves the watermark to 2;
-	// its receipt is lost. It writes the "in" record only.
+	// its receipt is lost.
+	moveWatermarkAsAnOlderRelease(t, dir, 2)
+
+	n = newNode(t, "n1", dir, func(*node.Config) {}) // this release again
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	cp := stringEnv(t, 2, 0, "b") // the sender's copy of b, in a new emission
+	cp.MsgId += "-copy"
+	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE {
+		t.Fatalf("a copy of b, the message at the watermark: %v (%q), want DUPLICATE; Stats.Diverged=%d",
+			rc.GetCode(), rc.GetMessage(), n.Stats().Diverged)
+	}
+}
+
+// moveWatermarkAsAnOlderRelease moves the watermark of peer p's stream to
+// sink@n1 in the closed node's outbox file in dir to w, as a release from
+// before digests does: it writes the "in" record only, so the digest on
+// disk is not w's.
+func moveWatermarkAsAnOlderRelease(t *testing.T, dir string, w uint64) {
+	t.Helper()
 	key := outbox.StreamKey(peerP.Name, peerP.OutboxID, 0, "sink")
 	db, err := bolt.Open(filepath.Join(dir, "outbox.db"), 0o600, &bolt.Options{Timeout: 5 * time.Second})
 	if err != nil {
@@ -170,7 +191,7 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 		if len(v) != 16 {
 			return fmt.Errorf("no stream record (%d bytes)", len(v))
 		}
-		binary.BigEndian.PutUint64(v[:8], 2)
+		binary.BigEndian.PutUint64(v[:8], w)
 		return in.Put(key, v)
 	}); err != nil {
 		t.Fatal(err)
@@ -178,16 +199,54 @@ func TestCopyAtAWatermarkAnOlderReleaseMovedIsADuplicate(t *testing.T) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	n = newNode(t, "n1", dir, func(*node.Config) {}) // this release again
+// A watermark an older release moved has no digest here. A copy of the
+// message at it is a copy for the actor (nothing to compare it with), and
+// so it is for the goroutine that receives it: while the store is stopped
+// (the actor refuses every stream message then) it is still answered
+// DUPLICATE, or its sender would never hear that it ran and would
+// dead-letter it at its TTL as "outcome unknown".
+func TestCopyAtADigestlessDurableWatermarkWhileTheStoreIsStopped(t *testing.T) {
+	dir := t.TempDir()
+	n := newNode(t, "n1", dir, func(*node.Config) {})
+	var s sink
 	if _, err := n.Spawn("sink", s.handler); err != nil {
 		t.Fatal(err)
 	}
-	cp := stringEnv(t, 2, 0, "b") // the sender's copy of b, in a new emission
+	var rs receipts
+	if rc := rs.deliverWait(t, n, stringEnv(t, 1, 0, "a")); rc.GetCode() != pb.Receipt_PROCESSED {
+		t.Fatalf("a: %v", rc.GetCode())
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	moveWatermarkAsAnOlderRelease(t, dir, 2) // it ran b (2); b's receipt was lost
+
+	// This release again; then its disk fails a sync: the store stops.
+	syncErr := errors.New("fdatasync outbox.db: input/output error")
+	var failing atomic.Bool
+	defer faults.FailWrites(filepath.Join(dir, "outbox.db"), syncErr, func(meta bool) bool { return meta && failing.Load() })()
+	n = newNode(t, "n1", dir, func(*node.Config) {})
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	var other sink
+	if _, err := n.Spawn("other", other.handler); err != nil {
+		t.Fatal(err)
+	}
+	failing.Store(true)
+	o := stringEnv(t, 3, 0, "o")
+	o.Recipient = "other@n1"
+	n.DeliverIncoming(peerP, o, rs.reply("o-3"))
+	testutil.WaitFor(t, 10*time.Second, "the store to stop", func() bool { return n.Outbox().Err() != nil })
+	failing.Store(false)
+
+	cp := stringEnv(t, 2, 0, "b") // the sender's copy of b, the message at the durable watermark
 	cp.MsgId += "-copy"
 	if rc := rs.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE {
-		t.Fatalf("a copy of b, the message at the watermark: %v (%q), want DUPLICATE; Stats.Diverged=%d",
-			rc.GetCode(), rc.GetMessage(), n.Stats().Diverged)
+		t.Fatalf("a copy of b, the message at the durable watermark 2 (moved by an older release, no digest), while the store is stopped: %v (%q), want DUPLICATE (Stats: dedupe hits %d, store failed %d)",
+			rc.GetCode(), rc.GetMessage(), n.Stats().DedupeHits, n.Stats().StoreFailed)
 	}
 }
 

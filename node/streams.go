@@ -247,7 +247,8 @@ const (
 
 // early decides env, a message of st, on the goroutine that received it
 // when it can: a message below the durable watermark is a copy, and so is
-// one at it whose digest is that of the message that ran there; on a
+// one at it whose digest is that of the message that ran there (or not
+// known, as the owner takes it); on a
 // stream marked divergent either is answered DIVERGED, as the owner
 // answers every message of it (a copy's DUPLICATE would let a sender that
 // could not store its new epoch ack a new message under an old sequence).
@@ -263,7 +264,20 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 	case seq < d:
 		return earlyCopy
 	}
-	if dd := in.digestAt(st, d); dd != 0 && dd == pb.StreamDigest(env) {
+	// At it: a copy when the digest kept for it is the message's, or not
+	// known (a watermark an older release moved), as the owner judges it
+	// (divergent), read under cmu with the watermark it belongs to.
+	sd := pb.StreamDigest(env)
+	st.cmu.Lock()
+	defer st.cmu.Unlock()
+	if st.durable.Load() != seq {
+		return earlyNone // moved on meanwhile: the owner decides
+	}
+	dd := st.durableDigest.Load()
+	if st.w.Load() == seq {
+		dd = st.past.Load()
+	}
+	if dd == 0 || dd == sd {
 		return earlyCopy
 	}
 	return earlyNone
