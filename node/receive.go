@@ -177,10 +177,11 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		}
 	}
 	// A stream message refused for room did not run: its receipt carries
-	// the stream's watermark, as a DUPLICATE's does, so that a sender
-	// restored from a backup whose first emission is refused learns from
-	// it that its sequences went back. (A CAPACITY for a message that ran,
-	// its watermark or reply refused by the disk, carries none.)
+	// the stream's watermark and its digest, as a DUPLICATE's does, so
+	// that a sender restored from a backup whose first emission is
+	// refused learns from it that its sequences went back; another message
+	// at the watermark is answered DIVERGED. (A CAPACITY for a message
+	// that ran, its watermark or reply refused by the disk, carries none.)
 	roomRefusal := func(msg string, retry time.Duration) {
 		switch {
 		case st == nil:

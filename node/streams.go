@@ -247,13 +247,13 @@ const (
 
 // early decides env, a message of st, on the goroutine that received it
 // when it can: a message below the durable watermark is a copy, and so is
-// one at it whose digest is that of the message that ran there (or not
-// known, as the owner takes it); on a
-// stream marked divergent either is answered DIVERGED, as the owner
-// answers every message of it (a copy's DUPLICATE would let a sender that
-// could not store its new epoch ack a new message under an old sequence).
-// A message at the durable watermark with another digest, or an unknown
-// one, goes to the owner (divergent).
+// one at it whose digest is that of the message that ran there, or not
+// known (as the owner takes it). On a stream marked divergent either is
+// answered DIVERGED, as the owner answers every message of it (a copy's
+// DUPLICATE would let a sender that could not store its new epoch ack a
+// new message under an old sequence). A message at the durable watermark
+// with another digest goes to the owner (divergent), and so does every
+// message above it.
 func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 	seq, d := env.GetSequence(), st.durable.Load()
 	switch {
