@@ -18,19 +18,36 @@ import (
 	"github.com/meshnode/meshnode/node"
 )
 
-// holdSink runs every value at once except those in hold, whose handler
-// signals started[v] and waits for release[v].
+// holdSink runs every value at once except those in vals, whose handler
+// signals started[v] and waits for free(v). A test defers freeAll, so that
+// its nodes, closed after it, find no handler held.
 type holdSink struct {
 	sink
 	started, release map[string]chan struct{}
+	freed            map[string]bool // used by the test's goroutine only
 }
 
 func newHoldSink(vals ...string) *holdSink {
-	h := &holdSink{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}}
+	h := &holdSink{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}, freed: map[string]bool{}}
 	for _, v := range vals {
 		h.started[v], h.release[v] = make(chan struct{}), make(chan struct{})
 	}
 	return h
+}
+
+// free lets the held handler of v return; once is enough.
+func (h *holdSink) free(v string) {
+	if !h.freed[v] {
+		h.freed[v] = true
+		close(h.release[v])
+	}
+}
+
+// freeAll frees every held value.
+func (h *holdSink) freeAll() {
+	for v := range h.release {
+		h.free(v)
+	}
 }
 
 func (h *holdSink) handler(ctx context.Context, m *node.Message) (proto.Message, error) {
@@ -61,6 +78,7 @@ func TestCopyOfADurableMessageIsAckedWhileANewerWatermarkIsRefused(t *testing.T)
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
 	h := newHoldSink("m1", "m2")
+	defer h.freeAll()
 	n1 := newNode(t, "n1", d1, func(c *node.Config) {
 		fastRetries(c)
 		c.Relay.DeliverTimeout = 300 * time.Millisecond
@@ -77,26 +95,17 @@ func TestCopyOfADurableMessageIsAckedWhileANewerWatermarkIsRefused(t *testing.T)
 	if _, err := n2.Spawn("sink", h.handler, node.WithMailbox(2, mailbox.Reject)); err != nil {
 		t.Fatal(err)
 	}
-	released := map[string]bool{}
-	release := func(v string) {
-		if !released[v] {
-			released[v] = true
-			close(h.release[v])
-		}
-	}
-	defer release("m1")
-	defer release("m2")
 	<-h.started["m1"] // m1 in its handler, m2 in the mailbox behind it
 	// The emission [m1 m2] times out (m1's receipt is lost); the next one
 	// puts a copy of m1 in the mailbox, behind m2, and finds it full for
 	// m2: the first emission was judged.
 	testutil.WaitFor(t, 10*time.Second, "the emission of m1 judged without its receipt", func() bool { return n2.Stats().RefusedFull > 0 })
-	release("m1") // m1 runs; its watermark (1) becomes durable
+	h.free("m1") // m1 runs; its watermark (1) becomes durable
 	<-h.started["m2"]
 	testutil.WaitFor(t, 10*time.Second, "m1's watermark durable", func() bool { return n2.DurableWatermark() >= 1 })
 	restore, hits := faults.FailCommits(filepath.Join(d2, "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()
-	release("m2") // m2 runs; its watermark (2) is refused by the disk
+	h.free("m2") // m2 runs; its watermark (2) is refused by the disk
 	testutil.WaitFor(t, 20*time.Second, "m1 acked or dead-lettered", func() bool {
 		return n1.Outbox().Stats().Depth < 2 || n1.Outbox().Stats().DLQDepth > 0
 	})
@@ -126,6 +135,7 @@ func TestCopyAtTheDurableWatermarkIsAnsweredWhileTheStoreIsStopped(t *testing.T)
 	defer faults.FailWrites(filepath.Join(d2, "outbox.db"), syncErr, func(meta bool) bool { return meta && failing.Load() })()
 
 	h := newHoldSink("m1", "hold2")
+	defer h.freeAll()
 	n1 := newNode(t, "n1", d1, func(c *node.Config) {
 		fastRetries(c)
 		c.Relay.DeliverTimeout = 300 * time.Millisecond
@@ -141,15 +151,6 @@ func TestCopyAtTheDurableWatermarkIsAnsweredWhileTheStoreIsStopped(t *testing.T)
 	if _, err := n2.Spawn("other", other.handler); err != nil {
 		t.Fatal(err)
 	}
-	released := map[string]bool{}
-	release := func(v string) {
-		if !released[v] {
-			released[v] = true
-			close(h.release[v])
-		}
-	}
-	defer release("m1")
-	defer release("hold2")
 
 	to := node.Addr("sink", "n2")
 	if _, err := n1.TellReliable(ctxT(t), to, wrapperspb.String("m1"), node.WithTTL(4*time.Second)); err != nil {
@@ -162,7 +163,7 @@ func TestCopyAtTheDurableWatermarkIsAnsweredWhileTheStoreIsStopped(t *testing.T)
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "a copy of m1 refused for room", func() bool { return n2.Stats().RefusedFull > 0 })
-	release("m1")
+	h.free("m1")
 	<-h.started["hold2"]
 	testutil.WaitFor(t, 10*time.Second, "m1's watermark durable", func() bool { return n2.DurableWatermark() >= 1 })
 
@@ -173,7 +174,7 @@ func TestCopyAtTheDurableWatermarkIsAnsweredWhileTheStoreIsStopped(t *testing.T)
 	}
 	testutil.WaitFor(t, 20*time.Second, "n2's store to fail", func() bool { return n2.Outbox().Err() != nil })
 	failing.Store(false)
-	release("hold2")
+	h.free("hold2")
 
 	// o1 stays queued (n2 refuses it while its store is failed): m1 is
 	// settled, acked or dead-lettered, once one message is left.

@@ -58,32 +58,8 @@ func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit 
 	s := newHeldSink()
 	burst := []string{"w", "x", "y", "z"} // under the sequences of b, c (the watermark) and two more
 	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst, nil)
-	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
-	// The burst's first emission is refused (no such actor yet, within the
-	// spawn grace: it comes back after up to a second); the actor is busy
-	// when it does.
-	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
-	if _, err := n2.Spawn("sink", s.handler, opts...); err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(s.release)
-		}
-	}
+	n2, release := meetBusyActor(t, n1, d2, s, opts, fills)
 	defer release()
-	sinkAddr := node.Addr("sink", "n2")
-	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
-		t.Fatal(err)
-	}
-	<-s.started
-	for range fills {
-		if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
-			t.Fatal(err)
-		}
-	}
 	whileHeld(t, n1, n2)
 	release()
 	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
@@ -95,6 +71,40 @@ func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit 
 	if dl := deadLetters(t, n1); len(dl) != 0 {
 		t.Fatalf("dead letters %+v", dl)
 	}
+}
+
+// meetBusyActor starts the receiver n2 in d2, with n1 as its seed. Once
+// n1's queued messages were refused (no such actor yet, within the spawn
+// grace: they come back after up to a second), the sink is spawned with
+// opts, its actor is held by a local tell and fills are told (they wait
+// in the mailbox). release lets the actor go; calling it again does
+// nothing.
+func meetBusyActor(t *testing.T, n1 *node.Node, d2 string, s *heldSink, opts []node.SpawnOption, fills int) (*node.Node, func()) {
+	t.Helper()
+	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+	if _, err := n2.Spawn("sink", s.handler, opts...); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(s.release)
+		}
+	}
+	sinkAddr := node.Addr("sink", "n2")
+	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
+		t.Fatal(err)
+	}
+	<-s.started
+	for range fills {
+		if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
+			release()
+			t.Fatal(err)
+		}
+	}
+	return n2, release
 }
 
 // The restored sender's burst [w x y z] reaches the receiver while its
@@ -236,27 +246,8 @@ func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
 	restoreDisk, hits := faults.FailCommits(filepath.Join(filepath.Dir(d2), "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restoreDisk()
 
-	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
-	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
-	if _, err := n2.Spawn("sink", s.handler, node.WithMailbox(1, mailbox.Reject)); err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(s.release)
-		}
-	}
+	n2, release := meetBusyActor(t, n1, d2, s, []node.SpawnOption{node.WithMailbox(1, mailbox.Reject)}, 1)
 	defer release()
-	sinkAddr := node.Addr("sink", "n2")
-	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
-		t.Fatal(err)
-	}
-	<-s.started
-	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
-		t.Fatal(err)
-	}
 	testutil.WaitFor(t, 15*time.Second, "x answered DIVERGED and the new epoch refused by n1's disk", func() bool {
 		return n2.Stats().Diverged > 0 && hits() > 0
 	})
