@@ -266,18 +266,9 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 	}
 	// At it: a copy when the digest kept for it is the message's, or not
 	// known (a watermark an older release moved), as the owner judges it
-	// (divergent), read under cmu with the watermark it belongs to.
+	// (divergent). A watermark that moved on meanwhile: the owner decides.
 	sd := pb.StreamDigest(env)
-	st.cmu.Lock()
-	defer st.cmu.Unlock()
-	if st.durable.Load() != seq {
-		return earlyNone // moved on meanwhile: the owner decides
-	}
-	dd := st.durableDigest.Load()
-	if st.w.Load() == seq {
-		dd = st.past.Load()
-	}
-	if dd == 0 || dd == sd {
+	if dd, ok := st.watermarkDigest(seq); ok && dd != divergedMark && (dd == 0 || dd == sd) {
 		return earlyCopy
 	}
 	return earlyNone
@@ -329,19 +320,25 @@ func (in *inbound) digestAt(st *inStream, w uint64) uint64 {
 	if w == 0 {
 		return 0
 	}
+	if d, _ := st.watermarkDigest(w); d != divergedMark {
+		return d
+	}
+	return 0
+}
+
+// watermarkDigest returns what st keeps in the digest's place for w, its
+// watermark (past) or its durable one (durableDigest), read under cmu
+// with the watermark it belongs to; ok=false when w is neither.
+func (st *inStream) watermarkDigest(w uint64) (d uint64, ok bool) {
 	st.cmu.Lock()
 	defer st.cmu.Unlock()
-	var d uint64
 	switch w {
 	case st.w.Load():
-		d = st.past.Load()
+		return st.past.Load(), true
 	case st.durable.Load():
-		d = st.durableDigest.Load()
+		return st.durableDigest.Load(), true
 	}
-	if d == divergedMark {
-		return 0
-	}
-	return d
+	return 0, false
 }
 
 // divergedReceipt answers a message of a stream found divergent.

@@ -528,32 +528,20 @@ func (t *Transport) CheckSizeForwarded(env *pb.Envelope, node string) error {
 // enqueue resolves and connects to node, then queues envs on one lane. reg,
 // when set, runs before the frames are queued (to register receipt waiters).
 func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelope, reg func(*conn) error) error {
-	for attempt := 0; ; attempt++ {
-		c, err := t.connFor(ctx, node)
-		if err != nil {
-			return err
-		}
+	return t.onConn(ctx, node, func(c *conn) error {
 		if reg != nil {
 			if err := reg(c); err != nil {
-				if errors.Is(err, ErrConnLost) && attempt == 0 {
-					continue // the connection died between lookup and use; one fresh try
-				}
 				return err
 			}
 		}
-		l := c.lanes[laneOf(envs[0].GetRecipient(), t.cfg.Lanes)]
-		err = l.enqueueEnvelopes(envs)
-		if err == nil {
-			return nil
+		if err := c.lanes[laneOf(envs[0].GetRecipient(), t.cfg.Lanes)].enqueueEnvelopes(envs); err != nil {
+			if reg != nil {
+				c.removeWaitersSilently(envs)
+			}
+			return sendErr(node, err)
 		}
-		if reg != nil {
-			c.removeWaitersSilently(envs)
-		}
-		if errors.Is(err, ErrConnLost) && attempt == 0 {
-			continue
-		}
-		return sendErr(node, err)
-	}
+		return nil
+	})
 }
 
 // SendEncoded is Send for an envelope to recipient already encoded (env,
@@ -561,19 +549,27 @@ func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelop
 // SendEncoded returns): a sender that encodes its own envelopes saves
 // building one.
 func (t *Transport) SendEncoded(ctx context.Context, node, recipient string, env []byte) error {
+	return t.onConn(ctx, node, func(c *conn) error {
+		if err := c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env); err != nil {
+			return sendErr(node, err)
+		}
+		return nil
+	})
+}
+
+// onConn resolves and connects to node and runs queue on the connection;
+// when that connection died between lookup and use (ErrConnLost), once
+// more on a fresh one.
+func (t *Transport) onConn(ctx context.Context, node string, queue func(*conn) error) error {
 	for attempt := 0; ; attempt++ {
 		c, err := t.connFor(ctx, node)
 		if err != nil {
 			return err
 		}
-		err = c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env)
-		if err == nil {
-			return nil
+		err = queue(c)
+		if err == nil || !errors.Is(err, ErrConnLost) || attempt > 0 {
+			return err
 		}
-		if errors.Is(err, ErrConnLost) && attempt == 0 {
-			continue // the connection died between lookup and use; one fresh try
-		}
-		return sendErr(node, err)
 	}
 }
 
