@@ -43,8 +43,9 @@ func TestFailedCommitsAreCountedAndChangeNothing(t *testing.T) {
 	}
 }
 
-// Queued counts only the given sequences still in the queue: not one
-// acked, nor one a newer version of its coalesce key replaced.
+// Queued and PendingExcept count only the given sequences still in the
+// queue: not one acked, nor one a newer version of its coalesce key
+// replaced.
 func TestQueuedCountsWhatIsStillQueued(t *testing.T) {
 	e := open(t, nil)
 	seqs := e.send(t, "a@n1", "m1", "m2", "m3")
@@ -63,5 +64,16 @@ func TestQueuedCountsWhatIsStillQueued(t *testing.T) {
 	}
 	if n, err := e.Queued("nobody@n9", all); err != nil || n != 0 {
 		t.Fatalf("Queued for a recipient with no queue = %d, %v; want 0", n, err)
+	}
+	// PendingExcept subtracts only those still queued: m2, m3 and v2 of
+	// the three queued, none left besides them.
+	if n := e.PendingExcept("a@n1", all); n != 0 {
+		t.Fatalf("PendingExcept(all) = %d, want 0", n)
+	}
+	if n := e.PendingExcept("a@n1", seqs[:2]); n != 2 {
+		t.Fatalf("PendingExcept(m1 acked, m2) = %d, want 2 (m3, v2)", n)
+	}
+	if n := e.PendingExcept("nobody@n9", all); n != 0 {
+		t.Fatalf("PendingExcept for a recipient with no queue = %d, want 0", n)
 	}
 }

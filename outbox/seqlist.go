@@ -208,6 +208,35 @@ func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
 	return dst
 }
 
+// countIn returns how many of seqs (ascending) are live in l. A run of
+// neighbouring sequences, as a stream's acks are, costs a step each.
+func (l *seqList) countIn(seqs []uint64) int {
+	n := 0
+	for len(seqs) > 0 {
+		bi := l.block(seqs[0])
+		if bi == len(l.blocks) {
+			break
+		}
+		b := &l.blocks[bi]
+		i := 0
+		for len(seqs) > 0 && seqs[0] <= b.last() {
+			sq := seqs[0]
+			seqs = seqs[1:]
+			if i >= len(b.off) || b.seq(i) != sq {
+				var found bool
+				if i, found = b.find(sq); !found {
+					continue
+				}
+			}
+			if !b.marked(i) {
+				n++
+			}
+			i++
+		}
+	}
+	return n
+}
+
 // each calls f with every live sequence in order until f returns false.
 func (l *seqList) each(f func(uint64) bool) {
 	for bi := range l.blocks {

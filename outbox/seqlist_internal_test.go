@@ -61,6 +61,7 @@ func TestSeqListAgreesWithASortedSet(t *testing.T) {
 			want := sorted()
 			l.agrees(rt, want)
 			l.agreesAfter(rt, want, rapid.Uint64Range(0, next).Draw(rt, "after"), rapid.IntRange(0, 20).Draw(rt, "count"))
+			l.agreesCountIn(rt, model, rapid.SliceOfNDistinct(rapid.Uint64Range(0, next+1), 0, 40, rapid.ID).Draw(rt, "seqs"))
 		}
 	})
 }
@@ -92,6 +93,26 @@ func (l *seqList) agreesAfter(rt *rapid.T, want []uint64, after uint64, n int) {
 	}
 	if got := l.after(nil, after, n); !slices.Equal(got, wantAfter) {
 		rt.Fatalf("after(%d, %d) = %v, want %v", after, n, got, wantAfter)
+	}
+}
+
+// agreesCountIn checks l.countIn(seqs) against model.
+func (l *seqList) agreesCountIn(rt *rapid.T, model map[uint64]bool, seqs []uint64) {
+	slices.Sort(seqs)
+	if len(seqs) > 1 && rapid.Bool().Draw(rt, "run") {
+		// A run of neighbours, as a stream's acks are.
+		for i := range seqs {
+			seqs[i] = seqs[0] + uint64(i)
+		}
+	}
+	want := 0
+	for _, sq := range seqs {
+		if model[sq] {
+			want++
+		}
+	}
+	if got := l.countIn(seqs); got != want {
+		rt.Fatalf("countIn(%v) = %d, want %d", seqs, got, want)
 	}
 }
 

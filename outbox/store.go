@@ -552,6 +552,20 @@ func (s *Store) Pending(recipient string) int {
 	return 0
 }
 
+// PendingExcept returns how many messages are queued for recipient
+// besides those of skip (ascending): a sequence of skip that is no longer
+// queued (acked, replaced, given up) is not subtracted twice. It reads
+// memory only.
+func (s *Store) PendingExcept(recipient string, skip []uint64) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	q := s.queues[recipient]
+	if q == nil {
+		return 0
+	}
+	return q.count() - q.seqs.countIn(skip)
+}
+
 // closedErr reports whether Close has begun.
 func (s *Store) closedErr() error {
 	select {

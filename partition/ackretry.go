@@ -2,7 +2,6 @@ package partition
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -43,8 +42,6 @@ type failedAcks struct {
 	mu   sync.Mutex
 	list []failedAck   // oldest first
 	wait time.Duration // before the next round; grows while rounds fail
-	// any is len(list) > 0, for dispatch to read without mu.
-	any atomic.Bool
 }
 
 // ackLater keeps the acks of st, whose Ack failed with err, for the
@@ -54,7 +51,6 @@ func (r *Relay) ackLater(st *stream, seqs []uint64, err error) {
 	f := &r.failedAcks
 	f.mu.Lock()
 	f.list = append(f.list, failedAck{st: st, seqs: seqs})
-	f.any.Store(true)
 	f.mu.Unlock()
 	r.cfg.Logger.Warn("relay: ack failed; the receiver ran the messages, which stay queued until the ack is retried and commits",
 		"recipient", st.rcpt, "messages", len(seqs), "err", err)
@@ -121,27 +117,10 @@ func (r *Relay) retryAcks() (wait time.Duration, pending bool) {
 	default:
 		f.wait = 0
 	}
-	f.any.Store(len(f.list) > 0)
 	wait, n := f.wait, len(f.list)
 	f.mu.Unlock()
 	if lastErr != nil {
 		r.cfg.Logger.Warn("relay: ack retry failed", "acks", n, "next", wait, "err", lastErr)
 	}
 	return wait, n > 0
-}
-
-// skipped returns how many of st.acking are still queued for st: all of
-// them, unless some Ack failed. Then a sequence may stay in st.acking for
-// long while a newer version of its coalesce key, or an operator, takes
-// it out of the queue; counting it would hold back what is queued behind
-// it. Caller holds st.mu.
-func (r *Relay) skipped(st *stream) int {
-	if len(st.acking) == 0 || !r.failedAcks.any.Load() {
-		return len(st.acking)
-	}
-	n, err := r.store.Queued(st.rcpt, st.acking)
-	if err != nil {
-		return len(st.acking)
-	}
-	return n
 }

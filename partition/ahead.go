@@ -61,7 +61,7 @@ type aheads struct {
 // it; below: aheadBelow), if it filled its grant and more waits. It reads
 // up to size messages.
 func (r *Relay) readAhead(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessage, hw, below uint64, size int) {
-	if len(msgs) < req.Max || r.store.Pending(st.rcpt) <= len(req.Skip)+len(msgs) {
+	if len(msgs) < req.Max || r.store.PendingExcept(st.rcpt, req.Skip) <= len(msgs) {
 		return
 	}
 	skip := mergeSorted(req.Skip, sequences(msgs))

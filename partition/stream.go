@@ -463,7 +463,11 @@ func (r *Relay) dispatch(p *part, rcpt string, nowMs int64) bool {
 	if st.direct || st.sending || st.ackBatches >= r.cfg.MaxAckPending || st.waitStoring {
 		return false
 	}
-	n := r.emissionSize(r.store.Pending(rcpt) - r.skipped(st))
+	// Only what of st.acking is still queued is skipped: an Ack that
+	// committed a moment ago, or one that failed and whose message a newer
+	// version of its coalesce key (or an operator) took out meanwhile,
+	// would otherwise count twice and hold back what is queued behind it.
+	n := r.emissionSize(r.store.PendingExcept(rcpt, st.acking))
 	if n <= 0 {
 		return false
 	}
