@@ -208,10 +208,12 @@ func (l *seqList) after(dst []uint64, after uint64, n int) []uint64 {
 	return dst
 }
 
-// countIn returns how many of seqs (ascending) are live in l. A run of
-// neighbouring sequences, as a stream's acks are, costs a step each.
+// countIn returns how many of seqs (ascending; one repeated counts once)
+// are live in l. A run of neighbouring sequences, as a stream's acks are,
+// costs a step each.
 func (l *seqList) countIn(seqs []uint64) int {
 	n := 0
+	var prev uint64
 	for len(seqs) > 0 {
 		bi := l.block(seqs[0])
 		if bi == len(l.blocks) {
@@ -222,6 +224,10 @@ func (l *seqList) countIn(seqs []uint64) int {
 		for len(seqs) > 0 && seqs[0] <= b.last() {
 			sq := seqs[0]
 			seqs = seqs[1:]
+			if n > 0 && sq == prev {
+				continue // looked at already
+			}
+			prev = sq
 			if i >= len(b.off) || b.seq(i) != sq {
 				var found bool
 				if i, found = b.find(sq); !found {

@@ -111,6 +111,11 @@ func (l *seqList) agreesCountIn(rt *rapid.T, model map[uint64]bool, seqs []uint6
 			want++
 		}
 	}
+	if len(seqs) > 0 && rapid.Bool().Draw(rt, "repeat") {
+		// One repeated counts once.
+		i := rapid.IntRange(0, len(seqs)-1).Draw(rt, "repeated")
+		seqs = slices.Insert(seqs, i, seqs[i])
+	}
 	if got := l.countIn(seqs); got != want {
 		rt.Fatalf("countIn(%v) = %d, want %d", seqs, got, want)
 	}
