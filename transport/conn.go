@@ -348,9 +348,11 @@ func closeCause(qc *quic.Conn, err error) error {
 // staleFor reports whether c, dialed by us, points to another address than
 // the resolver now gives (the peer restarted elsewhere). Connections the
 // peer dialed are never judged by address: their source address need not
-// be the advertised one.
+// be the advertised one. A closed c is stale too, which is read without
+// mu (on every send): shutdown takes c out of the peer table before it
+// marks it closed, and closes done right after.
 func (c *conn) staleFor(addr string) bool {
-	if c.isClosed() {
+	if c.isClosedFast() {
 		return true
 	}
 	if !c.dialed {
