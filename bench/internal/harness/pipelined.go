@@ -124,23 +124,29 @@ func (e *env) jetStreamAsync(payload []byte, syncAlways bool) (float64, error) {
 	return float64(sent) / elapsed.Seconds(), nil
 }
 
-// commitLatency measures one bbolt write transaction of records Puts of
-// payload, fsynced, on the run's disk, back to back for cfg.Duration (at
-// least 20 commits). With one record it is the physical bound of a caller
-// that waits for its own durable write; with N, the bound of N such
-// callers that share every commit perfectly. It returns the mean (what a
-// sequential caller's rate is bound by) and the median.
-func (e *env) commitLatency(payload []byte, records int) (mean, median time.Duration, err error) {
+// commitLatency measures one bbolt write transaction of records Puts,
+// fsynced, on the run's disk, back to back for cfg.Duration (at least 20
+// commits). Each record is a key and value of size bytes together (what a
+// queued message takes in meshnode's outbox, storedRecordSize), and the
+// file is opened and filled as the outbox does (no freelist written per
+// commit, leaves packed full): what is measured is what the disk costs
+// for meshnode's bytes, not bbolt's defaults. With one record it is the
+// physical bound of a caller that waits for its own durable write; with
+// N, the bound of N such callers that share every commit perfectly. It
+// returns the mean (what a sequential caller's rate is bound by) and the
+// median.
+func (e *env) commitLatency(size, records int) (mean, median time.Duration, err error) {
 	path := filepath.Join(e.dir, fmt.Sprintf("commit-latency-%d", records), "bench.db")
 	if err := mkdirFor(path); err != nil {
 		return 0, 0, err
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		return 0, 0, fmt.Errorf("bench: bbolt open: %w", err)
 	}
 	defer func() { _ = db.Close() }()
 	bucket := []byte("q")
+	value := make([]byte, max(size-8, 1)) // the key is 8 bytes
 	var lat []time.Duration
 	start := time.Now()
 	for len(lat) < 20 || time.Since(start) < e.cfg.Duration {
@@ -150,12 +156,13 @@ func (e *env) commitLatency(payload []byte, records int) (mean, median time.Dura
 			if err != nil {
 				return err
 			}
+			b.FillPercent = 1 // keys ascend, as the outbox's do
 			for range records {
 				seq, err := b.NextSequence()
 				if err != nil {
 					return err
 				}
-				if err := b.Put(u64key(seq), payload); err != nil {
+				if err := b.Put(u64key(seq), value); err != nil {
 					return err
 				}
 			}
@@ -169,6 +176,56 @@ func (e *env) commitLatency(payload []byte, records int) (mean, median time.Dura
 	total := time.Since(start)
 	slices.Sort(lat)
 	return total / time.Duration(len(lat)), lat[len(lat)/2], nil
+}
+
+// storedRecordSize is the mean size, key and value, of a queued message
+// of payload in meshnode's outbox: a node queues some for a peer that is
+// offline and is closed, and the file's largest bucket (by keys: the
+// queued messages) is read.
+func (e *env) storedRecordSize(payload []byte) (int, error) {
+	const sub, name, msgs = "record-size", "n1", 200
+	n, err := e.startNode(name, sub)
+	if err != nil {
+		return 0, err
+	}
+	msg := wrapperspb.Bytes(payload)
+	for range msgs {
+		if _, err := n.TellReliable(context.Background(), node.Addr("w", "offline"), msg); err != nil {
+			_ = n.Close()
+			return 0, fmt.Errorf("bench: record size: %w", err)
+		}
+	}
+	if err := n.Close(); err != nil {
+		return 0, fmt.Errorf("bench: record size: close: %w", err)
+	}
+	db, err := bolt.Open(filepath.Join(e.dir, sub, name, "outbox.db"), 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("bench: record size: %w", err)
+	}
+	defer func() { _ = db.Close() }()
+	most, bytes := 0, 0
+	err = db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error {
+			keys, sum := 0, 0
+			if err := b.ForEach(func(k, v []byte) error {
+				keys, sum = keys+1, sum+len(k)+len(v)
+				return nil
+			}); err != nil {
+				return err
+			}
+			if keys > most {
+				most, bytes = keys, sum
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, fmt.Errorf("bench: record size: %w", err)
+	}
+	if most < msgs {
+		return 0, fmt.Errorf("bench: record size: no bucket of the outbox holds the %d messages queued (largest: %d keys)", msgs, most)
+	}
+	return bytes / most, nil
 }
 
 func u64key(v uint64) []byte {

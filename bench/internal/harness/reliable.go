@@ -59,14 +59,19 @@ func (e *env) reliablePhase() ([]Row, error) {
 	for _, s := range e.cfg.Senders {
 		top = max(top, s)
 	}
-	lat, med, err := e.commitLatency(payload, 1)
+	size, err := e.storedRecordSize(payload)
 	if err != nil {
 		return nil, err
 	}
-	e.cfg.logf("reliable: one bbolt commit %v (mean), %v (median)", lat, med)
+	lat, med, err := e.commitLatency(size, 1)
+	if err != nil {
+		return nil, err
+	}
+	e.cfg.logf("reliable: one bbolt commit %v (mean), %v (median), records of %d B", lat, med, size)
 	rows = append(rows, Row{Phase: "bbolt commit latency (one fsynced write)",
 		Meshnode: Figure{Value: float64(lat.Microseconds()), Unit: "µs"},
-		Note:     fmt.Sprintf("mean of back-to-back commits for -duration (median %v); the bounds below are N / this", med.Round(time.Microsecond))})
+		Note: fmt.Sprintf("mean of back-to-back commits for -duration (median %v) of one %d-B record, a queued message's size in the outbox, written as the outbox does; the bounds below are N / this",
+			med.Round(time.Microsecond), size)})
 	for _, s := range e.cfg.Senders {
 		m, fsyncs, err := e.meshReliable(payload, s, false)
 		if err != nil {
@@ -92,22 +97,29 @@ func (e *env) reliablePhase() ([]Row, error) {
 		phase := fmt.Sprintf("tell-reliable offline s=%d", s)
 		bound := float64(s) / lat.Seconds()
 		r := ratio(m, bound)
-		rows = append(rows,
-			Row{Phase: phase + " vs N / commit latency", Meshnode: mf,
-				Comparison: &Figure{Name: fmt.Sprintf("%d / %v", s, lat.Round(time.Microsecond)), Value: bound, Unit: "msgs/s"},
-				Ratio:      r, Target: "≥ 0.8×", Met: yesNo(r >= 0.8), Note: fmt.Sprintf("%.3f fsyncs/msg", fsyncs)})
+		note := fmt.Sprintf("%.3f fsyncs/msg", fsyncs)
+		var nrow *Row
 		if s > 1 {
-			// The bound above prices a commit of N records like one of a
-			// single record; here is what a commit of N costs on this disk.
-			nlat, _, err := e.commitLatency(payload, s)
+			// The bound prices a commit of N records like one of a single
+			// record; here is what a commit of N costs on this disk, and so
+			// the most of the bound any N callers could reach.
+			nlat, _, err := e.commitLatency(size, s)
 			if err != nil {
 				return nil, err
 			}
 			e.cfg.logf("reliable s=%d: one bbolt commit of %d records %v (mean)", s, s, nlat)
 			nb := float64(s) / nlat.Seconds()
-			rows = append(rows, Row{Phase: phase + " vs N / latency of an N-record commit", Meshnode: mf,
+			note += fmt.Sprintf("; a commit of %d records costs %.2f× one here, so no %d callers can pass %.2f× of this bound", s, float64(nlat)/float64(lat), s, float64(lat)/float64(nlat))
+			nrow = &Row{Phase: phase + " vs N / latency of an N-record commit", Meshnode: mf,
 				Comparison: &Figure{Name: fmt.Sprintf("%d / %v", s, nlat.Round(time.Microsecond)), Value: nb, Unit: "msgs/s"},
-				Ratio:      ratio(m, nb), Note: "informational: every caller in every commit, none waiting between them"})
+				Ratio:      ratio(m, nb), Note: "informational: every caller in every commit, none waiting between them"}
+		}
+		rows = append(rows,
+			Row{Phase: phase + " vs N / commit latency", Meshnode: mf,
+				Comparison: &Figure{Name: fmt.Sprintf("%d / %v", s, lat.Round(time.Microsecond)), Value: bound, Unit: "msgs/s"},
+				Ratio:      r, Target: "≥ 0.8×", Met: yesNo(r >= 0.8), Note: note})
+		if nrow != nil {
+			rows = append(rows, *nrow)
 		}
 		rows = append(rows,
 			Row{Phase: phase + " vs JetStream (default sync)", Meshnode: mf,
