@@ -68,7 +68,7 @@ bench-go:
 FUZZTIME ?= 20s
 FUZZ_TARGETS = \
 	./transport:FuzzReadFrame ./transport:FuzzDecodeEnvelopeFrame ./transport:FuzzEnvelopeCodec ./transport:FuzzEnvelopeLimits ./transport:FuzzVerifyOrigin \
-	./transport:FuzzDecodeControlFrame ./transport:FuzzReceiptEncodeMatchesGeneric ./transport:FuzzReadEnvelopeFrame \
+	./transport:FuzzDecodeControlFrame ./transport:FuzzReceiptEncodeMatchesGeneric ./transport:FuzzReadEnvelopeFrame ./transport:FuzzLaneNames \
 	./mailbox/pb:FuzzUnmarshalFrame ./mailbox/pb:FuzzUnmarshalEnvelope ./mailbox:FuzzErrorOf \
 	./mesh:FuzzPreamble ./mesh:FuzzDecodeMeta ./mesh:FuzzDecodeLeaveIntent ./mesh:FuzzDecodePeers ./mesh:FuzzMemberlistLogLine \
 	./outbox:FuzzDecodeRecord ./outbox:FuzzDecodeOutStream ./outbox:FuzzResume ./outbox:FuzzMigrateEnvelope \

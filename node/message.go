@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -205,6 +206,7 @@ type outEnv struct {
 
 	route *envcodec.Route // of fromStr to toStr with bodies of type url
 	wire  []byte          // encodePlain's encoding
+	named transport.Body  // where its body is, and its type
 }
 
 var outEnvs = sync.Pool{New: func() any { return new(outEnv) }}
@@ -306,13 +308,14 @@ func (o *outEnv) encodePlain(from string, c *Call, kind pb.RpcMeta_Kind, now tim
 		}
 	}
 	var id [mailbox.IDLen]byte
-	o.wire = o.route.Append(o.wire[:0], envcodec.Plain{
+	o.wire, o.named.At = o.route.Append(o.wire[:0], envcodec.Plain{
 		ID:              mailbox.AppendID(id[:0]),
 		CreatedAtUnixMs: now.UnixMilli(),
 		Kind:            kind,
 		Value:           value,
 		TtlMs:           ttl,
 	})
+	o.named.TypeURL = o.url
 	return o.wire, true
 }
 

@@ -115,7 +115,7 @@ func (n *Node) tellRemote(ctx context.Context, c *Call) error {
 	}
 	var err error
 	if wire, ok := o.encodePlain(n.name, c, pb.RpcMeta_EVENT, now, ttl); ok {
-		err = n.transport.SendEncoded(ctx, c.To.Node, o.toStr, wire)
+		err = n.transport.SendEncoded(ctx, c.To.Node, o.toStr, wire, o.named)
 	} else {
 		if err := o.fill(n.name, c.To, pb.RpcMeta_EVENT, c.Request, now); err != nil {
 			return err

@@ -45,6 +45,7 @@ type conn struct {
 	writers  atomic.Int32           // lanes in their Writes now
 	progress atomic.Int64           // unix ns a lane last began or finished a Write; 0 before any
 	lanes    []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
+	names    bool                   // the peer's Hello lists FeatureTypeNames: lanes may name body types (names.go)
 	fresh    atomic.Pointer[string] // last address staleFor found equal to remote
 	idle     atomic.Bool            // being closed for idleness (idle.go)
 
@@ -160,6 +161,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		waiters: make(map[string]*waiter),
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
+		names:    slices.Contains(ph.GetFeatures(), FeatureTypeNames),
 		born:     time.Now(),
 		peerGone: ph.GetGoneConnection(),
 	}
@@ -247,6 +249,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
+		Features:         []string{FeatureTypeNames},
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)
@@ -541,17 +544,21 @@ func (c *conn) acceptStreams() {
 func (c *conn) readLane(rs *quic.ReceiveStream) {
 	defer c.t.wg.Done()
 	sr := c.streamReader(bufio.NewReaderSize(rs, readBufSize), rs)
+	var named names
 	for {
-		env, other, n, err := sr.readEnvelopeFrame(c.t.cfg.MaxHeaders, c.t.cfg.MaxHeaderBytes)
+		env, bodyType, other, n, err := sr.readEnvelopeFrame(c.t.cfg.MaxHeaders, c.t.cfg.MaxHeaderBytes)
 		if err != nil {
 			c.readFailed("lane", err)
 			return
 		}
 		c.stats.framesIn.Add(1)
 		c.stats.bytesIn.Add(uint64(n))
-		if env == nil {
-			c.protocolError(CodeProtocol, fmt.Sprintf("unexpected %T on a lane stream", other))
+		if env, err = named.take(env, bodyType, other); err != nil {
+			c.protocolError(CodeProtocol, err.Error())
 			return
+		}
+		if env == nil {
+			continue // a type named
 		}
 		var reply func(*pb.Receipt)
 		if env.GetReceipt() != pb.Envelope_RECEIPT_NONE {

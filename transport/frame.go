@@ -100,25 +100,29 @@ func (s *streamReader) readFrame(f *pb.Frame) (n int, err error) {
 // unknown fields) takes the general path, so the result is always what
 // proto.Unmarshal of a pb.Frame would give; a frame of another kind
 // returns its kind in other.
-func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *pb.Envelope, other any, n int, err error) {
+//
+// bodyType is the frame's Frame.body_type: the ref of the type its body
+// says none of (names.go), 0 for a body that says its own.
+func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *pb.Envelope, bodyType uint32, other any, n int, err error) {
 	defer s.release()
 	body, n, peeked, err := s.next()
 	if err != nil {
-		return nil, nil, n, err
+		return nil, 0, nil, n, err
 	}
-	// The usual frame (one envelope field) is decoded by hand, counting
-	// its headers as it goes and stopping past the limits; any other, and
-	// one past them, is checked here (whose error counts them all).
-	if v, ok := envelopeField(body); ok {
+	// The usual frame (one envelope field, and a body type) is decoded by
+	// hand, counting its headers as it goes and stopping past the limits;
+	// any other, and one past them, is checked here (whose error counts
+	// them all).
+	if v, bt, ok := envelopeFields(body); ok {
 		if env, ok := envcodec.DecodeLimited(v, !peeked, maxHeaders, maxHeaderBytes); ok {
-			return env, nil, n, nil
+			return env, bt, nil, n, nil
 		}
 	}
 	if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {
-		return nil, nil, n, err
+		return nil, 0, nil, n, err
 	}
-	env, other, err = decodeEnvelopeFrameOwned(body, !peeked)
-	return env, other, n, err
+	env, bodyType, other, err = decodeNamedFrameOwned(body, !peeked)
+	return env, bodyType, other, n, err
 }
 
 // readControlFrame reads one frame from the control stream: a receipt
@@ -139,6 +143,33 @@ func decodeEnvelopeFrame(b []byte) (env *pb.Envelope, other any, err error) {
 	return decodeEnvelopeFrameOwned(b, false)
 }
 
+// envelopeFields returns the envelope and the body type of the bytes of
+// a pb.Frame that hold exactly one envelope field and, after it, at most
+// one body type field of a varint that fits 32 bits, nothing else.
+func envelopeFields(b []byte) (env []byte, bodyType uint32, ok bool) {
+	num, typ, tn := protowire.ConsumeTag(b)
+	if tn <= 0 || num != frameFieldEnvelope || typ != protowire.BytesType {
+		return nil, 0, false
+	}
+	v, vn := protowire.ConsumeBytes(b[tn:])
+	if vn < 0 {
+		return nil, 0, false
+	}
+	rest := b[tn+vn:]
+	if len(rest) == 0 {
+		return v, 0, true
+	}
+	num, typ, tn = protowire.ConsumeTag(rest)
+	if tn <= 0 || num != frameFieldBodyType || typ != protowire.VarintType {
+		return nil, 0, false
+	}
+	x, xn := protowire.ConsumeVarint(rest[tn:])
+	if xn < 0 || tn+xn != len(rest) || x > 1<<32-1 {
+		return nil, 0, false
+	}
+	return v, uint32(x), true
+}
+
 // envelopeField returns the envelope of the bytes of a pb.Frame that hold
 // exactly one envelope field, nothing else.
 func envelopeField(b []byte) ([]byte, bool) {
@@ -148,6 +179,29 @@ func envelopeField(b []byte) ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// decodeNamedFrameOwned is decodeEnvelopeFrameOwned for a frame of a lane
+// stream, which may also say its body's type by ref (bodyType).
+func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType uint32, other any, err error) {
+	if v, bt, ok := envelopeFields(b); ok {
+		env, err := decodeEnvelopeOwned(v, owned)
+		if err != nil {
+			return nil, 0, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
+		}
+		return env, bt, nil, nil
+	}
+	var f pb.Frame
+	if err := proto.Unmarshal(b, &f); err != nil {
+		return nil, 0, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
+	}
+	if env := f.GetEnvelope(); env != nil {
+		return env, f.GetBodyType(), nil, nil
+	}
+	if f.GetBodyType() != 0 {
+		return nil, 0, nil, fmt.Errorf("%w: a body type on a frame without an envelope", ErrBadFrame)
+	}
+	return nil, 0, f.Kind, nil
 }
 
 // decodeEnvelopeFrameOwned is decodeEnvelopeFrame; owned says b is the

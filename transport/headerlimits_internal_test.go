@@ -3,6 +3,7 @@ package transport
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -46,7 +47,7 @@ func TestReaderCountsHeadersAsTheCheckDoes(t *testing.T) {
 					check := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes)
 
 					sr := &streamReader{br: bufio.NewReaderSize(bytes.NewReader(stream), readBufSize), max: 1 << 20}
-					got, _, _, err := sr.readEnvelopeFrame(maxHeaders, maxHeaderBytes)
+					got, _, _, _, err := sr.readEnvelopeFrame(maxHeaders, maxHeaderBytes)
 					switch {
 					case check != nil && (err == nil || err.Error() != check.Error()):
 						t.Fatalf("%s: the check refuses it (%v), the reader answered %v", name, check, err)
@@ -77,24 +78,37 @@ func FuzzReadEnvelopeFrame(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(protowire.AppendBytes(protowire.AppendTag(nil, frameFieldEnvelope, protowire.BytesType), env))
+	named := protowire.AppendBytes(protowire.AppendTag(nil, frameFieldEnvelope, protowire.BytesType), env)
+	f.Add(protowire.AppendVarint(protowire.AppendTag(named, frameFieldBodyType, protowire.VarintType), 3))
+	f.Add(protowire.AppendVarint(protowire.AppendTag(nil, frameFieldBodyType, protowire.VarintType), 1))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
 		const maxHeaders, maxHeaderBytes = 3, 40
 		stream := protowire.AppendBytes(nil, body)
 		sr := &streamReader{br: bufio.NewReaderSize(bytes.NewReader(stream), readBufSize), max: 1 << 20}
-		got, gotOther, _, err := sr.readEnvelopeFrame(maxHeaders, maxHeaderBytes)
-		want, wantOther, wantErr := decodeEnvelopeFrame(body)
+		got, gotType, gotOther, _, err := sr.readEnvelopeFrame(maxHeaders, maxHeaderBytes)
+		// What proto makes of the frame, within the limits.
+		var f pb.Frame
+		wantErr := proto.Unmarshal(body, &f)
+		want, wantType, wantOther := f.GetEnvelope(), f.GetBodyType(), any(f.Kind)
+		if want != nil {
+			wantOther = nil
+		} else if wantErr == nil && wantType != 0 {
+			wantErr = errors.New("a body type on a frame without an envelope")
+		}
 		if check := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); check != nil {
-			want, wantOther, wantErr = nil, nil, check
+			want, wantType, wantOther, wantErr = nil, 0, nil, check
 		}
 		switch {
 		case (err == nil) != (wantErr == nil):
-			t.Fatalf("reader: %v; check and decoder: %v", err, wantErr)
+			t.Fatalf("reader: %v; check and proto: %v", err, wantErr)
 		case err != nil:
 		case !proto.Equal(got, want):
-			t.Fatalf("reader read %v, the decoder %v", got, want)
+			t.Fatalf("reader read %v, proto %v", got, want)
+		case gotType != wantType:
+			t.Fatalf("reader read body type %d, proto %d", gotType, wantType)
 		case (gotOther == nil) != (wantOther == nil):
-			t.Fatalf("reader's other frame %v, the decoder's %v", gotOther, wantOther)
+			t.Fatalf("reader's other frame %v, proto's %v", gotOther, wantOther)
 		}
 	})
 }

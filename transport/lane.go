@@ -39,11 +39,13 @@ type lane struct {
 	unwritten atomic.Int64
 
 	// mu guards the fields below.
-	mu       sync.Mutex
-	chunks   []*[]byte     // encoded frames not yet taken by the writer, in chunkSize pieces
-	n        int           // frames in chunks
-	large    int           // of them, frames too large for the peer's stream buffer (isLarge)
-	finished chan struct{} // set by finish; closed by run after the last write
+	mu        sync.Mutex
+	names     map[string]uint32 // body types named on the stream (names.go)
+	nameBytes int               // their URLs' length together
+	chunks    []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
+	n         int               // frames in chunks
+	large     int               // of them, frames too large for the peer's stream buffer (isLarge)
+	finished  chan struct{}     // set by finish; closed by run after the last write
 }
 
 // encBuf is a scratch buffer in which senders encode their frames before
@@ -115,8 +117,9 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 
 // enqueueEncoded queues the frame of one envelope already encoded (env,
 // which the caller may reuse once it returns), as enqueueEnvelopes does
-// for an envelope that encodes to env.
-func (l *lane) enqueueEncoded(env []byte) error {
+// for an envelope that encodes to env; with its body's type named on the
+// lane's stream when body says where it is and the peer takes names.
+func (l *lane) enqueueEncoded(env []byte, body Body) error {
 	c := l.c
 	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
 	if inner > c.maxFrame {
@@ -128,6 +131,13 @@ func (l *lane) enqueueEncoded(env []byte) error {
 	if cur, max := c.qbytes.Load(), int64(c.t.cfg.SendQueueBytes); c.crowded.Load() && cur > 0 && cur+int64(len(env)) > max {
 		c.queued.Add(-1)
 		return c.full(cur, "bytes", cur+int64(len(env))-max)
+	}
+	if c.names && body.TypeURL != "" {
+		if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, body.At, body.TypeURL); ok {
+			if done, err := l.pushNamed(head, bodyLen, tail, body.TypeURL); done {
+				return err
+			}
+		}
 	}
 	var hb [2 * binary.MaxVarintLen64]byte
 	head := protowire.AppendVarint(hb[:0], uint64(inner))

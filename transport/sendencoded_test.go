@@ -36,7 +36,7 @@ func TestSendEncodedArrivesAsSent(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.SendEncoded(ctx, "b", env.Recipient, b); err != nil {
+		if err := a.SendEncoded(ctx, "b", env.Recipient, b, transport.Body{}); err != nil {
 			t.Fatal(err)
 		}
 		clear(b) // the caller's to reuse once SendEncoded returns
@@ -64,7 +64,7 @@ func TestSendEncodedRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.SendEncoded(ctx, "b", "slow@b", huge); !errors.Is(err, transport.ErrFrameTooLarge) {
+	if err := a.SendEncoded(ctx, "b", "slow@b", huge, transport.Body{}); !errors.Is(err, transport.ErrFrameTooLarge) {
 		t.Fatalf("SendEncoded of 300 KiB over a 256 KiB frame limit = %v, want ErrFrameTooLarge", err)
 	}
 
@@ -75,12 +75,12 @@ func TestSendEncodedRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	var qf *transport.QueueFullError
-	if err := a.SendEncoded(ctx, "b", "slow@b", enc); !errors.As(err, &qf) || qf.RetryAfter <= 0 {
+	if err := a.SendEncoded(ctx, "b", "slow@b", enc, transport.Body{}); !errors.As(err, &qf) || qf.RetryAfter <= 0 {
 		t.Fatalf("SendEncoded to a full queue = %v, want a *QueueFullError with a retry hint", err)
 	}
 	p.release()
 	waitCond(t, 15*time.Second, "the queue draining to an encoded send", func() bool {
-		err := a.SendEncoded(ctx, "b", "slow@b", enc)
+		err := a.SendEncoded(ctx, "b", "slow@b", enc, transport.Body{})
 		if err != nil && !errors.Is(err, transport.ErrQueueFull) {
 			t.Fatalf("SendEncoded while the queue drains: %v", err)
 		}
@@ -124,7 +124,7 @@ func TestEveryKindOfSendSharesTheQueueBoundWithoutLeaking(t *testing.T) {
 					}
 				case 1:
 					b, _ := proto.Marshal(envTo(t, rcpt, pb.Envelope_RECEIPT_NONE))
-					err := a.SendEncoded(ctx, "b", rcpt, b)
+					err := a.SendEncoded(ctx, "b", rcpt, b, transport.Body{})
 					if err != nil && !errors.Is(err, transport.ErrQueueFull) {
 						fail("send encoded: %v", err)
 					}

@@ -547,10 +547,12 @@ func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelop
 // SendEncoded is Send for an envelope to recipient already encoded (env,
 // the bytes proto.Marshal gives for it; the caller may reuse them once
 // SendEncoded returns): a sender that encodes its own envelopes saves
-// building one.
-func (t *Transport) SendEncoded(ctx context.Context, node, recipient string, env []byte) error {
+// building one. body says where env's body is and its type, so that the
+// type can be named once per lane stream instead of sent with every
+// envelope (names.go); the zero Body sends env as it is.
+func (t *Transport) SendEncoded(ctx context.Context, node, recipient string, env []byte, body Body) error {
 	return t.onConn(ctx, node, func(c *conn) error {
-		if err := c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env); err != nil {
+		if err := c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env, body); err != nil {
 			return sendErr(node, err)
 		}
 		return nil

@@ -49,8 +49,9 @@ type Plain struct {
 
 // Append appends the encoding of the envelope {ProtocolVersion, MsgId:
 // p.ID, Sender, Recipient, CreatedAtUnixMs, Body: {TypeUrl, p.Value},
-// Rpc: {Kind}, TtlMs} to b, as the package's Append writes it.
-func (r *Route) Append(b []byte, p Plain) []byte {
+// Rpc: {Kind}, TtlMs} to b, as the package's Append writes it. bodyAt is
+// where in b its body field begins (for CutTypeURL).
+func (r *Route) Append(b []byte, p Plain) (out []byte, bodyAt int) {
 	b = appendVarintField(b, envProtocolVersion, uint64(pb.ProtocolVersion))
 	if len(p.ID) > 0 {
 		b = protowire.AppendTag(b, envMsgID, protowire.BytesType)
@@ -62,6 +63,7 @@ func (r *Route) Append(b []byte, p Plain) []byte {
 	if len(p.Value) > 0 {
 		body += 1 + protowire.SizeBytes(len(p.Value))
 	}
+	bodyAt = len(b)
 	b = protowire.AppendTag(b, envBody, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(body))
 	b = append(b, r.url...)
@@ -72,5 +74,34 @@ func (r *Route) Append(b []byte, p Plain) []byte {
 	b = protowire.AppendTag(b, envRPC, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(sizeVarint(uint64(int64(p.Kind)))))
 	b = appendVarintField(b, rpcKind, uint64(int64(p.Kind)))
-	return appendVarintField(b, envTTL, uint64(p.TtlMs))
+	return appendVarintField(b, envTTL, uint64(p.TtlMs)), bodyAt
+}
+
+// CutTypeURL splits env, an encoded envelope whose body field begins at
+// bodyAt and whose body's first field is its type URL url, around that
+// URL: the same envelope with a body that says no type is head, then
+// bodyLen as a varint, then tail. ok is false, and nothing else set, when
+// env does not hold that at bodyAt: it is then sent as it is.
+func CutTypeURL(env []byte, bodyAt int, url string) (head []byte, bodyLen uint64, tail []byte, ok bool) {
+	const bodyTag, urlTag = byte(envBody<<3 | protowire.BytesType), byte(anyTypeURL<<3 | protowire.BytesType)
+	if bodyAt < 0 || bodyAt >= len(env) || env[bodyAt] != bodyTag {
+		return nil, 0, nil, false
+	}
+	l, n := protowire.ConsumeVarint(env[bodyAt+1:])
+	if n < 0 {
+		return nil, 0, nil, false
+	}
+	p := bodyAt + 1 + n
+	field := protowire.SizeTag(anyTypeURL) + protowire.SizeBytes(len(url))
+	if l < uint64(field) || uint64(len(env)-p) < l {
+		return nil, 0, nil, false
+	}
+	if env[p] != urlTag {
+		return nil, 0, nil, false
+	}
+	ul, m := protowire.ConsumeVarint(env[p+1:])
+	if m < 0 || ul != uint64(len(url)) || string(env[p+1+m:p+field]) != url {
+		return nil, 0, nil, false
+	}
+	return env[:bodyAt+1], l - uint64(field), env[p+field:], true
 }

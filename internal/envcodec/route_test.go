@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"pgregory.net/rapid"
@@ -38,10 +39,11 @@ func TestRouteMatchesAppend(t *testing.T) {
 			Rpc: &pb.RpcMeta{Kind: p.Kind}, TtlMs: p.TtlMs,
 		}
 		prefix := []byte{7, 7}
-		got := r.Append(bytes.Clone(prefix), p)
+		got, bodyAt := r.Append(bytes.Clone(prefix), p)
 		if !bytes.Equal(got[:2], prefix) {
 			t.Fatal("Append overwrote what b held")
 		}
+		cutsAsUnnamed(t, got[2:], bodyAt-2, env)
 		got = got[2:]
 		sz, ok := Size(env)
 		if !ok {
@@ -77,4 +79,63 @@ func TestRouteRefusesInvalidUTF8(t *testing.T) {
 			t.Errorf("NewRoute(%q, %q, %q) made a route", s[0], s[1], s[2])
 		}
 	}
+}
+
+// cutsAsUnnamed checks that CutTypeURL around the body at bodyAt of b, the
+// encoding of env, gives the encoding of env with a body that says no
+// type, which decodes back to env but for the type.
+func cutsAsUnnamed(t *rapid.T, b []byte, bodyAt int, env *pb.Envelope) {
+	head, bodyLen, tail, ok := CutTypeURL(b, bodyAt, env.GetBody().GetTypeUrl())
+	if env.GetBody().GetTypeUrl() == "" {
+		if ok {
+			t.Fatal("CutTypeURL cut an empty type URL, which the body does not encode")
+		}
+		return
+	}
+	if !ok {
+		t.Fatalf("CutTypeURL refused the route's own body at %d", bodyAt)
+	}
+	if _, _, _, ok := CutTypeURL(b, bodyAt, env.GetBody().GetTypeUrl()+"x"); ok {
+		t.Fatal("CutTypeURL cut another type URL than the body's")
+	}
+	cut := protowire.AppendVarint(bytes.Clone(head), bodyLen)
+	cut = append(cut, tail...)
+	unnamed := proto.Clone(env).(*pb.Envelope)
+	unnamed.Body.TypeUrl = ""
+	want, err := proto.MarshalOptions{Deterministic: true}.Marshal(unnamed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cut, want) {
+		t.Fatalf("cut\n%x\nproto writes without the type\n%x", cut, want)
+	}
+}
+
+// CutTypeURL refuses what is not a body with that type URL where it is
+// told to look, and never reads out of bounds.
+func TestCutTypeURLRefusesOtherBytes(t *testing.T) {
+	r, _ := NewRoute("s@n1", "r@n2", "type.googleapis.com/x.Y")
+	b, at := r.Append(nil, Plain{ID: []byte("id"), Value: []byte("v")})
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		at   int
+		url  string
+	}{
+		{"another offset", b, at - 1, "type.googleapis.com/x.Y"},
+		{"past the end", b, len(b), "type.googleapis.com/x.Y"},
+		{"negative", b, -1, "type.googleapis.com/x.Y"},
+		{"another type", b, at, "type.googleapis.com/x.Z"},
+		{"a longer type", b, at, "type.googleapis.com/x.YY"},
+		{"cut short", b[:at+5], at, "type.googleapis.com/x.Y"},
+		{"no body", b[:at+1], at, "type.googleapis.com/x.Y"},
+	} {
+		if _, _, _, ok := CutTypeURL(tc.b, tc.at, tc.url); ok {
+			t.Errorf("%s: cut", tc.name)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		b := rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "bytes")
+		CutTypeURL(b, rapid.IntRange(-2, 70).Draw(t, "at"), rapid.String().Draw(t, "url"))
+	})
 }

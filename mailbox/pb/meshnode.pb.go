@@ -1052,7 +1052,13 @@ type Frame struct {
 	//	*Frame_Envelope
 	//	*Frame_Receipt
 	//	*Frame_Goaway
-	Kind          isFrame_Kind `protobuf_oneof:"kind"`
+	//	*Frame_TypeName
+	Kind isFrame_Kind `protobuf_oneof:"kind"`
+	// On an envelope frame of a lane stream: the body's type URL is the one
+	// that TypeName ref names on this stream, and the body carries none of
+	// its own (0: the body says its type, as always). Sent only to a peer
+	// whose Hello lists the feature "type-names".
+	BodyType      uint32 `protobuf:"varint,6,opt,name=body_type,json=bodyType,proto3" json:"body_type,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1130,6 +1136,22 @@ func (x *Frame) GetGoaway() *GoAway {
 	return nil
 }
 
+func (x *Frame) GetTypeName() *TypeName {
+	if x != nil {
+		if x, ok := x.Kind.(*Frame_TypeName); ok {
+			return x.TypeName
+		}
+	}
+	return nil
+}
+
+func (x *Frame) GetBodyType() uint32 {
+	if x != nil {
+		return x.BodyType
+	}
+	return 0
+}
+
 type isFrame_Kind interface {
 	isFrame_Kind()
 }
@@ -1150,6 +1172,10 @@ type Frame_Goaway struct {
 	Goaway *GoAway `protobuf:"bytes,4,opt,name=goaway,proto3,oneof"`
 }
 
+type Frame_TypeName struct {
+	TypeName *TypeName `protobuf:"bytes,5,opt,name=type_name,json=typeName,proto3,oneof"`
+}
+
 func (*Frame_Hello) isFrame_Kind() {}
 
 func (*Frame_Envelope) isFrame_Kind() {}
@@ -1157,6 +1183,65 @@ func (*Frame_Envelope) isFrame_Kind() {}
 func (*Frame_Receipt) isFrame_Kind() {}
 
 func (*Frame_Goaway) isFrame_Kind() {}
+
+func (*Frame_TypeName) isFrame_Kind() {}
+
+// TypeName names a body type on one lane stream, for the rest of that
+// stream: envelope frames after it say ref (Frame.body_type) instead of
+// the type URL, which is sent once per stream rather than with every
+// message. Refs go from 1 up, each named once; a stream names at most 64
+// types and 4 KiB of their URLs.
+type TypeName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           uint32                 `protobuf:"varint,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Url           string                 `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TypeName) Reset() {
+	*x = TypeName{}
+	mi := &file_meshnode_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TypeName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TypeName) ProtoMessage() {}
+
+func (x *TypeName) ProtoReflect() protoreflect.Message {
+	mi := &file_meshnode_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TypeName.ProtoReflect.Descriptor instead.
+func (*TypeName) Descriptor() ([]byte, []int) {
+	return file_meshnode_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TypeName) GetRef() uint32 {
+	if x != nil {
+		return x.Ref
+	}
+	return 0
+}
+
+func (x *TypeName) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
 
 // NodeMeta is the gossip metadata of a member (memberlist limits it to 512 bytes).
 type NodeMeta struct {
@@ -1173,7 +1258,7 @@ type NodeMeta struct {
 
 func (x *NodeMeta) Reset() {
 	*x = NodeMeta{}
-	mi := &file_meshnode_proto_msgTypes[9]
+	mi := &file_meshnode_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1185,7 +1270,7 @@ func (x *NodeMeta) String() string {
 func (*NodeMeta) ProtoMessage() {}
 
 func (x *NodeMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[9]
+	mi := &file_meshnode_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1198,7 +1283,7 @@ func (x *NodeMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMeta.ProtoReflect.Descriptor instead.
 func (*NodeMeta) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{9}
+	return file_meshnode_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *NodeMeta) GetQuicAddr() string {
@@ -1264,7 +1349,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1361,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1374,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{10}
+	return file_meshnode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StoredMessage) GetEnvelope() *Envelope {
@@ -1353,7 +1438,7 @@ type OutStream struct {
 
 func (x *OutStream) Reset() {
 	*x = OutStream{}
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1450,7 @@ func (x *OutStream) String() string {
 func (*OutStream) ProtoMessage() {}
 
 func (x *OutStream) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1463,7 @@ func (x *OutStream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutStream.ProtoReflect.Descriptor instead.
 func (*OutStream) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{11}
+	return file_meshnode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *OutStream) GetEpoch() uint64 {
@@ -1500,13 +1585,18 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd1\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xa4\x02\n" +
 	"\x05Frame\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.meshnode.v1.HelloH\x00R\x05hello\x123\n" +
 	"\benvelope\x18\x02 \x01(\v2\x15.meshnode.v1.EnvelopeH\x00R\benvelope\x120\n" +
 	"\areceipt\x18\x03 \x01(\v2\x14.meshnode.v1.ReceiptH\x00R\areceipt\x12-\n" +
-	"\x06goaway\x18\x04 \x01(\v2\x13.meshnode.v1.GoAwayH\x00R\x06goawayB\x06\n" +
-	"\x04kind\"\x91\x02\n" +
+	"\x06goaway\x18\x04 \x01(\v2\x13.meshnode.v1.GoAwayH\x00R\x06goaway\x124\n" +
+	"\ttype_name\x18\x05 \x01(\v2\x15.meshnode.v1.TypeNameH\x00R\btypeName\x12\x1b\n" +
+	"\tbody_type\x18\x06 \x01(\rR\bbodyTypeB\x06\n" +
+	"\x04kind\".\n" +
+	"\bTypeName\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\"\x91\x02\n" +
 	"\bNodeMeta\x12\x1b\n" +
 	"\tquic_addr\x18\x01 \x01(\tR\bquicAddr\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1545,7 +1635,7 @@ func file_meshnode_proto_rawDescGZIP() []byte {
 }
 
 var file_meshnode_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_meshnode_proto_goTypes = []any{
 	(RpcMeta_Kind)(0),         // 0: meshnode.v1.RpcMeta.Kind
 	(Envelope_Conflict)(0),    // 1: meshnode.v1.Envelope.Conflict
@@ -1560,17 +1650,18 @@ var file_meshnode_proto_goTypes = []any{
 	(*Hello)(nil),             // 10: meshnode.v1.Hello
 	(*GoAway)(nil),            // 11: meshnode.v1.GoAway
 	(*Frame)(nil),             // 12: meshnode.v1.Frame
-	(*NodeMeta)(nil),          // 13: meshnode.v1.NodeMeta
-	(*StoredMessage)(nil),     // 14: meshnode.v1.StoredMessage
-	(*OutStream)(nil),         // 15: meshnode.v1.OutStream
-	nil,                       // 16: meshnode.v1.Envelope.HeadersEntry
-	nil,                       // 17: meshnode.v1.NodeMeta.TagsEntry
-	(*anypb.Any)(nil),         // 18: google.protobuf.Any
+	(*TypeName)(nil),          // 13: meshnode.v1.TypeName
+	(*NodeMeta)(nil),          // 14: meshnode.v1.NodeMeta
+	(*StoredMessage)(nil),     // 15: meshnode.v1.StoredMessage
+	(*OutStream)(nil),         // 16: meshnode.v1.OutStream
+	nil,                       // 17: meshnode.v1.Envelope.HeadersEntry
+	nil,                       // 18: meshnode.v1.NodeMeta.TagsEntry
+	(*anypb.Any)(nil),         // 19: google.protobuf.Any
 }
 var file_meshnode_proto_depIdxs = []int32{
 	0,  // 0: meshnode.v1.RpcMeta.kind:type_name -> meshnode.v1.RpcMeta.Kind
-	16, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
-	18, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
+	17, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
+	19, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
 	4,  // 3: meshnode.v1.Envelope.rpc:type_name -> meshnode.v1.RpcMeta
 	1,  // 4: meshnode.v1.Envelope.conflict:type_name -> meshnode.v1.Envelope.Conflict
 	2,  // 5: meshnode.v1.Envelope.receipt:type_name -> meshnode.v1.Envelope.ReceiptMode
@@ -1581,13 +1672,14 @@ var file_meshnode_proto_depIdxs = []int32{
 	5,  // 10: meshnode.v1.Frame.envelope:type_name -> meshnode.v1.Envelope
 	8,  // 11: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
 	11, // 12: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
-	17, // 13: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
-	5,  // 14: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	13, // 13: meshnode.v1.Frame.type_name:type_name -> meshnode.v1.TypeName
+	18, // 14: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
+	5,  // 15: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_meshnode_proto_init() }
@@ -1600,6 +1692,7 @@ func file_meshnode_proto_init() {
 		(*Frame_Envelope)(nil),
 		(*Frame_Receipt)(nil),
 		(*Frame_Goaway)(nil),
+		(*Frame_TypeName)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1607,7 +1700,7 @@ func file_meshnode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshnode_proto_rawDesc), len(file_meshnode_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   14,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
