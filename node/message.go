@@ -308,14 +308,13 @@ func (o *outEnv) encodePlain(from string, c *Call, kind pb.RpcMeta_Kind, now tim
 		}
 	}
 	var id [mailbox.IDLen]byte
-	o.wire, o.named.At = o.route.Append(o.wire[:0], envcodec.Plain{
+	o.wire, o.named = o.route.Append(o.wire[:0], envcodec.Plain{
 		ID:              mailbox.AppendID(id[:0]),
 		CreatedAtUnixMs: now.UnixMilli(),
 		Kind:            kind,
 		Value:           value,
 		TtlMs:           ttl,
 	})
-	o.named.TypeURL = o.url
 	return o.wire, true
 }
 

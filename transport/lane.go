@@ -43,7 +43,8 @@ type lane struct {
 	names     map[string]uint32 // body types named on the stream (names.go)
 	nameBytes int               // their URLs' length together
 	chunks    []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
-	n         int               // frames in chunks
+	n         int               // envelope (or receipt) frames in chunks
+	named     int               // type-naming frames in chunks (names.go)
 	large     int               // of them, frames too large for the peer's stream buffer (isLarge)
 	finished  chan struct{}     // set by finish; closed by run after the last write
 }
@@ -132,9 +133,9 @@ func (l *lane) enqueueEncoded(env []byte, body Body) error {
 		c.queued.Add(-1)
 		return c.full(cur, "bytes", cur+int64(len(env))-max)
 	}
-	if c.names && body.TypeURL != "" {
-		if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, body.At, body.TypeURL); ok {
-			if done, err := l.pushNamed(head, bodyLen, tail, body.TypeURL); done {
+	if c.names && body.TypeURL() != "" {
+		if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, body); ok {
+			if done, err := l.pushNamed(head, bodyLen, tail, body.TypeURL()); done {
 				return err
 			}
 		}
@@ -436,8 +437,8 @@ func (l *lane) run() {
 			return
 		}
 		l.mu.Lock()
-		out, n, large, fin := l.chunks, l.n, l.large, l.finished
-		l.chunks, l.n, l.large = spare[:0], 0, 0
+		out, n, named, large, fin := l.chunks, l.n, l.named, l.large, l.finished
+		l.chunks, l.n, l.named, l.large = spare[:0], 0, 0, 0
 		l.mu.Unlock()
 		if n > 0 {
 			if l.stream == nil {
@@ -489,7 +490,7 @@ func (l *lane) run() {
 				c.queued.Add(-int64(n))
 				c.noteRate(bytes, time.Since(began), writers)
 			}
-			c.stats.framesOut.Add(uint64(n))
+			c.stats.framesOut.Add(uint64(n + named))
 			c.stats.bytesOut.Add(uint64(bytes))
 			c.stats.writesOut.Add(uint64(len(out)))
 		}

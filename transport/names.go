@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -49,11 +50,11 @@ const (
 	typeNameFieldURL   protowire.Number = 2
 )
 
-// Body says where an encoded envelope's body is and its type.
-type Body struct {
-	At      int    // where the body field begins in the envelope's bytes (envcodec.Route.Append)
-	TypeURL string // its type URL; "": nothing to name
-}
+// Body says where the body of an encoded envelope is, and its type, for
+// SendEncoded to name the type. Only the encoder that wrote the envelope
+// makes one (envcodec.Route.Append, for the bytes it returned); the zero
+// Body sends the bytes as they are.
+type Body = envcodec.Body
 
 // pushNamed queues the frame of an envelope whose body's type URL url was
 // cut out (head, then the body's new length bodyLen, then tail: see
@@ -108,6 +109,7 @@ func (l *lane) pushNamed(head []byte, bodyLen uint64, tail []byte, url string) (
 	if fresh {
 		l.names[url] = ref
 		l.nameBytes += len(url)
+		l.named++
 		l.appendLocked(name)
 		l.appendLocked([]byte(url))
 	}

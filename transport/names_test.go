@@ -36,7 +36,7 @@ func sendTyped(t *testing.T, a, b *node, rec *recorder, n int, typeOf func(int) 
 			t.Fatalf("no route for %q", url)
 		}
 		p := envcodec.Plain{ID: []byte(fmt.Sprintf("m-%d", i)), CreatedAtUnixMs: 1, Kind: pb.RpcMeta_EVENT, Value: []byte(fmt.Sprintf("value %d", i)), TtlMs: 100}
-		wire, at := r.Append(nil, p)
+		wire, where := r.Append(nil, p)
 		var env pb.Envelope
 		if err := proto.Unmarshal(wire, &env); err != nil {
 			t.Fatal(err)
@@ -44,7 +44,7 @@ func sendTyped(t *testing.T, a, b *node, rec *recorder, n int, typeOf func(int) 
 		sent = append(sent, &env)
 		body := transport.Body{}
 		if named {
-			body = transport.Body{At: at, TypeURL: url}
+			body = where
 		}
 		if err := a.SendEncoded(ctx, "b", "sink@b", wire, body); err != nil {
 			t.Fatal(err)
@@ -59,8 +59,12 @@ func sendTyped(t *testing.T, a, b *node, rec *recorder, n int, typeOf func(int) 
 			t.Fatalf("envelope %d arrived as %v, sent %v", i, got[i], sent[i])
 		}
 	}
-	// A lane counts its frames (envelopes) and bytes once its write returns.
-	waitCond(t, 5*time.Second, "a's counters", func() bool { return a.PeerStats()["b"].FramesOut == before.FramesOut+uint64(n) })
+	// A lane counts its frames and bytes once its write returns; b counts
+	// the same as it reads them.
+	waitCond(t, 5*time.Second, "a's counters", func() bool {
+		out, in := a.PeerStats()["b"], b.PeerStats()["a"]
+		return out.BytesOut == in.BytesIn && out.FramesOut == in.FramesIn && out.FramesOut >= before.FramesOut+uint64(n)
+	})
 	return a.PeerStats()["b"].BytesOut - before.BytesOut
 }
 

@@ -47,11 +47,22 @@ type Plain struct {
 	TtlMs           int64
 }
 
+// Body says where the body field of an envelope Route.Append wrote
+// begins, and its type URL: what CutTypeURL cuts. Only Append makes one,
+// for the bytes it returned; the zero Body says nothing.
+type Body struct {
+	at  int
+	url string
+}
+
+// TypeURL is the body's type URL ("": the zero Body).
+func (b Body) TypeURL() string { return b.url }
+
 // Append appends the encoding of the envelope {ProtocolVersion, MsgId:
 // p.ID, Sender, Recipient, CreatedAtUnixMs, Body: {TypeUrl, p.Value},
-// Rpc: {Kind}, TtlMs} to b, as the package's Append writes it. bodyAt is
-// where in b its body field begins (for CutTypeURL).
-func (r *Route) Append(b []byte, p Plain) (out []byte, bodyAt int) {
+// Rpc: {Kind}, TtlMs} to b, as the package's Append writes it, and says
+// where in out its body is (for CutTypeURL).
+func (r *Route) Append(b []byte, p Plain) (out []byte, where Body) {
 	b = appendVarintField(b, envProtocolVersion, uint64(pb.ProtocolVersion))
 	if len(p.ID) > 0 {
 		b = protowire.AppendTag(b, envMsgID, protowire.BytesType)
@@ -63,7 +74,7 @@ func (r *Route) Append(b []byte, p Plain) (out []byte, bodyAt int) {
 	if len(p.Value) > 0 {
 		body += 1 + protowire.SizeBytes(len(p.Value))
 	}
-	bodyAt = len(b)
+	where = Body{at: len(b), url: r.typeURL}
 	b = protowire.AppendTag(b, envBody, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(body))
 	b = append(b, r.url...)
@@ -74,15 +85,21 @@ func (r *Route) Append(b []byte, p Plain) (out []byte, bodyAt int) {
 	b = protowire.AppendTag(b, envRPC, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(sizeVarint(uint64(int64(p.Kind)))))
 	b = appendVarintField(b, rpcKind, uint64(int64(p.Kind)))
-	return appendVarintField(b, envTTL, uint64(p.TtlMs)), bodyAt
+	return appendVarintField(b, envTTL, uint64(p.TtlMs)), where
 }
 
-// CutTypeURL splits env, an encoded envelope whose body field begins at
-// bodyAt and whose body's first field is its type URL url, around that
-// URL: the same envelope with a body that says no type is head, then
-// bodyLen as a varint, then tail. ok is false, and nothing else set, when
-// env does not hold that at bodyAt: it is then sent as it is.
-func CutTypeURL(env []byte, bodyAt int, url string) (head []byte, bodyLen uint64, tail []byte, ok bool) {
+// CutTypeURL splits env, the envelope Route.Append wrote with body, around
+// the body's type URL: the same envelope with a body that says no type is
+// head, then bodyLen as a varint, then tail. ok is false, and nothing else
+// set, for the zero Body, and when env does not hold, where body says, a
+// body whose first field is that type URL written as Append writes it
+// (env changed since, or came with another's Body): it is then sent as it
+// is.
+func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte, ok bool) {
+	bodyAt, url := body.at, body.url
+	if url == "" {
+		return nil, 0, nil, false
+	}
 	const bodyTag, urlTag = byte(envBody<<3 | protowire.BytesType), byte(anyTypeURL<<3 | protowire.BytesType)
 	if bodyAt < 0 || bodyAt >= len(env) || env[bodyAt] != bodyTag {
 		return nil, 0, nil, false
@@ -99,8 +116,10 @@ func CutTypeURL(env []byte, bodyAt int, url string) (head []byte, bodyLen uint64
 	if env[p] != urlTag {
 		return nil, 0, nil, false
 	}
+	// The URL's length as Append writes it (a longer varint of the same
+	// value is valid protobuf, and field would not span it).
 	ul, m := protowire.ConsumeVarint(env[p+1:])
-	if m < 0 || ul != uint64(len(url)) || string(env[p+1+m:p+field]) != url {
+	if m != protowire.SizeVarint(uint64(len(url))) || ul != uint64(len(url)) || string(env[p+1+m:p+field]) != url {
 		return nil, 0, nil, false
 	}
 	return env[:bodyAt+1], l - uint64(field), env[p+field:], true

@@ -39,11 +39,11 @@ func TestRouteMatchesAppend(t *testing.T) {
 			Rpc: &pb.RpcMeta{Kind: p.Kind}, TtlMs: p.TtlMs,
 		}
 		prefix := []byte{7, 7}
-		got, bodyAt := r.Append(bytes.Clone(prefix), p)
+		got, body := r.Append(bytes.Clone(prefix), p)
 		if !bytes.Equal(got[:2], prefix) {
 			t.Fatal("Append overwrote what b held")
 		}
-		cutsAsUnnamed(t, got[2:], bodyAt-2, env)
+		cutsAsUnnamed(t, got, body, env)
 		got = got[2:]
 		sz, ok := Size(env)
 		if !ok {
@@ -81,11 +81,11 @@ func TestRouteRefusesInvalidUTF8(t *testing.T) {
 	}
 }
 
-// cutsAsUnnamed checks that CutTypeURL around the body at bodyAt of b, the
-// encoding of env, gives the encoding of env with a body that says no
-// type, which decodes back to env but for the type.
-func cutsAsUnnamed(t *rapid.T, b []byte, bodyAt int, env *pb.Envelope) {
-	head, bodyLen, tail, ok := CutTypeURL(b, bodyAt, env.GetBody().GetTypeUrl())
+// cutsAsUnnamed checks that CutTypeURL around body in b, two bytes and
+// then the encoding of env, gives those bytes and the encoding of env with
+// a body that says no type.
+func cutsAsUnnamed(t *rapid.T, b []byte, body Body, env *pb.Envelope) {
+	head, bodyLen, tail, ok := CutTypeURL(b, body)
 	if env.GetBody().GetTypeUrl() == "" {
 		if ok {
 			t.Fatal("CutTypeURL cut an empty type URL, which the body does not encode")
@@ -93,12 +93,12 @@ func cutsAsUnnamed(t *rapid.T, b []byte, bodyAt int, env *pb.Envelope) {
 		return
 	}
 	if !ok {
-		t.Fatalf("CutTypeURL refused the route's own body at %d", bodyAt)
+		t.Fatalf("CutTypeURL refused the route's own body at %d", body.at)
 	}
-	if _, _, _, ok := CutTypeURL(b, bodyAt, env.GetBody().GetTypeUrl()+"x"); ok {
+	if _, _, _, ok := CutTypeURL(b, Body{at: body.at, url: body.url + "x"}); ok {
 		t.Fatal("CutTypeURL cut another type URL than the body's")
 	}
-	cut := protowire.AppendVarint(bytes.Clone(head), bodyLen)
+	cut := protowire.AppendVarint(bytes.Clone(head[2:]), bodyLen)
 	cut = append(cut, tail...)
 	unnamed := proto.Clone(env).(*pb.Envelope)
 	unnamed.Body.TypeUrl = ""
@@ -115,7 +115,8 @@ func cutsAsUnnamed(t *rapid.T, b []byte, bodyAt int, env *pb.Envelope) {
 // told to look, and never reads out of bounds.
 func TestCutTypeURLRefusesOtherBytes(t *testing.T) {
 	r, _ := NewRoute("s@n1", "r@n2", "type.googleapis.com/x.Y")
-	b, at := r.Append(nil, Plain{ID: []byte("id"), Value: []byte("v")})
+	b, body := r.Append(nil, Plain{ID: []byte("id"), Value: []byte("v")})
+	at := body.at
 	for _, tc := range []struct {
 		name string
 		b    []byte
@@ -130,12 +131,41 @@ func TestCutTypeURLRefusesOtherBytes(t *testing.T) {
 		{"cut short", b[:at+5], at, "type.googleapis.com/x.Y"},
 		{"no body", b[:at+1], at, "type.googleapis.com/x.Y"},
 	} {
-		if _, _, _, ok := CutTypeURL(tc.b, tc.at, tc.url); ok {
+		if _, _, _, ok := CutTypeURL(tc.b, Body{at: tc.at, url: tc.url}); ok {
 			t.Errorf("%s: cut", tc.name)
 		}
 	}
+	if _, _, _, ok := CutTypeURL(b, Body{}); ok {
+		t.Error("the zero Body: cut")
+	}
 	rapid.Check(t, func(t *rapid.T) {
 		b := rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "bytes")
-		CutTypeURL(b, rapid.IntRange(-2, 70).Draw(t, "at"), rapid.String().Draw(t, "url"))
+		CutTypeURL(b, Body{at: rapid.IntRange(-2, 70).Draw(t, "at"), url: rapid.String().Draw(t, "url")})
 	})
+}
+
+// A type URL whose length is written in more bytes than it needs is valid
+// protobuf, but not what Append writes: CutTypeURL refuses it (and does
+// not slice past the URL it measured).
+func TestCutTypeURLRefusesALongerLengthOfTheURL(t *testing.T) {
+	const url = "t/a"
+	var body []byte
+	body = protowire.AppendTag(body, anyTypeURL, protowire.BytesType)
+	body = append(body, 0x83, 0x80, 0x80, 0x80, 0x00) // 3, in five bytes
+	body = append(body, url...)
+	body = protowire.AppendTag(body, anyValue, protowire.BytesType)
+	body = protowire.AppendBytes(body, []byte("v"))
+	var env []byte
+	env = protowire.AppendTag(env, envRecipient, protowire.BytesType)
+	env = protowire.AppendString(env, "r@n")
+	at := len(env)
+	env = protowire.AppendTag(env, envBody, protowire.BytesType)
+	env = protowire.AppendBytes(env, body)
+	var e pb.Envelope
+	if err := proto.Unmarshal(env, &e); err != nil || !proto.Equal(e.GetBody(), &anypb.Any{TypeUrl: url, Value: []byte("v")}) {
+		t.Fatalf("not the valid envelope meant: %v, %v", e.GetBody(), err)
+	}
+	if _, _, _, ok := CutTypeURL(env, Body{at: at, url: url}); ok {
+		t.Fatal("cut a type URL whose length Append would not write")
+	}
 }

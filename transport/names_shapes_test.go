@@ -1,0 +1,163 @@
+package transport_test
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/envcodec"
+	"github.com/meshnode/meshnode/internal/rawpeer"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/transport"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Many goroutines send named envelopes of many types (past the names
+// bounds, some URLs long) and full ones on the same lanes of a connection
+// whose queue bounds refuse many of them: every envelope b gets has the
+// type its value says, and the queue drains to nothing (a refused frame
+// leaves no name, room or bytes behind).
+func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
+	ca, r := newCA(t), newResolver()
+	cfg := testConfig(t, ca, "a")
+	cfg.SendQueueSize = 32
+	cfg.MaxFrameSize, cfg.SendQueueBytes = 64<<10, 128<<10
+	a := startNode(t, cfg, r, &recorder{})
+	var bad atomic.Value
+	var got atomic.Int64
+	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, _ func(*pb.Receipt)) {
+		got.Add(1)
+		v := string(env.GetBody().GetValue())
+		i := strings.IndexByte(v, '|')
+		if i < 0 || env.GetBody().GetTypeUrl() != v[:i] {
+			bad.Store(fmt.Sprintf("type %q, value %q", env.GetBody().GetTypeUrl(), v))
+		}
+	})
+	startNode(t, testConfig(t, ca, "b"), r, h)
+	ctx := ctxT(t, 60*time.Second)
+	var wg sync.WaitGroup
+	var ok, byBytes atomic.Int64
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 300 {
+				k := (g*7 + i) % 90
+				url := typeURL(k)
+				if k%11 == 0 {
+					url += strings.Repeat("L", 600) // a few use up the bytes bound
+				}
+				rcpt := fmt.Sprintf("r%d@b", (g+i)%3)
+				route, _ := envcodec.NewRoute("@a", rcpt, url)
+				val := []byte(url + "|" + strings.Repeat("x", (i*379)%12000))
+				wire, body := route.Append(nil, envcodec.Plain{ID: []byte(fmt.Sprintf("m-%d-%d", g, i)), Kind: pb.RpcMeta_EVENT, Value: val, TtlMs: 1000})
+				if g%4 == 3 {
+					body = transport.Body{}
+				}
+				var err error
+				for range 200 {
+					if err = a.SendEncoded(ctx, "b", rcpt, wire, body); !errors.Is(err, transport.ErrQueueFull) {
+						break
+					}
+					var qf *transport.QueueFullError
+					if errors.As(err, &qf) && qf.Unit == "bytes" {
+						byBytes.Add(1)
+					}
+					runtime.Gosched()
+				}
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case !errors.Is(err, transport.ErrQueueFull):
+					t.Errorf("send: %v", err)
+				}
+				clear(wire)
+			}
+		})
+	}
+	wg.Wait()
+	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return got.Load() == ok.Load() })
+	if v := bad.Load(); v != nil {
+		t.Fatalf("b received an envelope with the wrong type: %v", v)
+	}
+	waitCond(t, 15*time.Second, "the queue empty", func() bool {
+		frames, bytes := transport.Queued(a.Transport, "b")
+		return frames == 0 && bytes == 0
+	})
+	t.Logf("%d of %d accepted, %d refusals by bytes", ok.Load(), 16*300, byBytes.Load())
+}
+
+// Frames whose shape the fast path does not take (the body type before
+// the envelope, twice, past 32 bits, the body's Any with an unknown field,
+// the envelope split in two fields) are read as proto.Unmarshal reads
+// them, and the names apply to what it reads.
+func TestNamedFramesOfEveryShapeReadAsProtoReadsThem(t *testing.T) {
+	envBytes := func(id string, body []byte) []byte {
+		e, err := proto.Marshal(&pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: id, Sender: "@evil", Recipient: "x@srv"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body != nil {
+			e = protowire.AppendTag(e, 10, protowire.BytesType)
+			e = protowire.AppendBytes(e, body)
+		}
+		return e
+	}
+	val := protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), []byte("v"))
+	withUnknown := protowire.AppendVarint(protowire.AppendTag(append([]byte(nil), val...), 9, protowire.VarintType), 7)
+	envF := func(e []byte) []byte {
+		return protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), e)
+	}
+	bt := func(v uint64) []byte {
+		return protowire.AppendVarint(protowire.AppendTag(nil, 6, protowire.VarintType), v)
+	}
+	frame := func(parts ...[]byte) []byte {
+		var b []byte
+		for _, p := range parts {
+			b = append(b, p...)
+		}
+		return protowire.AppendBytes(nil, b)
+	}
+	name := func(ref uint32, url string) []byte {
+		b, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_TypeName{TypeName: &pb.TypeName{Ref: ref, Url: url}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	ca, srv, good, rec := hostileSetup(t, nil)
+	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
+	s := evil.Lane(t)
+	stream := [][]byte{
+		name(1, "t/a"), name(2, "t/b"),
+		frame(bt(2), envF(envBytes("before", val))),                         // body type first: t/b
+		frame(envF(envBytes("twice", val)), bt(1), bt(2)),                   // last wins: t/b
+		frame(envF(envBytes("wide", val)), bt(1<<32|1)),                     // uint32 truncation: t/a
+		frame(envF(envBytes("unknown", withUnknown)), bt(1)),                // Any with an unknown field: t/a
+		frame(envF(envBytes("split", nil)), bt(2), envF(envBytes("", val))), // envelope merged: t/b
+	}
+	want := []string{"before:t/b", "twice:t/b", "wide:t/a", "unknown:t/a", "split:t/b"}
+	for _, b := range stream {
+		if _, err := s.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCond(t, 5*time.Second, "evil's envelopes", func() bool { return rec.count.Load() >= int64(1+len(want)) })
+	got, _ := rec.snapshot()
+	var gotS []string
+	for _, e := range got[1:] {
+		gotS = append(gotS, e.GetMsgId()+":"+e.GetBody().GetTypeUrl())
+	}
+	if fmt.Sprint(gotS) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", gotS, want)
+	}
+	if b := got[4].GetBody(); len(b.ProtoReflect().GetUnknown()) == 0 || !proto.Equal(&anypb.Any{TypeUrl: "t/a", Value: []byte("v")}, &anypb.Any{TypeUrl: b.TypeUrl, Value: b.Value}) {
+		t.Fatalf("unknown: body %v", b)
+	}
+	assertGoodPeerWorks(t, srv, good)
+}
