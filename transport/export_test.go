@@ -67,9 +67,6 @@ func DecodeControlFrame(b []byte) (*pb.Receipt, any, error) { return decodeContr
 // DecodeReceiptFast exposes the receipt decoder's fast path alone.
 func DecodeReceiptFast(b []byte) (*pb.Receipt, bool) { return decodeReceiptFast(b) }
 
-// DecodeEnvelopeFrame exposes the lane streams' frame decoder.
-func DecodeEnvelopeFrame(b []byte) (*pb.Envelope, any, error) { return decodeEnvelopeFrame(b) }
-
 // ReadBytesInUse returns the bytes of frames being read on t's connection
 // from node (0 without one).
 func ReadBytesInUse(t *Transport, node string) int64 {
@@ -82,9 +79,10 @@ func ReadBytesInUse(t *Transport, node string) int64 {
 	return p.conn.reads.inUse()
 }
 
-// DecodeEnvelopeFrameOwned exposes the frame decoder with its owned mode.
-func DecodeEnvelopeFrameOwned(b []byte, owned bool) (*pb.Envelope, any, error) {
-	return decodeEnvelopeFrameOwned(b, owned)
+// DecodeEnvelopeFrameOwned exposes the lane streams' frame decoder with
+// its owned mode.
+func DecodeEnvelopeFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType uint32, other any, err error) {
+	return decodeNamedFrameOwned(b, owned)
 }
 
 // CheckEnvelopeLimits exposes the header pre-check.

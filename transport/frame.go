@@ -137,12 +137,6 @@ func (s *streamReader) readControlFrame() (rc *pb.Receipt, other any, n int, err
 	return rc, other, n, err
 }
 
-// decodeEnvelopeFrame decodes the bytes of one pb.Frame that should hold an
-// envelope; see readEnvelopeFrame.
-func decodeEnvelopeFrame(b []byte) (env *pb.Envelope, other any, err error) {
-	return decodeEnvelopeFrameOwned(b, false)
-}
-
 // envelopeFields returns the envelope and the body type of the bytes of
 // a pb.Frame that hold exactly one envelope field and, after it, at most
 // one body type field of a varint that fits 32 bits, nothing else.
@@ -170,19 +164,10 @@ func envelopeFields(b []byte) (env []byte, bodyType uint32, ok bool) {
 	return v, uint32(x), true
 }
 
-// envelopeField returns the envelope of the bytes of a pb.Frame that hold
-// exactly one envelope field, nothing else.
-func envelopeField(b []byte) ([]byte, bool) {
-	if num, typ, tn := protowire.ConsumeTag(b); tn > 0 && num == frameFieldEnvelope && typ == protowire.BytesType {
-		if v, vn := protowire.ConsumeBytes(b[tn:]); vn > 0 && tn+vn == len(b) {
-			return v, true
-		}
-	}
-	return nil, false
-}
-
-// decodeNamedFrameOwned is decodeEnvelopeFrameOwned for a frame of a lane
-// stream, which may also say its body's type by ref (bodyType).
+// decodeNamedFrameOwned decodes the bytes of one pb.Frame of a lane
+// stream, which should hold an envelope and may say its body's type by ref
+// (bodyType); a frame of another kind returns its kind in other. owned
+// says b is the frame's own buffer (see decodeEnvelopeOwned).
 func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType uint32, other any, err error) {
 	if v, bt, ok := envelopeFields(b); ok {
 		env, err := decodeEnvelopeOwned(v, owned)
@@ -202,24 +187,4 @@ func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType uin
 		return nil, 0, nil, fmt.Errorf("%w: a body type on a frame without an envelope", ErrBadFrame)
 	}
 	return nil, 0, f.Kind, nil
-}
-
-// decodeEnvelopeFrameOwned is decodeEnvelopeFrame; owned says b is the
-// frame's own buffer (see decodeEnvelopeOwned).
-func decodeEnvelopeFrameOwned(b []byte, owned bool) (env *pb.Envelope, other any, err error) {
-	if v, ok := envelopeField(b); ok {
-		env, err := decodeEnvelopeOwned(v, owned)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
-		}
-		return env, nil, nil
-	}
-	var f pb.Frame
-	if err := proto.Unmarshal(b, &f); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
-	}
-	if env := f.GetEnvelope(); env != nil {
-		return env, nil, nil
-	}
-	return nil, f.Kind, nil
 }

@@ -183,7 +183,8 @@ func TestAppendMsgFrameTooLarge(t *testing.T) {
 }
 
 // checkDecodeEnvelopeFrame: the fast decoder must agree with proto.Unmarshal
-// of a pb.Frame on every input: same error-ness, same envelope, same kind.
+// of a pb.Frame on every input: same error-ness, same envelope and body
+// type, same kind (and a body type on a frame without an envelope is bad).
 func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 	t.Helper()
 	checkDecodeEnvelopeFrameMode(t, b, false)
@@ -205,9 +206,12 @@ func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 
 func checkDecodeEnvelopeFrameMode(t *testing.T, b []byte, owned bool) *pb.Envelope {
 	t.Helper()
-	env, other, err := transport.DecodeEnvelopeFrameOwned(b, owned)
+	env, bodyType, other, err := transport.DecodeEnvelopeFrameOwned(b, owned)
 	var f pb.Frame
 	ref := proto.Unmarshal(b, &f)
+	if ref == nil && f.GetEnvelope() == nil && f.GetBodyType() != 0 {
+		ref = errors.New("a body type on a frame without an envelope")
+	}
 	if (err != nil) != (ref != nil) {
 		t.Fatalf("fast err %v, reference err %v", err, ref)
 	}
@@ -218,8 +222,8 @@ func checkDecodeEnvelopeFrameMode(t *testing.T, b []byte, owned bool) *pb.Envelo
 		return nil
 	}
 	if want := f.GetEnvelope(); want != nil {
-		if env == nil || !proto.Equal(env, want) {
-			t.Fatalf("fast decoder (owned %v) gave %v, reference %v", owned, env, want)
+		if env == nil || !proto.Equal(env, want) || bodyType != f.GetBodyType() {
+			t.Fatalf("fast decoder (owned %v) gave %v of body type %d, reference %v of %d", owned, env, bodyType, want, f.GetBodyType())
 		}
 		return env
 	}

@@ -20,8 +20,8 @@ import (
 // that says no type and a Frame.body_type of ref; the receiver puts the
 // URL back before anything else sees the envelope. Refs go from 1 up,
 // each named once, at most maxNames per stream and maxNameBytes of URLs;
-// a type past either is sent in full, as to a peer
-// whose Hello does not list FeatureTypeNames (an older one). A receiver
+// a type past either is sent in full, as to a peer whose Hello does not
+// list FeatureTypeNames (an older one). A receiver
 // closes the connection on a ref it was not given, a ref named twice or
 // out of order, a name past the bounds, or a named envelope whose body is
 // missing or carries a type of its own: it is a peer's bug or its attack,
