@@ -5,7 +5,9 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
@@ -107,6 +109,13 @@ func TestMessageAtTheWatermarkRefusedForRoomStillShowsADivergedSender(t *testing
 	}
 	close(release)
 	released = true
+	// The tell that filled the mailbox runs once the handler is free; Close
+	// does not wait for what is queued.
+	testutil.WaitFor(t, 10*time.Second, "fill ran", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(ran, "fill")
+	})
 	later := stringEnv(t, 2, 1, "c")
 	later.MsgId += "-again"
 	if c := rs.deliverWait(t, n, later).GetCode(); c != pb.Receipt_DIVERGED {
