@@ -94,12 +94,14 @@
 //     what they accept is exactly what proto.Unmarshal accepts (fuzzed).
 //   - Body types are named once per lane stream (names.go). A peer whose
 //     Hello lists FeatureTypeNames reads TypeName frames (ref → type URL)
-//     on its lane streams; an envelope a node encoded itself (SendEncoded
-//     with a Body) then goes with a body that says no type and
+//     on its lane streams; an envelope (one a node encoded itself with
+//     SendEncoded and a Body, or any the codec writes for Send, Request
+//     and RequestBatch) then goes with a body that says no type and
 //     Frame.body_type = ref, and the receiver puts the URL back before
 //     anything else sees the envelope. A tell of 128 bytes goes from 242
 //     to 196 bytes on the wire. Up to 64 types and 4 KiB of their URLs
-//     per stream; others, and everything sent to an older peer, go in full.
+//     per stream; others, forwarded envelopes, and everything sent to an
+//     older peer, go in full.
 //     A bad name or ref closes the connection (CodeProtocol).
 //   - Envelopes have a hand-written codec (envcodec.go), because the
 //     generated one was a fifth of the receiver's CPU. The encoder writes

@@ -99,6 +99,11 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	if len(envs) > 1 {
 		out = slices.Grow(out, int(least)+16*len(envs)) // each with its frame length, tag and envelope length
 	}
+	if c.names {
+		var err error
+		eb.b, err = l.enqueueNamed(out, envs)
+		return err
+	}
 	large := 0
 	for _, env := range envs {
 		var err error
@@ -114,6 +119,40 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}
 	eb.b = out
 	return l.push(out, nil, k, large)
+}
+
+// enqueueNamed is enqueueEnvelopes to a peer that takes names: it
+// encodes envs into out without their frames' heads, which pushEnvelopes
+// writes, naming the bodies' types. It returns out grown, for reuse.
+func (l *lane) enqueueNamed(out []byte, envs []*pb.Envelope) ([]byte, error) {
+	c := l.c
+	var one [1]encodedEnv
+	run := one[:0]
+	if len(envs) > 1 {
+		run = make([]encodedEnv, 0, len(envs))
+	}
+	for _, env := range envs {
+		at := len(out)
+		var where Body
+		var err error
+		if sz, ok := envcodec.Size(env); ok {
+			out, where = envcodec.AppendBody(out, env, sz)
+			if len(out)-at != sz.Total {
+				err = errors.New("transport: encode frame: size changed during encoding (envelope modified concurrently?)")
+			}
+		} else if out, err = (proto.MarshalOptions{}).MarshalAppend(out, env); err != nil {
+			err = fmt.Errorf("transport: encode frame: %w", err)
+		}
+		if inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(out)-at); err == nil && inner > c.maxFrame {
+			err = fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, inner, c.maxFrame)
+		}
+		if err != nil {
+			c.queued.Add(-int64(len(envs)))
+			return out, fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
+		}
+		run = append(run, encodedEnv{from: at, to: len(out), body: where})
+	}
+	return out, l.pushEnvelopes(out, run)
 }
 
 // enqueueEncoded queues the frame of one envelope already encoded (env,
@@ -134,11 +173,7 @@ func (l *lane) enqueueEncoded(env []byte, body Body) error {
 		return c.full(cur, "bytes", cur+int64(len(env))-max)
 	}
 	if c.names && body.TypeURL() != "" {
-		if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, body); ok {
-			if done, err := l.pushNamed(head, bodyLen, tail, body.TypeURL()); done {
-				return err
-			}
-		}
+		return l.pushEnvelopes(env, []encodedEnv{{to: len(env), body: body}})
 	}
 	var hb [2 * binary.MaxVarintLen64]byte
 	head := protowire.AppendVarint(hb[:0], uint64(inner))

@@ -27,8 +27,11 @@ import (
 // missing or carries a type of its own: it is a peer's bug or its attack,
 // and nothing of it could be trusted.
 //
-// Only envelopes the node encodes itself take names (SendEncoded with a
-// Body); the rest, forwarded and reliable ones among them, go in full.
+// Every envelope the codec writes takes names: those a sender encodes
+// itself (SendEncoded with a Body) and those of Send, Request and
+// RequestBatch (asks, replies, the outbox's emissions), a run of them
+// named under one hold of the lane lock (pushEnvelopes). Envelopes the
+// codec leaves to proto (forwarded ones, with their origin) go in full.
 
 // FeatureTypeNames is the Hello feature of a node that reads named body
 // types on its lane streams.
@@ -56,92 +59,188 @@ const (
 // Body sends the bytes as they are.
 type Body = envcodec.Body
 
-// pushNamed queues the frame of an envelope whose body's type URL url was
-// cut out (head, then the body's new length bodyLen, then tail: see
-// envcodec.CutTypeURL), naming url on the lane's stream first if it was
-// not yet. The caller reserved the frame's room (reserve). done is false,
-// with nothing queued and the room still reserved, when url cannot be
-// named (the stream's names are used up, or url is too long): the caller
-// sends the envelope in full.
-func (l *lane) pushNamed(head []byte, bodyLen uint64, tail []byte, url string) (done bool, err error) {
+// encodedEnv is one envelope of a run pushEnvelopes queues: encoded in
+// the run's buffer at [from, to), with where its body is (the zero Body:
+// sent as it is). pushEnvelopes fills the rest, under the lane lock.
+type encodedEnv struct {
+	from, to int
+	body     Body
+
+	ref        uint32 // the body type's ref on the stream; 0: sent in full
+	fresh      bool   // ref is named by this frame's run, before it
+	head, tail []byte // the envelope around its body's type URL (envcodec.CutTypeURL)
+	bodyLen    uint64
+}
+
+// frameSize is the bytes e's frame takes on the stream: with its naming
+// frame when it names its type.
+func (e *encodedEnv) frameSize() int {
+	if e.ref == 0 {
+		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.to-e.from)
+		return protowire.SizeVarint(uint64(inner)) + inner
+	}
+	inner := e.namedInner()
+	n := protowire.SizeVarint(uint64(inner)) + inner
+	if e.fresh {
+		n += typeNameSize(e.ref, len(e.body.TypeURL()))
+	}
+	return n
+}
+
+// namedInner is the length of e's frame without its length prefix, when
+// it names its type: never more than in full (the type URL field it
+// leaves out takes at least 3 bytes, its body_type field 2).
+func (e *encodedEnv) namedInner() int {
+	envLen := len(e.head) + protowire.SizeVarint(e.bodyLen) + len(e.tail)
+	return protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(envLen) +
+		protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(e.ref))
+}
+
+// pushEnvelopes queues the frames of the envelopes run, encoded in enc,
+// as one run: nothing of another sender between them, and all of them or
+// none refused (the byte bound, a closed connection). The caller
+// reserved their room (reserve); a refusal gives it back. A body whose
+// type can be named on the lane's stream (the peer takes names, and the
+// stream's names are not used up) is sent with its type's ref, the type
+// named first the first time; the others go in full.
+func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	c := l.c
+	k := int64(len(run))
 	l.mu.Lock()
 	if l.finished != nil || c.isClosedFast() {
 		l.mu.Unlock()
-		c.queued.Add(-1)
-		return true, fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
+		c.queued.Add(-k)
+		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
-	ref, fresh := l.names[url], false
-	if ref == 0 {
-		if len(l.names) >= maxNames || l.nameBytes+len(url) > maxNameBytes {
-			l.mu.Unlock()
-			return false, nil
+	// The names first, then the bound, then the bytes: a refused run
+	// takes its names back (a later ref must follow the last one written).
+	var size int64
+	named := 0
+	for i := range run {
+		e := &run[i]
+		e.ref, e.fresh = 0, false
+		if c.names {
+			l.name(e, enc[e.from:e.to])
 		}
-		if l.names == nil {
-			l.names = make(map[string]uint32)
+		if e.fresh {
+			named++
 		}
-		ref, fresh = uint32(len(l.names)+1), true
-	}
-	envLen := len(head) + protowire.SizeVarint(bodyLen) + len(tail)
-	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(envLen) +
-		protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(ref))
-	if inner > c.maxFrame {
-		l.mu.Unlock()
-		c.queued.Add(-1)
-		return true, fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, inner, c.maxFrame)
-	}
-	var def [32]byte
-	var name []byte
-	if fresh {
-		name = appendTypeNameHead(def[:0], ref, len(url))
-	}
-	size := int64(len(name) + protowire.SizeVarint(uint64(inner)) + inner)
-	if fresh {
-		size += int64(len(url))
+		size += int64(e.frameSize())
 	}
 	cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes)
 	if cur > max && cur != size {
+		// Over the byte bound, unless the queue was empty: one frame up
+		// to MaxFrameSize always fits (Validate keeps SendQueueBytes
+		// above it).
+		for i := range run {
+			if e := &run[i]; e.fresh {
+				delete(l.names, e.body.TypeURL())
+				l.nameBytes -= len(e.body.TypeURL())
+			}
+		}
 		l.mu.Unlock()
 		c.qbytes.Add(-size)
-		c.queued.Add(-1)
-		return true, c.full(cur-size, "bytes", cur-max)
+		c.queued.Add(-k)
+		return c.full(cur-size, "bytes", cur-max)
 	}
-	if fresh {
-		l.names[url] = ref
-		l.nameBytes += len(url)
-		l.named++
-		l.appendLocked(name)
-		l.appendLocked([]byte(url))
+	for i := range run {
+		l.appendFrameLocked(&run[i], enc)
 	}
-	var hb [32]byte
-	h := protowire.AppendVarint(hb[:0], uint64(inner))
-	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
-	h = protowire.AppendVarint(h, uint64(envLen))
-	l.appendLocked(h)
-	l.appendLocked(head)
-	l.appendLocked(protowire.AppendVarint(hb[:0], bodyLen))
-	l.appendLocked(tail)
-	t := protowire.AppendTag(hb[:0], frameFieldBodyType, protowire.VarintType)
-	l.appendLocked(protowire.AppendVarint(t, uint64(ref)))
-	l.n++
-	if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
-		l.large++
-	}
+	l.n += int(k)
+	l.named += named
 	l.mu.Unlock()
 	if cur == size {
+		// The queue was empty: its wait starts now, not at the last write.
 		c.progress.Store(time.Now().UnixNano())
 	}
 	c.noteQueue()
 	l.signal()
-	return true, nil
+	return nil
+}
+
+// name gives e, whose envelope is env, its body type's ref on the lane's
+// stream, naming the type when it is new and the stream's names have
+// room; e keeps ref 0 (in full) otherwise. Called with l.mu held.
+func (l *lane) name(e *encodedEnv, env []byte) {
+	url := e.body.TypeURL()
+	if url == "" {
+		return
+	}
+	head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body)
+	if !ok {
+		return
+	}
+	ref := l.names[url]
+	if ref == 0 {
+		if len(l.names) >= maxNames || l.nameBytes+len(url) > maxNameBytes {
+			return
+		}
+		if l.names == nil {
+			l.names = make(map[string]uint32)
+		}
+		ref = uint32(len(l.names) + 1)
+		l.names[url] = ref
+		l.nameBytes += len(url)
+		e.fresh = true
+	}
+	e.ref, e.head, e.bodyLen, e.tail = ref, head, bodyLen, tail
+}
+
+// appendFrameLocked appends e's frame (enc holds its envelope), after
+// the frame naming its type when e names it. Called with l.mu held.
+func (l *lane) appendFrameLocked(e *encodedEnv, enc []byte) {
+	var hb [32]byte
+	if e.ref == 0 {
+		env := enc[e.from:e.to]
+		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
+		h := protowire.AppendVarint(hb[:0], uint64(inner))
+		h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
+		l.appendLocked(protowire.AppendVarint(h, uint64(len(env))))
+		l.appendLocked(env)
+		if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
+			l.large++
+		}
+		return
+	}
+	if e.fresh {
+		url := e.body.TypeURL()
+		l.appendLocked(appendTypeNameHead(hb[:0], e.ref, len(url)))
+		l.appendLocked([]byte(url))
+	}
+	inner := e.namedInner()
+	envLen := len(e.head) + protowire.SizeVarint(e.bodyLen) + len(e.tail)
+	h := protowire.AppendVarint(hb[:0], uint64(inner))
+	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
+	l.appendLocked(protowire.AppendVarint(h, uint64(envLen)))
+	l.appendLocked(e.head)
+	l.appendLocked(protowire.AppendVarint(hb[:0], e.bodyLen))
+	l.appendLocked(e.tail)
+	t := protowire.AppendTag(hb[:0], frameFieldBodyType, protowire.VarintType)
+	l.appendLocked(protowire.AppendVarint(t, uint64(e.ref)))
+	if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
+		l.large++
+	}
+}
+
+// typeNameSizes are the lengths of the TypeName naming ref, a URL of
+// urlLen bytes, and of its frame without the frame's length prefix.
+func typeNameSizes(ref uint32, urlLen int) (tn, inner int) {
+	tn = protowire.SizeTag(typeNameFieldRef) + protowire.SizeVarint(uint64(ref)) +
+		protowire.SizeTag(typeNameFieldURL) + protowire.SizeBytes(urlLen)
+	return tn, protowire.SizeTag(frameFieldTypeName) + protowire.SizeBytes(tn)
+}
+
+// typeNameSize is the bytes the frame naming ref, a URL of urlLen bytes,
+// takes on the stream.
+func typeNameSize(ref uint32, urlLen int) int {
+	_, inner := typeNameSizes(ref, urlLen)
+	return protowire.SizeVarint(uint64(inner)) + inner
 }
 
 // appendTypeNameHead appends the frame naming ref, a URL of urlLen bytes,
 // up to the URL's own bytes, which follow it.
 func appendTypeNameHead(b []byte, ref uint32, urlLen int) []byte {
-	tn := protowire.SizeTag(typeNameFieldRef) + protowire.SizeVarint(uint64(ref)) +
-		protowire.SizeTag(typeNameFieldURL) + protowire.SizeBytes(urlLen)
-	inner := protowire.SizeTag(frameFieldTypeName) + protowire.SizeBytes(tn)
+	tn, inner := typeNameSizes(ref, urlLen)
 	b = protowire.AppendVarint(b, uint64(inner))
 	b = protowire.AppendTag(b, frameFieldTypeName, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(tn))

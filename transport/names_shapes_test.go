@@ -92,6 +92,95 @@ func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
 	t.Logf("%d of %d accepted, %d refusals by bytes", ok.Load(), 16*300, byBytes.Load())
 }
 
+// Runs of whole envelopes (RequestBatch, as the outbox emits them) of
+// many types share a small queue with single sends: a run the byte bound
+// refuses is refused whole and leaves no name behind, so every envelope b
+// gets has the type its value says, each accepted run arrives whole, and
+// the queue drains to nothing.
+func TestRunsOfNamedEnvelopesShareASmallQueue(t *testing.T) {
+	ca, r := newCA(t), newResolver()
+	cfg := testConfig(t, ca, "a")
+	cfg.SendQueueSize = 64
+	cfg.MaxFrameSize, cfg.SendQueueBytes = 64<<10, 128<<10
+	a := startNode(t, cfg, r, &recorder{})
+	var bad atomic.Value
+	var got atomic.Int64
+	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+		got.Add(1)
+		v := string(env.GetBody().GetValue())
+		i := strings.IndexByte(v, '|')
+		if i < 0 || env.GetBody().GetTypeUrl() != v[:i] {
+			bad.Store(fmt.Sprintf("type %q, value %q", env.GetBody().GetTypeUrl(), v))
+		}
+		if reply != nil {
+			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
+		}
+	})
+	startNode(t, testConfig(t, ca, "b"), r, h)
+	ctx := ctxT(t, 90*time.Second)
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 60 {
+				rcpt := fmt.Sprintf("r%d@b", (g+i)%3)
+				run := make([]*pb.Envelope, 1+(g*13+i*7)%30)
+				for j := range run {
+					// New types all along (one more every run, 62 in
+					// all: within the names bound), while the queue is
+					// contended.
+					k := i + j%3
+					url := typeURL(k)
+					if k%20 == 0 {
+						url += strings.Repeat("L", 600) // long ones too
+					}
+					run[j] = &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("m-%d-%d-%d", g, i, j), Sender: "@a", Recipient: rcpt,
+						Body: &anypb.Any{TypeUrl: url, Value: []byte(url + "|" + strings.Repeat("x", (i*379+j*97)%9000))}, Receipt: pb.Envelope_RECEIPT_PROCESSED}
+				}
+				single := g%2 == 1 && len(run) == 1
+				if single {
+					run[0].Receipt = pb.Envelope_RECEIPT_NONE
+				}
+				var err error
+				for range 200 {
+					if single {
+						err = a.Send(ctx, "b", run[0]) // a single send among the runs
+					} else {
+						_, err = a.RequestBatch(ctx, "b", run)
+					}
+					if !errors.Is(err, transport.ErrQueueFull) {
+						break
+					}
+					refused.Add(1)
+					runtime.Gosched()
+				}
+				switch {
+				case err == nil:
+					ok.Add(int64(len(run)))
+				case !errors.Is(err, transport.ErrQueueFull):
+					t.Errorf("send: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return got.Load() >= ok.Load() })
+	if v := bad.Load(); v != nil {
+		t.Fatalf("b received an envelope with the wrong type: %v", v)
+	}
+	if got.Load() != ok.Load() {
+		t.Fatalf("b got %d envelopes, %d were accepted: a refused run was partly sent", got.Load(), ok.Load())
+	}
+	waitCond(t, 15*time.Second, "the queue empty", func() bool {
+		frames, bytes := transport.Queued(a.Transport, "b")
+		return frames == 0 && bytes == 0
+	})
+	if refused.Load() == 0 {
+		t.Fatal("no run was refused: the test did not fill the queue")
+	}
+	t.Logf("%d envelopes accepted, %d refusals", ok.Load(), refused.Load())
+}
+
 // Frames whose shape the fast path does not take (the body type before
 // the envelope, twice, past 32 bits, the body's Any with an unknown field,
 // the envelope split in two fields) are read as proto.Unmarshal reads

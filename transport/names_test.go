@@ -107,6 +107,98 @@ func TestBodyTypesNamedOncePerStream(t *testing.T) {
 	}
 }
 
+// richEnvelopes returns n envelopes from @a to sink@b of the shapes the
+// node sends (headers, an RpcMeta, a body of one of three types, a body
+// without a type or without a value, no body), asking a receipt when
+// receipt says so.
+func richEnvelopes(n int, receipt bool) []*pb.Envelope {
+	envs := make([]*pb.Envelope, n)
+	for i := range envs {
+		env := &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("e-%d", i), Sender: "@a", Recipient: "sink@b",
+			CreatedAtUnixMs: int64(i), Sequence: uint64(i + 1), TtlMs: 500}
+		switch i % 7 {
+		case 5:
+			env.Body = &anypb.Any{Value: []byte("no type")}
+		case 6:
+		default:
+			env.Body = &anypb.Any{TypeUrl: typeURL(i % 3), Value: []byte(fmt.Sprintf("value %d", i))}
+		}
+		if i%4 == 0 && env.Body != nil {
+			env.Body.TypeUrl = typeURL(i % 3) // a body without a value
+			env.Body.Value = nil
+		}
+		if i%3 == 0 {
+			env.Headers = map[string]string{"trace": fmt.Sprint(i), "a": "b"}
+		}
+		if i%2 == 0 {
+			env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_REQUEST, CorrelationId: fmt.Sprintf("c-%d", i), ReplyTo: "r@a"}
+		}
+		if receipt {
+			env.Receipt = pb.Envelope_RECEIPT_PROCESSED
+		}
+		envs[i] = env
+	}
+	return envs
+}
+
+// sendEveryWay sends richEnvelopes from a to b with each of the
+// transport's sends of whole envelopes: Send, Request one at a time, and
+// RequestBatch in runs of 25. It checks that b got them as sent, in order,
+// and returns the bytes a wrote to b and the envelopes whose body has a type.
+func sendEveryWay(t *testing.T, a, b *node, rec *recorder) (bytes uint64, typed int) {
+	t.Helper()
+	ctx := ctxT(t, 20*time.Second)
+	before, had := a.PeerStats()["b"], rec.count.Load()
+	tells, asks := richEnvelopes(70, false), richEnvelopes(200, true)
+	for _, env := range tells {
+		if err := a.Send(ctx, "b", env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, env := range asks[:30] {
+		if _, err := a.Request(ctx, "b", env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 30; i < len(asks); i += 25 {
+		if _, err := a.RequestBatch(ctx, "b", asks[i:min(i+25, len(asks))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := append(tells, asks...)
+	waitCond(t, 20*time.Second, "every envelope at b", func() bool { return rec.count.Load() == had+int64(len(sent)) })
+	got, _ := rec.snapshot()
+	got = got[had:]
+	for i := range sent {
+		if !proto.Equal(got[i], sent[i]) {
+			t.Fatalf("envelope %d arrived as %v, sent %v", i, got[i], sent[i])
+		}
+		if sent[i].GetBody().GetTypeUrl() != "" {
+			typed++
+		}
+	}
+	waitCond(t, 5*time.Second, "a's counters", func() bool {
+		out, in := a.PeerStats()["b"], b.PeerStats()["a"]
+		return out.BytesOut == in.BytesIn && out.FramesOut == in.FramesIn
+	})
+	return a.PeerStats()["b"].BytesOut - before.BytesOut, typed
+}
+
+// Whole envelopes (tells, requests, runs of requests: what asks, replies
+// and the outbox's emissions send) name their body types too, and arrive
+// as sent; a peer without names gets them in full.
+func TestEverySendNamesItsBodyTypes(t *testing.T) {
+	a, b, rec := typedPair(t, false)
+	named, typed := sendEveryWay(t, a, b, rec)
+	a2, b2, rec2 := typedPair(t, true)
+	full, _ := sendEveryWay(t, a2, b2, rec2)
+	u := len(typeURL(0))
+	if saved, least := int(full)-int(named), typed*(u+2-2-1)-3*(u+12); saved < least {
+		t.Fatalf("named: %d bytes, in full: %d; saved %d, want at least %d (%d typed bodies)", named, full, saved, least, typed)
+	}
+	t.Logf("%d typed bodies of 270: %d bytes named, %d in full", typed, named, full)
+}
+
 // More types than a stream names go in full past the bound, and arrive
 // as sent.
 func TestBodyTypesPastTheNamesBoundGoInFull(t *testing.T) {

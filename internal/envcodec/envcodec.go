@@ -183,6 +183,15 @@ func MapEntrySize(k, v string) int {
 // in field-number order, as proto.Marshal writes them; headers in sorted key
 // order (proto.Marshal's own order is random, Deterministic sorts them too).
 func Append(b []byte, env *pb.Envelope, sz Sizes) []byte {
+	b, _ = AppendBody(b, env, sz)
+	return b
+}
+
+// AppendBody is Append that also says where in out env's body is, and its
+// type, for CutTypeURL: the zero Body when env has no body or its body
+// no type.
+func AppendBody(b []byte, env *pb.Envelope, sz Sizes) (out []byte, where Body) {
+	start := len(b)
 	b = appendVarintField(b, envProtocolVersion, uint64(env.ProtocolVersion))
 	b = appendStr(b, envMsgID, env.MsgId)
 	b = appendStr(b, envIdempotencyKey, env.IdempotencyKey)
@@ -207,6 +216,9 @@ func Append(b []byte, env *pb.Envelope, sz Sizes) []byte {
 		}
 	}
 	if body := env.Body; body != nil {
+		if body.TypeUrl != "" {
+			where = Body{at: len(b) - start, url: body.TypeUrl}
+		}
 		b = protowire.AppendTag(b, envBody, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sz.body))
 		b = appendStr(b, anyTypeURL, body.TypeUrl)
@@ -233,7 +245,7 @@ func Append(b []byte, env *pb.Envelope, sz Sizes) []byte {
 	b = appendVarintField(b, envStreamEpoch, env.StreamEpoch)
 	b = appendStr(b, envCoalesceKey, env.CoalesceKey)
 	b = appendVarintField(b, envTTL, uint64(env.TtlMs))
-	return b
+	return b, where
 }
 
 func appendHeader(b []byte, k, v string) []byte {

@@ -47,9 +47,10 @@ type Plain struct {
 	TtlMs           int64
 }
 
-// Body says where the body field of an envelope Route.Append wrote
-// begins, and its type URL: what CutTypeURL cuts. Only Append makes one,
-// for the bytes it returned; the zero Body says nothing.
+// Body says where the body field of an envelope Route.Append or
+// AppendBody wrote begins (from the envelope's first byte), and its type
+// URL: what CutTypeURL cuts. Only those encoders make one, for the bytes
+// they wrote; the zero Body says nothing.
 type Body struct {
 	at  int
 	url string
@@ -61,8 +62,9 @@ func (b Body) TypeURL() string { return b.url }
 // Append appends the encoding of the envelope {ProtocolVersion, MsgId:
 // p.ID, Sender, Recipient, CreatedAtUnixMs, Body: {TypeUrl, p.Value},
 // Rpc: {Kind}, TtlMs} to b, as the package's Append writes it, and says
-// where in out its body is (for CutTypeURL).
+// where in it its body is (for CutTypeURL).
 func (r *Route) Append(b []byte, p Plain) (out []byte, where Body) {
+	start := len(b)
 	b = appendVarintField(b, envProtocolVersion, uint64(pb.ProtocolVersion))
 	if len(p.ID) > 0 {
 		b = protowire.AppendTag(b, envMsgID, protowire.BytesType)
@@ -74,7 +76,7 @@ func (r *Route) Append(b []byte, p Plain) (out []byte, where Body) {
 	if len(p.Value) > 0 {
 		body += 1 + protowire.SizeBytes(len(p.Value))
 	}
-	where = Body{at: len(b), url: r.typeURL}
+	where = Body{at: len(b) - start, url: r.typeURL}
 	b = protowire.AppendTag(b, envBody, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(body))
 	b = append(b, r.url...)
@@ -88,7 +90,7 @@ func (r *Route) Append(b []byte, p Plain) (out []byte, where Body) {
 	return appendVarintField(b, envTTL, uint64(p.TtlMs)), where
 }
 
-// CutTypeURL splits env, the envelope Route.Append wrote with body, around
+// CutTypeURL splits env, the envelope an encoder wrote with body, around
 // the body's type URL: the same envelope with a body that says no type is
 // head, then bodyLen as a varint, then tail. ok is false, and nothing else
 // set, for the zero Body, and when env does not hold, where body says, a

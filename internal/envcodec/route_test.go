@@ -43,8 +43,8 @@ func TestRouteMatchesAppend(t *testing.T) {
 		if !bytes.Equal(got[:2], prefix) {
 			t.Fatal("Append overwrote what b held")
 		}
-		cutsAsUnnamed(t, got, body, env)
 		got = got[2:]
+		cutsAsUnnamed(t, got, body, env)
 		sz, ok := Size(env)
 		if !ok {
 			t.Fatal("Size refused the envelope")
@@ -81,9 +81,8 @@ func TestRouteRefusesInvalidUTF8(t *testing.T) {
 	}
 }
 
-// cutsAsUnnamed checks that CutTypeURL around body in b, two bytes and
-// then the encoding of env, gives those bytes and the encoding of env with
-// a body that says no type.
+// cutsAsUnnamed checks that CutTypeURL around body in b, the encoding of
+// env, gives the encoding of env with a body that says no type.
 func cutsAsUnnamed(t *rapid.T, b []byte, body Body, env *pb.Envelope) {
 	head, bodyLen, tail, ok := CutTypeURL(b, body)
 	if env.GetBody().GetTypeUrl() == "" {
@@ -98,7 +97,7 @@ func cutsAsUnnamed(t *rapid.T, b []byte, body Body, env *pb.Envelope) {
 	if _, _, _, ok := CutTypeURL(b, Body{at: body.at, url: body.url + "x"}); ok {
 		t.Fatal("CutTypeURL cut another type URL than the body's")
 	}
-	cut := protowire.AppendVarint(bytes.Clone(head[2:]), bodyLen)
+	cut := protowire.AppendVarint(bytes.Clone(head), bodyLen)
 	cut = append(cut, tail...)
 	unnamed := proto.Clone(env).(*pb.Envelope)
 	unnamed.Body.TypeUrl = ""
@@ -168,4 +167,57 @@ func TestCutTypeURLRefusesALongerLengthOfTheURL(t *testing.T) {
 	if _, _, _, ok := CutTypeURL(env, Body{at: at, url: url}); ok {
 		t.Fatal("cut a type URL whose length Append would not write")
 	}
+}
+
+// AppendBody writes what Append writes and says where the body is, from
+// the envelope's first byte, whatever b held before: around it CutTypeURL
+// gives the envelope without its type, for envelopes of every field.
+func TestAppendBodyCutsAsUnnamed(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		str := rapid.StringMatching(`[a-z@./]{0,12}`)
+		env := &pb.Envelope{
+			ProtocolVersion: rapid.Uint32().Draw(t, "version"),
+			MsgId:           str.Draw(t, "id"),
+			IdempotencyKey:  str.Draw(t, "key"),
+			Sender:          str.Draw(t, "sender"),
+			Recipient:       str.Draw(t, "recipient"),
+			CreatedAtUnixMs: rapid.Int64().Draw(t, "created"),
+			Type:            str.Draw(t, "type"),
+			Headers:         rapid.MapOfN(str, str, 0, 3).Draw(t, "headers"),
+			Sequence:        rapid.Uint64().Draw(t, "sequence"),
+			Receipt:         pb.Envelope_ReceiptMode(rapid.Int32Range(0, 2).Draw(t, "receipt")),
+			PrevSequence:    rapid.Uint64().Draw(t, "prev"),
+			CoalesceKey:     str.Draw(t, "coalesce"),
+			TtlMs:           rapid.Int64().Draw(t, "ttl"),
+		}
+		if rapid.Bool().Draw(t, "body") {
+			env.Body = &anypb.Any{TypeUrl: str.Draw(t, "url"), Value: rapid.SliceOfN(rapid.Byte(), 0, 200).Draw(t, "value")}
+		}
+		if rapid.Bool().Draw(t, "rpc") {
+			env.Rpc = &pb.RpcMeta{Kind: pb.RpcMeta_Kind(rapid.Int32Range(0, 3).Draw(t, "kind")), CorrelationId: str.Draw(t, "corr"), ReplyTo: str.Draw(t, "reply")}
+		}
+		sz, ok := Size(env)
+		if !ok {
+			t.Fatal("Size refused the envelope")
+		}
+		prefix := rapid.SliceOfN(rapid.Byte(), 0, 5).Draw(t, "prefix")
+		got, body := AppendBody(bytes.Clone(prefix), env, sz)
+		if !bytes.Equal(got[:len(prefix)], prefix) {
+			t.Fatal("AppendBody overwrote what b held")
+		}
+		got = got[len(prefix):]
+		if want := Append(nil, env, sz); !bytes.Equal(got, want) {
+			t.Fatalf("AppendBody wrote\n%x\nAppend writes\n%x", got, want)
+		}
+		if body.TypeURL() != env.GetBody().GetTypeUrl() {
+			t.Fatalf("Body names type %q, the envelope's is %q", body.TypeURL(), env.GetBody().GetTypeUrl())
+		}
+		if body.TypeURL() == "" {
+			if body != (Body{}) {
+				t.Fatalf("Body %+v for a body without a type, want the zero Body", body)
+			}
+			return
+		}
+		cutsAsUnnamed(t, got, body, env)
+	})
 }
