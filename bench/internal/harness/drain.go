@@ -195,9 +195,10 @@ func (e *env) drainInto(sub, phase string, streams int, spawn func(rcv *node.Nod
 	rate := float64(e.cfg.Backlog) / total.Seconds()
 	e.cfg.logf("%s: %d processed in %v (%.0f msgs/s)", sub, e.cfg.Backlog, total.Round(time.Millisecond), rate)
 	rst, ost := rcv.Stats(), sender.Outbox().Stats()
-	note := fmt.Sprintf("%d msgs in %v from sink start (first after %v; %.0f msgs/s from then); %d retries, %d refused full, %d no-such-actor",
+	wire := float64(sender.PeerStats()["sink"].BytesOut) / float64(e.cfg.Backlog)
+	note := fmt.Sprintf("%d msgs in %v from sink start (first after %v; %.0f msgs/s from then; %.0f B a message on the wire); %d retries, %d refused full, %d no-such-actor",
 		e.cfg.Backlog, total.Round(time.Millisecond), time.Duration(firstNanos-start.UnixNano()).Round(time.Millisecond),
-		ratio(float64(e.cfg.Backlog-1), pure.Seconds()), ost.Retries, rst.RefusedFull, rst.NoSuchActor)
+		ratio(float64(e.cfg.Backlog-1), pure.Seconds()), wire, ost.Retries, rst.RefusedFull, rst.NoSuchActor)
 	if e.cfg.Backlog < 1_000_000 {
 		note += drainSizeNote
 	}
