@@ -100,9 +100,28 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		out = slices.Grow(out, int(least)+16*len(envs)) // each with its frame length, tag and envelope length
 	}
 	if c.names {
-		var err error
-		eb.b, err = l.enqueueNamed(out, envs)
-		return err
+		// Each envelope without its frame's head, which pushEnvelopes
+		// writes, naming the bodies' types. (Here, not in a function of
+		// its own: a sender's stack, a mailbox goroutine's, is deepest
+		// here, and a frame more would make it grow for every reply.)
+		var one [1]encodedEnv
+		run := one[:0]
+		if len(envs) > 1 {
+			run = make([]encodedEnv, 0, len(envs))
+		}
+		for _, env := range envs {
+			at := len(out)
+			var where Body
+			var err error
+			if out, where, err = appendEnvelope(out, env, c.maxFrame); err != nil {
+				eb.b = out
+				c.queued.Add(-k)
+				return err
+			}
+			run = append(run, encodedEnv{from: at, to: len(out), body: where})
+		}
+		eb.b = out
+		return l.pushEnvelopes(out, run)
 	}
 	large := 0
 	for _, env := range envs {
@@ -121,38 +140,44 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	return l.push(out, nil, k, large)
 }
 
-// enqueueNamed is enqueueEnvelopes to a peer that takes names: it
-// encodes envs into out without their frames' heads, which pushEnvelopes
-// writes, naming the bodies' types. It returns out grown, for reuse.
-func (l *lane) enqueueNamed(out []byte, envs []*pb.Envelope) ([]byte, error) {
-	c := l.c
-	var one [1]encodedEnv
-	run := one[:0]
-	if len(envs) > 1 {
-		run = make([]encodedEnv, 0, len(envs))
+// appendEnvelope appends env's encoding, as appendEnvelopeFrame does
+// without the frame's head, and says where its body is (the zero Body
+// for an envelope the codec leaves to proto).
+func appendEnvelope(out []byte, env *pb.Envelope, max int) ([]byte, Body, error) {
+	sz, ok := envcodec.Size(env)
+	if !ok {
+		return appendEnvelopeByProto(out, env, max)
 	}
-	for _, env := range envs {
-		at := len(out)
-		var where Body
-		var err error
-		if sz, ok := envcodec.Size(env); ok {
-			out, where = envcodec.AppendBody(out, env, sz)
-			if len(out)-at != sz.Total {
-				err = errors.New("transport: encode frame: size changed during encoding (envelope modified concurrently?)")
-			}
-		} else if out, err = (proto.MarshalOptions{}).MarshalAppend(out, env); err != nil {
-			err = fmt.Errorf("transport: encode frame: %w", err)
-		}
-		if inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(out)-at); err == nil && inner > c.maxFrame {
-			err = fmt.Errorf("%w: %d bytes, limit %d", ErrFrameTooLarge, inner, c.maxFrame)
-		}
-		if err != nil {
-			c.queued.Add(-int64(len(envs)))
-			return out, fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
-		}
-		run = append(run, encodedEnv{from: at, to: len(out), body: where})
+	at := len(out)
+	out, where := envcodec.AppendBody(out, env, sz)
+	if n := len(out) - at; n != sz.Total || protowire.SizeTag(frameFieldEnvelope)+protowire.SizeBytes(n) > max {
+		return out[:at], Body{}, encodeError(env, n, sz.Total, max)
 	}
-	return out, l.pushEnvelopes(out, run)
+	return out, where, nil
+}
+
+// appendEnvelopeByProto is appendEnvelope for an envelope the codec
+// leaves to proto.
+func appendEnvelopeByProto(out []byte, env *pb.Envelope, max int) ([]byte, Body, error) {
+	at := len(out)
+	out, err := (proto.MarshalOptions{}).MarshalAppend(out, env)
+	if err != nil {
+		return out[:at], Body{}, fmt.Errorf("envelope %q: transport: encode frame: %w", env.GetMsgId(), err)
+	}
+	if n := len(out) - at; protowire.SizeTag(frameFieldEnvelope)+protowire.SizeBytes(n) > max {
+		return out[:at], Body{}, encodeError(env, n, n, max)
+	}
+	return out, Body{}, nil
+}
+
+// encodeError says why env, encoded in n bytes where its size said
+// size, cannot go in a frame of at most max bytes.
+func encodeError(env *pb.Envelope, n, size, max int) error {
+	if n != size {
+		return fmt.Errorf("envelope %q: transport: encode frame: size changed during encoding (envelope modified concurrently?)", env.GetMsgId())
+	}
+	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(n)
+	return fmt.Errorf("envelope %q: %w: %d bytes, limit %d", env.GetMsgId(), ErrFrameTooLarge, inner, max)
 }
 
 // enqueueEncoded queues the frame of one envelope already encoded (env,

@@ -199,21 +199,8 @@ func AppendBody(b []byte, env *pb.Envelope, sz Sizes) (out []byte, where Body) {
 	b = appendStr(b, envRecipient, env.Recipient)
 	b = appendVarintField(b, envCreatedAt, uint64(env.CreatedAtUnixMs))
 	b = appendStr(b, envType, env.Type)
-	switch len(env.Headers) {
-	case 0:
-	case 1:
-		for k, v := range env.Headers {
-			b = appendHeader(b, k, v)
-		}
-	default:
-		keys := make([]string, 0, len(env.Headers))
-		for k := range env.Headers {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			b = appendHeader(b, k, env.Headers[k])
-		}
+	if len(env.Headers) > 0 {
+		b = appendHeaders(b, env.Headers)
 	}
 	if body := env.Body; body != nil {
 		if body.TypeUrl != "" {
@@ -246,6 +233,27 @@ func AppendBody(b []byte, env *pb.Envelope, sz Sizes) (out []byte, where Body) {
 	b = appendStr(b, envCoalesceKey, env.CoalesceKey)
 	b = appendVarintField(b, envTTL, uint64(env.TtlMs))
 	return b, where
+}
+
+// appendHeaders appends the entries of h in sorted key order. Apart from
+// AppendBody, whose stack frame (a sender's, every message) would
+// otherwise hold two map iterators that few envelopes use.
+func appendHeaders(b []byte, h map[string]string) []byte {
+	if len(h) == 1 {
+		for k, v := range h {
+			b = appendHeader(b, k, v)
+		}
+		return b
+	}
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b = appendHeader(b, k, h[k])
+	}
+	return b
 }
 
 func appendHeader(b []byte, k, v string) []byte {
