@@ -5,14 +5,12 @@ package node_test
 // receiver's actor is busy, and every message of the burst still runs.
 
 import (
-	"context"
 	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshnode/meshnode/internal/faults"
@@ -21,30 +19,6 @@ import (
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 )
-
-// heldSink records what it runs, except "hold", which blocks its actor
-// until release is closed.
-type heldSink struct {
-	sink
-	started, release chan struct{}
-}
-
-func newHeldSink() *heldSink {
-	return &heldSink{started: make(chan struct{}), release: make(chan struct{})}
-}
-
-func (s *heldSink) handler(ctx context.Context, m *node.Message) (proto.Message, error) {
-	var v wrapperspb.StringValue
-	if err := m.Decode(&v); err != nil {
-		return nil, err
-	}
-	if v.GetValue() == "hold" {
-		close(s.started)
-		<-s.release
-		return nil, nil
-	}
-	return s.sink.handler(ctx, m)
-}
 
 // restoredBurstMeetingABusyActor runs a (seq 1), takes a backup of the
 // sender's whole data directory, runs b (2) and c (3: the receiver's
@@ -55,7 +29,7 @@ func (s *heldSink) handler(ctx context.Context, m *node.Message) (proto.Message,
 // whileHeld waits for what the test needs before the actor is released.
 // Every message must run once, in order (fills aside).
 func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit func(*node.Config), fills int, whileHeld func(t *testing.T, n1, n2 *node.Node)) {
-	s := newHeldSink()
+	s := newHoldSink("hold")
 	burst := []string{"w", "x", "y", "z"} // under the sequences of b, c (the watermark) and two more
 	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst, nil)
 	n2, release := meetBusyActor(t, n1, d2, s, opts, fills)
@@ -63,7 +37,7 @@ func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit 
 	whileHeld(t, n1, n2)
 	release()
 	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
-	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" })
+	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" || v == "hold" })
 	if want := append([]string{"a", "b", "c"}, burst...); !slices.Equal(got, want) {
 		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, refused full %d, dropped %d; n1 restores %d)",
 			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().RefusedFull, n2.Stats().Dropped, n1.Outbox().Stats().Restores)
@@ -79,25 +53,19 @@ func restoredBurstMeetingABusyActor(t *testing.T, opts []node.SpawnOption, edit 
 // opts, its actor is held by a local tell and fills are told (they wait
 // in the mailbox). release lets the actor go; calling it again does
 // nothing.
-func meetBusyActor(t *testing.T, n1 *node.Node, d2 string, s *heldSink, opts []node.SpawnOption, fills int) (*node.Node, func()) {
+func meetBusyActor(t *testing.T, n1 *node.Node, d2 string, s *holdSink, opts []node.SpawnOption, fills int) (*node.Node, func()) {
 	t.Helper()
 	n2 := newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
 	testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
 	if _, err := n2.Spawn("sink", s.handler, opts...); err != nil {
 		t.Fatal(err)
 	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(s.release)
-		}
-	}
+	release := func() { s.free("hold") }
 	sinkAddr := node.Addr("sink", "n2")
 	if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("hold")); err != nil {
 		t.Fatal(err)
 	}
-	<-s.started
+	<-s.started["hold"]
 	for range fills {
 		if err := n2.Tell(ctxT(t), sinkAddr, wrapperspb.String("fill")); err != nil {
 			release()
@@ -232,7 +200,7 @@ func receiverRefusingAWatermark(t *testing.T, ran []*pb.Envelope, refused *pb.En
 // and runs.
 func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
 	const ttl = 3 * time.Second
-	s := newHeldSink()
+	s := newHoldSink("hold")
 	n1, d2 := restoredBurst(t, func(c *node.Config) { c.Outbox.MaxClockSkew = 100 * time.Millisecond },
 		func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, []string{"w", "x", "y", "z"},
 		func(v string) []node.SendOption {
@@ -258,7 +226,7 @@ func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
 	release()
 	testutil.WaitFor(t, 15*time.Second, "the queue settled", func() bool { return n1.Outbox().Stats().Depth == 0 })
 	testutil.WaitFor(t, 5*time.Second, "the fill ran", func() bool { return slices.Contains(s.values(), "fill") })
-	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" })
+	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "fill" || v == "hold" })
 	var dead []string
 	for _, dl := range deadLetters(t, n1) {
 		var v wrapperspb.StringValue
