@@ -168,7 +168,8 @@ func sendMixed(t *testing.T, churn bool) {
 					refused.Add(1)
 					runtime.Gosched()
 				}
-				if err != nil && !errors.Is(err, transport.ErrQueueFull) && !(churn && (errors.Is(err, transport.ErrConnLost) || errors.Is(err, transport.ErrUnreachable))) {
+				lost := errors.Is(err, transport.ErrConnLost) || errors.Is(err, transport.ErrUnreachable)
+				if err != nil && !errors.Is(err, transport.ErrQueueFull) && (!churn || !lost) {
 					t.Errorf("g%d i%d mode %d: %v", g, i, mode, err)
 				}
 				if err == nil {
