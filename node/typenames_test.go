@@ -13,27 +13,36 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// A remote tell names its body's type once on its lane stream: every
-// handler still sees the type and the message, and a 128-byte tell takes
-// under 200 bytes on the wire (242 with the type URL in each).
-func TestRemoteTellsNameTheirBodyTypeOnce(t *testing.T) {
-	nodes := cluster(t, 2)
+// payloadChecker spawns c on n, which counts the messages it runs (got),
+// those whose body is not payload128 with its type (wrong), and answers
+// payload128.
+func payloadChecker(t *testing.T, n *node.Node) (to node.Address, got, wrong *atomic.Int64) {
+	t.Helper()
 	want, err := anypb.New(payload128)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got, wrong atomic.Int64
-	to, err := nodes[1].Spawn("c", func(ctx context.Context, m *node.Message) (proto.Message, error) {
+	got, wrong = new(atomic.Int64), new(atomic.Int64)
+	to, err = n.Spawn("c", func(ctx context.Context, m *node.Message) (proto.Message, error) {
 		var v wrapperspb.BytesValue
 		if m.Envelope().GetBody().GetTypeUrl() != want.GetTypeUrl() || m.Decode(&v) != nil || len(v.GetValue()) != 128 {
 			wrong.Add(1)
 		}
 		got.Add(1)
-		return nil, nil
+		return payload128, nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return to, got, wrong
+}
+
+// A remote tell names its body's type once on its lane stream: every
+// handler still sees the type and the message, and a 128-byte tell takes
+// under 200 bytes on the wire (242 with the type URL in each).
+func TestRemoteTellsNameTheirBodyTypeOnce(t *testing.T) {
+	nodes := cluster(t, 2)
+	to, got, wrong := payloadChecker(t, nodes[1])
 	const k = 500
 	before := nodes[0].PeerStats()["n2"]
 	for range k {
@@ -58,22 +67,7 @@ func TestRemoteTellsNameTheirBodyTypeOnce(t *testing.T) {
 // is smaller on the wire than with the type URL in it.
 func TestAsksAndReliableSendsNameTheirBodyTypes(t *testing.T) {
 	nodes := cluster(t, 2)
-	want, err := anypb.New(payload128)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got, wrong atomic.Int64
-	to, err := nodes[1].Spawn("c", func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		var v wrapperspb.BytesValue
-		if m.Envelope().GetBody().GetTypeUrl() != want.GetTypeUrl() || m.Decode(&v) != nil || len(v.GetValue()) != 128 {
-			wrong.Add(1)
-		}
-		got.Add(1)
-		return payload128, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	to, got, wrong := payloadChecker(t, nodes[1])
 	const k = 300
 	ctx := context.Background()
 	before, beforeIn := nodes[0].PeerStats()["n2"], nodes[1].PeerStats()["n1"]

@@ -19,28 +19,40 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// Many goroutines send named envelopes of many types (past the names
-// bounds, some URLs long) and full ones on the same lanes of a connection
-// whose queue bounds refuse many of them: every envelope b gets has the
-// type its value says, and the queue drains to nothing (a refused frame
-// leaves no name, room or bytes behind).
-func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
+// typeCheckingPair starts a, whose queue to b holds at most queued
+// envelopes and 128 KiB, and b, whose handler counts what it gets
+// (got), stores in bad the first envelope whose type is not what its value
+// says ("type|..."), and answers receipts.
+func typeCheckingPair(t *testing.T, queued int) (a *node, got *atomic.Int64, bad *atomic.Value) {
+	t.Helper()
 	ca, r := newCA(t), newResolver()
 	cfg := testConfig(t, ca, "a")
-	cfg.SendQueueSize = 32
+	cfg.SendQueueSize = queued
 	cfg.MaxFrameSize, cfg.SendQueueBytes = 64<<10, 128<<10
-	a := startNode(t, cfg, r, &recorder{})
-	var bad atomic.Value
-	var got atomic.Int64
-	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, _ func(*pb.Receipt)) {
+	a = startNode(t, cfg, r, &recorder{})
+	got, bad = new(atomic.Int64), new(atomic.Value)
+	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 		got.Add(1)
 		v := string(env.GetBody().GetValue())
 		i := strings.IndexByte(v, '|')
 		if i < 0 || env.GetBody().GetTypeUrl() != v[:i] {
 			bad.Store(fmt.Sprintf("type %q, value %q", env.GetBody().GetTypeUrl(), v))
 		}
+		if reply != nil {
+			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
+		}
 	})
 	startNode(t, testConfig(t, ca, "b"), r, h)
+	return a, got, bad
+}
+
+// Many goroutines send named envelopes of many types (past the names
+// bounds, some URLs long) and full ones on the same lanes of a connection
+// whose queue bounds refuse many of them: every envelope b gets has the
+// type its value says, and the queue drains to nothing (a refused frame
+// leaves no name, room or bytes behind).
+func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
+	a, got, bad := typeCheckingPair(t, 32)
 	ctx := ctxT(t, 60*time.Second)
 	var wg sync.WaitGroup
 	var ok, byBytes atomic.Int64
@@ -98,25 +110,7 @@ func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
 // gets has the type its value says, each accepted run arrives whole, and
 // the queue drains to nothing.
 func TestRunsOfNamedEnvelopesShareASmallQueue(t *testing.T) {
-	ca, r := newCA(t), newResolver()
-	cfg := testConfig(t, ca, "a")
-	cfg.SendQueueSize = 64
-	cfg.MaxFrameSize, cfg.SendQueueBytes = 64<<10, 128<<10
-	a := startNode(t, cfg, r, &recorder{})
-	var bad atomic.Value
-	var got atomic.Int64
-	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-		got.Add(1)
-		v := string(env.GetBody().GetValue())
-		i := strings.IndexByte(v, '|')
-		if i < 0 || env.GetBody().GetTypeUrl() != v[:i] {
-			bad.Store(fmt.Sprintf("type %q, value %q", env.GetBody().GetTypeUrl(), v))
-		}
-		if reply != nil {
-			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
-		}
-	})
-	startNode(t, testConfig(t, ca, "b"), r, h)
+	a, got, bad := typeCheckingPair(t, 64)
 	ctx := ctxT(t, 90*time.Second)
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int64
