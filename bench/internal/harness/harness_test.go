@@ -377,3 +377,24 @@ func TestDrainOverStreams(t *testing.T) {
 		}
 	}
 }
+
+// throughputCPU charges each message the process CPU spent from the first
+// send to the last receipt: sends that each burn at least 200 µs of CPU
+// cost at least that much a message.
+func TestThroughputCPUPerMessage(t *testing.T) {
+	var s sink
+	burn := func() error {
+		for start := processCPU(); processCPU()-start < 200*time.Microsecond; {
+		}
+		s.hit()
+		return nil
+	}
+	cfg := Config{N: 50, Duration: time.Minute, Timeout: time.Minute}
+	_, sent, cpu, err := throughputCPU(cfg, "burn", burn, nil, &s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sent != 50 || cpu < 200_000 {
+		t.Fatalf("%d sent, %.0f ns of CPU a message; want 50 and at least 200000", sent, cpu)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -64,6 +65,28 @@ func throughput(cfg Config, what string, send, flush func() error, s *sink, lost
 		elapsed = time.Since(start)
 	}
 	return float64(s.n.Load()) / elapsed.Seconds(), sent, nil
+}
+
+// throughputCPU is throughput that also returns the CPU time the process
+// spent per message sent (ns) from the first send until the last was
+// received: both ends of a measurement run in the process (NATS's server
+// too).
+func throughputCPU(cfg Config, what string, send, flush func() error, s *sink, lost func() int64) (rate float64, sent int64, cpu float64, err error) {
+	c0 := processCPU()
+	rate, sent, err = throughput(cfg, what, send, flush, s, lost)
+	if err == nil && sent > 0 {
+		cpu = float64((processCPU() - c0).Nanoseconds()) / float64(sent)
+	}
+	return rate, sent, cpu, err
+}
+
+// processCPU is the CPU time (user and system) the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // latencies runs cfg.Asks sequential round trips and returns p50 and p99.
