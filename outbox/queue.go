@@ -246,26 +246,6 @@ func (s *Store) Ack(recipient string, seqs []uint64) error {
 	return o.err
 }
 
-// Queued returns how many of seqs are still queued for recipient: a
-// message acked, replaced by a newer version, expired or dropped is not.
-// It reads the file.
-func (s *Store) Queued(recipient string, seqs []uint64) (int, error) {
-	n := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
-		recs := tx.Bucket(bucketRecords)
-		for _, sq := range seqs {
-			if ofRecipient(recs.Get(seqKey(sq)), recipient) {
-				n++
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("outbox: queued %s: %w", recipient, err)
-	}
-	return n, nil
-}
-
 // Stored returns the message queued under sequence seq, whatever its
 // recipient, or nil when none is (acked, replaced, given up, or never
 // handed out). It reads the file.
