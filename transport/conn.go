@@ -46,6 +46,7 @@ type conn struct {
 	progress atomic.Int64           // unix ns a lane last began or finished a Write; 0 before any
 	lanes    []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
 	names    bool                   // the peer's Hello lists FeatureTypeNames: lanes may name body types (names.go)
+	routes   bool                   // the peer's Hello lists FeatureRouteNames: lanes may name routes (names.go)
 	fresh    atomic.Pointer[string] // last address staleFor found equal to remote
 	idle     atomic.Bool            // being closed for idleness (idle.go)
 
@@ -162,6 +163,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
 		names:    slices.Contains(ph.GetFeatures(), FeatureTypeNames),
+		routes:   slices.Contains(ph.GetFeatures(), FeatureRouteNames),
 		born:     time.Now(),
 		peerGone: ph.GetGoneConnection(),
 	}
@@ -249,7 +251,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
-		Features:         []string{FeatureTypeNames},
+		Features:         []string{FeatureTypeNames, FeatureRouteNames},
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)
@@ -546,19 +548,19 @@ func (c *conn) readLane(rs *quic.ReceiveStream) {
 	sr := c.streamReader(bufio.NewReaderSize(rs, readBufSize), rs)
 	var named names
 	for {
-		env, bodyType, other, n, err := sr.readEnvelopeFrame(c.t.cfg.MaxHeaders, c.t.cfg.MaxHeaderBytes)
+		env, refs, other, n, err := sr.readEnvelopeFrame(c.t.cfg.MaxHeaders, c.t.cfg.MaxHeaderBytes)
 		if err != nil {
 			c.readFailed("lane", err)
 			return
 		}
 		c.stats.framesIn.Add(1)
 		c.stats.bytesIn.Add(uint64(n))
-		if env, err = named.take(env, bodyType, other); err != nil {
+		if env, err = named.take(env, refs, other); err != nil {
 			c.protocolError(CodeProtocol, err.Error())
 			return
 		}
 		if env == nil {
-			continue // a type named
+			continue // a type or a route named
 		}
 		var reply func(*pb.Receipt)
 		if env.GetReceipt() != pb.Envelope_RECEIPT_NONE {

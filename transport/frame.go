@@ -101,28 +101,36 @@ func (s *streamReader) readFrame(f *pb.Frame) (n int, err error) {
 // proto.Unmarshal of a pb.Frame would give; a frame of another kind
 // returns its kind in other.
 //
-// bodyType is the frame's Frame.body_type: the ref of the type its body
-// says none of (names.go), 0 for a body that says its own.
-func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *pb.Envelope, bodyType uint32, other any, n int, err error) {
+// refs are the frame's names (names.go): its Frame.body_type, the ref
+// of the type its body says none of, and its Frame.route, the ref of the
+// sender and recipient it carries neither of (0: it says its own).
+func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *pb.Envelope, refs frameRefs, other any, n int, err error) {
 	defer s.release()
 	body, n, peeked, err := s.next()
 	if err != nil {
-		return nil, 0, nil, n, err
+		return nil, frameRefs{}, nil, n, err
 	}
-	// The usual frame (one envelope field, and a body type) is decoded by
+	// The usual frame (one envelope field, and its refs) is decoded by
 	// hand, counting its headers as it goes and stopping past the limits;
 	// any other, and one past them, is checked here (whose error counts
 	// them all).
-	if v, bt, ok := envelopeFields(body); ok {
+	if v, r, ok := envelopeFields(body); ok {
 		if env, ok := envcodec.DecodeLimited(v, !peeked, maxHeaders, maxHeaderBytes); ok {
-			return env, bt, nil, n, nil
+			return env, r, nil, n, nil
 		}
 	}
 	if err := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); err != nil {
-		return nil, 0, nil, n, err
+		return nil, frameRefs{}, nil, n, err
 	}
-	env, bodyType, other, err = decodeNamedFrameOwned(body, !peeked)
-	return env, bodyType, other, n, err
+	env, refs, other, err = decodeNamedFrameOwned(body, !peeked)
+	return env, refs, other, n, err
+}
+
+// frameRefs are what an envelope frame of a lane stream names by ref
+// (names.go); 0 is none.
+type frameRefs struct {
+	bodyType uint32 // Frame.body_type
+	route    uint32 // Frame.route
 }
 
 // readControlFrame reads one frame from the control stream: a receipt
@@ -137,54 +145,68 @@ func (s *streamReader) readControlFrame() (rc *pb.Receipt, other any, n int, err
 	return rc, other, n, err
 }
 
-// envelopeFields returns the envelope and the body type of the bytes of
-// a pb.Frame that hold exactly one envelope field and, after it, at most
-// one body type field of a varint that fits 32 bits, nothing else.
-func envelopeFields(b []byte) (env []byte, bodyType uint32, ok bool) {
+// envelopeFields returns the envelope and the refs of the bytes of a
+// pb.Frame that hold exactly one envelope field and, after it, at most a
+// body type field and then a route field, each a varint that fits 32
+// bits, nothing else.
+func envelopeFields(b []byte) (env []byte, refs frameRefs, ok bool) {
 	num, typ, tn := protowire.ConsumeTag(b)
 	if tn <= 0 || num != frameFieldEnvelope || typ != protowire.BytesType {
-		return nil, 0, false
+		return nil, frameRefs{}, false
 	}
 	v, vn := protowire.ConsumeBytes(b[tn:])
 	if vn < 0 {
-		return nil, 0, false
+		return nil, frameRefs{}, false
 	}
 	rest := b[tn+vn:]
-	if len(rest) == 0 {
-		return v, 0, true
+	if x, n := consumeRef(rest, frameFieldBodyType); n > 0 {
+		refs.bodyType, rest = x, rest[n:]
 	}
-	num, typ, tn = protowire.ConsumeTag(rest)
-	if tn <= 0 || num != frameFieldBodyType || typ != protowire.VarintType {
-		return nil, 0, false
+	if x, n := consumeRef(rest, frameFieldRoute); n > 0 {
+		refs.route, rest = x, rest[n:]
 	}
-	x, xn := protowire.ConsumeVarint(rest[tn:])
-	if xn < 0 || tn+xn != len(rest) || x > 1<<32-1 {
-		return nil, 0, false
+	if len(rest) > 0 {
+		return nil, frameRefs{}, false
 	}
-	return v, uint32(x), true
+	return v, refs, true
+}
+
+// consumeRef reads, at the start of b, the varint field num of a value
+// that fits 32 bits: the value and the bytes it takes, n <= 0 when b does
+// not start with one.
+func consumeRef(b []byte, num protowire.Number) (ref uint32, n int) {
+	got, typ, tn := protowire.ConsumeTag(b)
+	if tn <= 0 || got != num || typ != protowire.VarintType {
+		return 0, -1
+	}
+	x, xn := protowire.ConsumeVarint(b[tn:])
+	if xn < 0 || x > 1<<32-1 {
+		return 0, -1
+	}
+	return uint32(x), tn + xn
 }
 
 // decodeNamedFrameOwned decodes the bytes of one pb.Frame of a lane
-// stream, which should hold an envelope and may say its body's type by ref
-// (bodyType); a frame of another kind returns its kind in other. owned
-// says b is the frame's own buffer (see decodeEnvelopeOwned).
-func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType uint32, other any, err error) {
-	if v, bt, ok := envelopeFields(b); ok {
+// stream, which should hold an envelope and may name its body's type or
+// its route by ref (refs); a frame of another kind returns its kind in
+// other. owned says b is the frame's own buffer (see decodeEnvelopeOwned).
+func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, refs frameRefs, other any, err error) {
+	if v, r, ok := envelopeFields(b); ok {
 		env, err := decodeEnvelopeOwned(v, owned)
 		if err != nil {
-			return nil, 0, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
+			return nil, frameRefs{}, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 		}
-		return env, bt, nil, nil
+		return env, r, nil, nil
 	}
 	var f pb.Frame
 	if err := proto.Unmarshal(b, &f); err != nil {
-		return nil, 0, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
+		return nil, frameRefs{}, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	if env := f.GetEnvelope(); env != nil {
-		return env, f.GetBodyType(), nil, nil
+		return env, frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute()}, nil, nil
 	}
-	if f.GetBodyType() != 0 {
-		return nil, 0, nil, fmt.Errorf("%w: a body type on a frame without an envelope", ErrBadFrame)
+	if f.GetBodyType() != 0 || f.GetRoute() != 0 {
+		return nil, frameRefs{}, nil, fmt.Errorf("%w: a body type or route on a frame without an envelope", ErrBadFrame)
 	}
-	return nil, 0, f.Kind, nil
+	return nil, frameRefs{}, f.Kind, nil
 }

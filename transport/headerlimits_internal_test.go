@@ -80,6 +80,10 @@ func FuzzReadEnvelopeFrame(f *testing.F) {
 	f.Add(protowire.AppendBytes(protowire.AppendTag(nil, frameFieldEnvelope, protowire.BytesType), env))
 	named := protowire.AppendBytes(protowire.AppendTag(nil, frameFieldEnvelope, protowire.BytesType), env)
 	f.Add(protowire.AppendVarint(protowire.AppendTag(named, frameFieldBodyType, protowire.VarintType), 3))
+	typed := protowire.AppendVarint(protowire.AppendTag(bytes.Clone(named), frameFieldBodyType, protowire.VarintType), 3)
+	f.Add(protowire.AppendVarint(protowire.AppendTag(bytes.Clone(typed), frameFieldRoute, protowire.VarintType), 2))
+	f.Add(protowire.AppendVarint(protowire.AppendTag(bytes.Clone(named), frameFieldRoute, protowire.VarintType), 1))
+	f.Add(protowire.AppendVarint(protowire.AppendTag(bytes.Clone(typed), frameFieldRoute, protowire.VarintType), 1<<33))
 	f.Add(protowire.AppendVarint(protowire.AppendTag(nil, frameFieldBodyType, protowire.VarintType), 1))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -90,14 +94,14 @@ func FuzzReadEnvelopeFrame(f *testing.F) {
 		// What proto makes of the frame, within the limits.
 		var f pb.Frame
 		wantErr := proto.Unmarshal(body, &f)
-		want, wantType, wantOther := f.GetEnvelope(), f.GetBodyType(), any(f.Kind)
+		want, wantType, wantOther := f.GetEnvelope(), frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute()}, any(f.Kind)
 		if want != nil {
 			wantOther = nil
-		} else if wantErr == nil && wantType != 0 {
-			wantErr = errors.New("a body type on a frame without an envelope")
+		} else if wantErr == nil && wantType != (frameRefs{}) {
+			wantErr = errors.New("a body type or route on a frame without an envelope")
 		}
 		if check := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); check != nil {
-			want, wantType, wantOther, wantErr = nil, 0, nil, check
+			want, wantType, wantOther, wantErr = nil, frameRefs{}, nil, check
 		}
 		switch {
 		case (err == nil) != (wantErr == nil):
@@ -106,7 +110,7 @@ func FuzzReadEnvelopeFrame(f *testing.F) {
 		case !proto.Equal(got, want):
 			t.Fatalf("reader read %v, proto %v", got, want)
 		case gotType != wantType:
-			t.Fatalf("reader read body type %d, proto %d", gotType, wantType)
+			t.Fatalf("reader read refs %+v, proto %+v", gotType, wantType)
 		case (gotOther == nil) != (wantOther == nil):
 			t.Fatalf("reader's other frame %v, proto's %v", gotOther, wantOther)
 		}

@@ -37,20 +37,32 @@ import (
 // types on its lane streams.
 const FeatureTypeNames = "type-names"
 
+// FeatureRouteNames is the Hello feature of a node that reads named
+// routes on its lane streams.
+const FeatureRouteNames = "route-names"
+
 // A stream's names are bounded so that what a peer makes a node hold for
 // them stays small beside its stream's read buffer (16 KiB): on the most
-// streams a connection takes (528), 2 MiB of URLs.
+// streams a connection takes (528), 2 MiB of URLs and 2 MiB of routes.
 const (
-	maxNames     = 64      // refs named on one lane stream
-	maxNameBytes = 4 << 10 // bytes of the URLs named on one lane stream
+	maxNames      = 64      // types named on one lane stream
+	maxNameBytes  = 4 << 10 // bytes of the URLs named on one lane stream
+	maxRoutes     = 64      // routes named on one lane stream
+	maxRouteBytes = 4 << 10 // bytes of the senders and recipients named on one lane stream
 )
 
-// Field numbers of pb.Frame and pb.TypeName, for the hand-written frames.
+// Field numbers of pb.Frame, pb.TypeName and pb.RouteName, for the
+// hand-written frames.
 const (
-	frameFieldTypeName protowire.Number = 5
-	frameFieldBodyType protowire.Number = 6
-	typeNameFieldRef   protowire.Number = 1
-	typeNameFieldURL   protowire.Number = 2
+	frameFieldTypeName      protowire.Number = 5
+	frameFieldBodyType      protowire.Number = 6
+	frameFieldRouteName     protowire.Number = 7
+	frameFieldRoute         protowire.Number = 8
+	typeNameFieldRef        protowire.Number = 1
+	typeNameFieldURL        protowire.Number = 2
+	routeNameFieldRef       protowire.Number = 1
+	routeNameFieldSender    protowire.Number = 2
+	routeNameFieldRecipient protowire.Number = 3
 )
 
 // Body says where the body of an encoded envelope is, and its type, for
@@ -60,22 +72,44 @@ const (
 type Body = envcodec.Body
 
 // encodedEnv is one envelope of a run pushEnvelopes queues: encoded in
-// the run's buffer at [from, to), with where its body is (the zero Body:
-// sent as it is). pushEnvelopes fills the rest, under the lane lock.
+// the run's buffer at [from, to), with where its body and route are (the
+// zero Body: sent as it is). pushEnvelopes fills the rest, under the lane
+// lock.
 type encodedEnv struct {
 	from, to int
 	body     Body
 
-	ref        uint32 // the body type's ref on the stream; 0: sent in full
+	ref        uint32 // the body type's ref on the stream; 0: its type in full
 	fresh      bool   // ref is named by this frame's run, before it
-	head, tail []byte // the envelope around its body's type URL (envcodec.CutTypeURL)
-	bodyLen    uint64
+	route      uint32 // the route's ref on the stream; 0: sender and recipient in full
+	routeFresh bool   // route is named by this frame's run, before it
+	// The sender and recipient fields (envcodec.CutRoute), and what they
+	// say: for the frame naming the route, and to take its name back.
+	fields, sender, recipient []byte
+	// The envelope as it is sent when it names something: pre, mid, and
+	// when it names its type, bodyLen as a varint and tail (its body
+	// without the type URL, envcodec.CutTypeURL).
+	pre, mid, tail []byte
+	bodyLen        uint64
 }
 
-// frameSize is the bytes e's frame takes on the stream: with its naming
-// frame when it names its type.
+// named reports whether e names its type or its route.
+func (e *encodedEnv) named() bool { return e.ref != 0 || e.route != 0 }
+
+// envLen is the length of e's envelope as it is sent when it names
+// something.
+func (e *encodedEnv) envLen() int {
+	n := len(e.pre) + len(e.mid)
+	if e.ref != 0 {
+		n += protowire.SizeVarint(e.bodyLen) + len(e.tail)
+	}
+	return n
+}
+
+// frameSize is the bytes e's frame takes on the stream: with the frames
+// naming its type and its route when it names them.
 func (e *encodedEnv) frameSize() int {
-	if e.ref == 0 {
+	if !e.named() {
 		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.to-e.from)
 		return protowire.SizeVarint(uint64(inner)) + inner
 	}
@@ -84,25 +118,33 @@ func (e *encodedEnv) frameSize() int {
 	if e.fresh {
 		n += typeNameSize(e.ref, len(e.body.TypeURL()))
 	}
+	if e.routeFresh {
+		n += routeNameSize(e.route, len(e.sender), len(e.recipient))
+	}
 	return n
 }
 
 // namedInner is the length of e's frame without its length prefix, when
-// it names its type: never more than in full (the type URL field it
-// leaves out takes at least 3 bytes, its body_type field 2).
+// it names something: never more than in full (the fields it leaves out
+// take at least 3 bytes each, the ref naming them at most 6).
 func (e *encodedEnv) namedInner() int {
-	envLen := len(e.head) + protowire.SizeVarint(e.bodyLen) + len(e.tail)
-	return protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(envLen) +
-		protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(e.ref))
+	n := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.envLen())
+	if e.ref != 0 {
+		n += protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(e.ref))
+	}
+	if e.route != 0 {
+		n += protowire.SizeTag(frameFieldRoute) + protowire.SizeVarint(uint64(e.route))
+	}
+	return n
 }
 
 // pushEnvelopes queues the frames of the envelopes run, encoded in enc,
 // as one run: nothing of another sender between them, and all of them or
 // none refused (the byte bound, a closed connection). The caller
-// reserved their room (reserve); a refusal gives it back. A body whose
-// type can be named on the lane's stream (the peer takes names, and the
-// stream's names are not used up) is sent with its type's ref, the type
-// named first the first time; the others go in full.
+// reserved their room (reserve); a refusal gives it back. An envelope
+// whose body type or route can be named on the lane's stream (the peer
+// takes such names, and the stream's names are not used up) is sent with
+// their refs, each named first the first time; the others go in full.
 func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	c := l.c
 	k := int64(len(run))
@@ -118,11 +160,11 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	named := 0
 	for i := range run {
 		e := &run[i]
-		e.ref, e.fresh = 0, false
-		if c.names {
-			l.name(e, enc[e.from:e.to])
-		}
+		l.name(e, enc[e.from:e.to])
 		if e.fresh {
+			named++
+		}
+		if e.routeFresh {
 			named++
 		}
 		size += int64(e.frameSize())
@@ -132,12 +174,7 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 		// Over the byte bound, unless the queue was empty: one frame up
 		// to MaxFrameSize always fits (Validate keeps SendQueueBytes
 		// above it).
-		for i := range run {
-			if e := &run[i]; e.fresh {
-				delete(l.names, e.body.TypeURL())
-				l.nameBytes -= len(e.body.TypeURL())
-			}
-		}
+		l.unname(run)
 		l.mu.Unlock()
 		c.qbytes.Add(-size)
 		c.queued.Add(-k)
@@ -158,22 +195,40 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	return nil
 }
 
-// name gives e, whose envelope is env, its body type's ref on the lane's
-// stream, naming the type when it is new and the stream's names have
-// room; e keeps ref 0 (in full) otherwise. Called with l.mu held.
+// name gives e, whose envelope is env, the refs of its body type and its
+// route on the lane's stream, when the peer takes such names, naming each
+// when it is new and the stream's names have room; a ref left 0 sends
+// that part in full. Called with l.mu held.
 func (l *lane) name(e *encodedEnv, env []byte) {
+	e.ref, e.fresh, e.route, e.routeFresh = 0, false, 0, false
+	c := l.c
+	head, bodyLen, tail, typed := envcodec.CutTypeURL(env, e.body)
+	if typed = typed && c.names; typed {
+		typed = l.nameType(e)
+	}
+	from, to, sender, recipient, routed := envcodec.CutRoute(env, e.body)
+	if routed = routed && c.routes && (!typed || to <= len(head)); routed {
+		e.fields, e.sender, e.recipient = env[from:to], sender, recipient
+		routed = l.nameRoute(e)
+	}
+	switch {
+	case typed && routed:
+		e.pre, e.mid, e.bodyLen, e.tail = env[:from], head[to:], bodyLen, tail
+	case typed:
+		e.pre, e.mid, e.bodyLen, e.tail = head, nil, bodyLen, tail
+	case routed:
+		e.pre, e.mid = env[:from], env[to:]
+	}
+}
+
+// nameType gives e its body type's ref, naming the type when it is new
+// and the stream's names have room: false when it has none.
+func (l *lane) nameType(e *encodedEnv) bool {
 	url := e.body.TypeURL()
-	if url == "" {
-		return
-	}
-	head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body)
-	if !ok {
-		return
-	}
 	ref := l.names[url]
 	if ref == 0 {
 		if len(l.names) >= maxNames || l.nameBytes+len(url) > maxNameBytes {
-			return
+			return false
 		}
 		if l.names == nil {
 			l.names = make(map[string]uint32)
@@ -183,14 +238,54 @@ func (l *lane) name(e *encodedEnv, env []byte) {
 		l.nameBytes += len(url)
 		e.fresh = true
 	}
-	e.ref, e.head, e.bodyLen, e.tail = ref, head, bodyLen, tail
+	e.ref = ref
+	return true
+}
+
+// nameRoute gives e its route's ref (e.fields, e.sender and e.recipient
+// set), naming the route when it is new and the stream's routes have
+// room: false when it has none. A route is known by its fields' bytes.
+func (l *lane) nameRoute(e *encodedEnv) bool {
+	ref := l.routes[string(e.fields)]
+	if ref == 0 {
+		n := len(e.sender) + len(e.recipient)
+		if len(l.routes) >= maxRoutes || l.routeBytes+n > maxRouteBytes {
+			return false
+		}
+		if l.routes == nil {
+			l.routes = make(map[string]uint32)
+		}
+		ref = uint32(len(l.routes) + 1)
+		l.routes[string(e.fields)] = ref
+		l.routeBytes += n
+		e.routeFresh = true
+	}
+	e.route = ref
+	return true
+}
+
+// unname takes back the names run gave, in a run that is refused.
+// Called with l.mu held.
+func (l *lane) unname(run []encodedEnv) {
+	for i := range run {
+		e := &run[i]
+		if e.fresh {
+			delete(l.names, e.body.TypeURL())
+			l.nameBytes -= len(e.body.TypeURL())
+		}
+		if e.routeFresh {
+			delete(l.routes, string(e.fields))
+			l.routeBytes -= len(e.sender) + len(e.recipient)
+		}
+	}
 }
 
 // appendFrameLocked appends e's frame (enc holds its envelope), after
-// the frame naming its type when e names it. Called with l.mu held.
+// the frames naming its type and route when e names them. Called with
+// l.mu held.
 func (l *lane) appendFrameLocked(e *encodedEnv, enc []byte) {
 	var hb [32]byte
-	if e.ref == 0 {
+	if !e.named() {
 		env := enc[e.from:e.to]
 		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
 		h := protowire.AppendVarint(hb[:0], uint64(inner))
@@ -207,16 +302,30 @@ func (l *lane) appendFrameLocked(e *encodedEnv, enc []byte) {
 		l.appendLocked(appendTypeNameHead(hb[:0], e.ref, len(url)))
 		l.appendLocked([]byte(url))
 	}
+	if e.routeFresh {
+		l.appendLocked(appendRouteNameHead(hb[:0], e.route, len(e.sender), len(e.recipient)))
+		l.appendLocked(e.sender)
+		l.appendLocked(protowire.AppendVarint(protowire.AppendTag(hb[:0], routeNameFieldRecipient, protowire.BytesType), uint64(len(e.recipient))))
+		l.appendLocked(e.recipient)
+	}
 	inner := e.namedInner()
-	envLen := len(e.head) + protowire.SizeVarint(e.bodyLen) + len(e.tail)
 	h := protowire.AppendVarint(hb[:0], uint64(inner))
 	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
-	l.appendLocked(protowire.AppendVarint(h, uint64(envLen)))
-	l.appendLocked(e.head)
-	l.appendLocked(protowire.AppendVarint(hb[:0], e.bodyLen))
-	l.appendLocked(e.tail)
-	t := protowire.AppendTag(hb[:0], frameFieldBodyType, protowire.VarintType)
-	l.appendLocked(protowire.AppendVarint(t, uint64(e.ref)))
+	l.appendLocked(protowire.AppendVarint(h, uint64(e.envLen())))
+	l.appendLocked(e.pre)
+	l.appendLocked(e.mid)
+	var t []byte
+	if e.ref != 0 {
+		l.appendLocked(protowire.AppendVarint(hb[:0], e.bodyLen))
+		l.appendLocked(e.tail)
+		t = protowire.AppendTag(hb[:0], frameFieldBodyType, protowire.VarintType)
+		t = protowire.AppendVarint(t, uint64(e.ref))
+	}
+	if e.route != 0 {
+		t = protowire.AppendTag(t, frameFieldRoute, protowire.VarintType)
+		t = protowire.AppendVarint(t, uint64(e.route))
+	}
+	l.appendLocked(t)
 	if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
 		l.large++
 	}
@@ -250,24 +359,69 @@ func appendTypeNameHead(b []byte, ref uint32, urlLen int) []byte {
 	return protowire.AppendVarint(b, uint64(urlLen))
 }
 
+// routeNameSizes are the lengths of the RouteName naming ref, a sender of
+// sLen bytes and a recipient of rLen, and of its frame without the
+// frame's length prefix.
+func routeNameSizes(ref uint32, sLen, rLen int) (rn, inner int) {
+	rn = protowire.SizeTag(routeNameFieldRef) + protowire.SizeVarint(uint64(ref)) +
+		protowire.SizeTag(routeNameFieldSender) + protowire.SizeBytes(sLen) +
+		protowire.SizeTag(routeNameFieldRecipient) + protowire.SizeBytes(rLen)
+	return rn, protowire.SizeTag(frameFieldRouteName) + protowire.SizeBytes(rn)
+}
+
+// routeNameSize is the bytes the frame naming ref, a sender of sLen bytes
+// and a recipient of rLen, takes on the stream.
+func routeNameSize(ref uint32, sLen, rLen int) int {
+	_, inner := routeNameSizes(ref, sLen, rLen)
+	return protowire.SizeVarint(uint64(inner)) + inner
+}
+
+// appendRouteNameHead appends the frame naming ref, a sender of sLen
+// bytes and a recipient of rLen, up to the sender's own bytes, which
+// follow it (then the recipient's field).
+func appendRouteNameHead(b []byte, ref uint32, sLen, rLen int) []byte {
+	rn, inner := routeNameSizes(ref, sLen, rLen)
+	b = protowire.AppendVarint(b, uint64(inner))
+	b = protowire.AppendTag(b, frameFieldRouteName, protowire.BytesType)
+	b = protowire.AppendVarint(b, uint64(rn))
+	b = protowire.AppendTag(b, routeNameFieldRef, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(ref))
+	b = protowire.AppendTag(b, routeNameFieldSender, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(sLen))
+}
+
 // names is what a received lane stream named: its reader's own.
 type names struct {
-	urls  []string // ref i+1 names urls[i]
-	bytes int      // their length together
+	urls   []string // ref i+1 names urls[i]
+	bytes  int      // their length together
+	routes []route  // ref i+1 names routes[i]
+	rbytes int      // their names' length together
 }
+
+// route is a sender and a recipient named on a lane stream.
+type route struct{ sender, recipient string }
 
 // take applies a frame read from a lane stream (readEnvelopeFrame's
 // results) to the stream's names: it returns the envelope with its body's
-// type, nil for a frame that named a type, or why the frame is bad.
-func (ns *names) take(env *pb.Envelope, bodyType uint32, other any) (*pb.Envelope, error) {
-	if tn, ok := other.(*pb.Frame_TypeName); ok {
-		return nil, ns.add(tn.TypeName)
+// type, sender and recipient, nil for a frame that named a type or a
+// route, or why the frame is bad.
+func (ns *names) take(env *pb.Envelope, refs frameRefs, other any) (*pb.Envelope, error) {
+	switch k := other.(type) {
+	case *pb.Frame_TypeName:
+		return nil, ns.add(k.TypeName)
+	case *pb.Frame_RouteName:
+		return nil, ns.addRoute(k.RouteName)
 	}
 	if env == nil {
 		return nil, fmt.Errorf("unexpected %T on a lane stream", other)
 	}
-	if bodyType != 0 {
-		if err := ns.apply(env, bodyType); err != nil {
+	if refs.bodyType != 0 {
+		if err := ns.apply(env, refs.bodyType); err != nil {
+			return nil, err
+		}
+	}
+	if refs.route != 0 {
+		if err := ns.applyRoute(env, refs.route); err != nil {
 			return nil, err
 		}
 	}
@@ -295,7 +449,7 @@ func (ns *names) add(tn *pb.TypeName) error {
 // apply puts the type that ref names back into env's body.
 func (ns *names) apply(env *pb.Envelope, ref uint32) error {
 	switch b := env.GetBody(); {
-	case ref == 0 || int(ref) > len(ns.urls):
+	case int(ref) > len(ns.urls):
 		return fmt.Errorf("envelope names body type %d, of %d named", ref, len(ns.urls))
 	case b == nil:
 		return fmt.Errorf("envelope names body type %d and has no body", ref)
@@ -303,6 +457,39 @@ func (ns *names) apply(env *pb.Envelope, ref uint32) error {
 		return fmt.Errorf("envelope names body type %d and its body says a type of its own", ref)
 	default:
 		b.TypeUrl = ns.urls[ref-1]
+		return nil
+	}
+}
+
+// addRoute takes a RouteName frame: the next ref, a sender and a
+// recipient within the bounds.
+func (ns *names) addRoute(rn *pb.RouteName) error {
+	switch ref, sender, recipient := rn.GetRef(), rn.GetSender(), rn.GetRecipient(); {
+	case int(ref) != len(ns.routes)+1:
+		return fmt.Errorf("route name ref %d where %d was next", ref, len(ns.routes)+1)
+	case len(ns.routes) >= maxRoutes:
+		return fmt.Errorf("more than %d route names on one stream", maxRoutes)
+	case sender == "" || recipient == "":
+		return fmt.Errorf("route name %d without a sender or a recipient", ref)
+	case ns.rbytes+len(sender)+len(recipient) > maxRouteBytes:
+		return fmt.Errorf("route names of more than %d bytes on one stream", maxRouteBytes)
+	default:
+		ns.routes = append(ns.routes, route{sender: sender, recipient: recipient})
+		ns.rbytes += len(sender) + len(recipient)
+		return nil
+	}
+}
+
+// applyRoute puts the sender and recipient that ref names into env.
+func (ns *names) applyRoute(env *pb.Envelope, ref uint32) error {
+	switch {
+	case int(ref) > len(ns.routes):
+		return fmt.Errorf("envelope names route %d, of %d named", ref, len(ns.routes))
+	case env.GetSender() != "" || env.GetRecipient() != "":
+		return fmt.Errorf("envelope names route %d and carries a sender or recipient of its own", ref)
+	default:
+		r := &ns.routes[ref-1]
+		env.Sender, env.Recipient = r.sender, r.recipient
 		return nil
 	}
 }

@@ -188,15 +188,20 @@ func Append(b []byte, env *pb.Envelope, sz Sizes) []byte {
 }
 
 // AppendBody is Append that also says where in out env's body is, and its
-// type, for CutTypeURL: the zero Body when env has no body or its body
-// no type.
+// type, for CutTypeURL (none when env has no body or its body no type),
+// and where its sender and recipient are, for CutRoute (none unless it
+// has both).
 func AppendBody(b []byte, env *pb.Envelope, sz Sizes) (out []byte, where Body) {
 	start := len(b)
 	b = appendVarintField(b, envProtocolVersion, uint64(env.ProtocolVersion))
 	b = appendStr(b, envMsgID, env.MsgId)
 	b = appendStr(b, envIdempotencyKey, env.IdempotencyKey)
+	from := len(b) - start
 	b = appendStr(b, envSender, env.Sender)
 	b = appendStr(b, envRecipient, env.Recipient)
+	if env.Sender != "" && env.Recipient != "" {
+		where.from, where.to = from, len(b)-start
+	}
 	b = appendVarintField(b, envCreatedAt, uint64(env.CreatedAtUnixMs))
 	b = appendStr(b, envType, env.Type)
 	if len(env.Headers) > 0 {
@@ -204,7 +209,7 @@ func AppendBody(b []byte, env *pb.Envelope, sz Sizes) (out []byte, where Body) {
 	}
 	if body := env.Body; body != nil {
 		if body.TypeUrl != "" {
-			where = Body{at: len(b) - start, url: body.TypeUrl}
+			where.at, where.url = len(b)-start, body.TypeUrl
 		}
 		b = protowire.AppendTag(b, envBody, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(sz.body))

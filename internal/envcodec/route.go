@@ -49,15 +49,23 @@ type Plain struct {
 
 // Body says where the body field of an envelope Route.Append or
 // AppendBody wrote begins (from the envelope's first byte), and its type
-// URL: what CutTypeURL cuts. Only those encoders make one, for the bytes
-// they wrote; the zero Body says nothing.
+// URL: what CutTypeURL cuts; and where its sender and recipient fields
+// are, when it has both: what CutRoute cuts. Only those encoders make
+// one, for the bytes they wrote; the zero Body says nothing.
 type Body struct {
 	at  int
 	url string
+	// The sender and recipient fields, adjacent: [from, to) of the
+	// envelope; to is 0 when the envelope lacks either.
+	from, to int
 }
 
 // TypeURL is the body's type URL ("": the zero Body).
 func (b Body) TypeURL() string { return b.url }
+
+// HasRoute reports whether b says where the envelope's sender and
+// recipient are (false: the zero Body).
+func (b Body) HasRoute() bool { return b.to > 0 }
 
 // Append appends the encoding of the envelope {ProtocolVersion, MsgId:
 // p.ID, Sender, Recipient, CreatedAtUnixMs, Body: {TypeUrl, p.Value},
@@ -70,13 +78,17 @@ func (r *Route) Append(b []byte, p Plain) (out []byte, where Body) {
 		b = protowire.AppendTag(b, envMsgID, protowire.BytesType)
 		b = protowire.AppendBytes(b, p.ID)
 	}
+	from := len(b) - start
 	b = append(b, r.head...)
+	if r.sender != "" && r.recipient != "" {
+		where.from, where.to = from, len(b)-start
+	}
 	b = appendVarintField(b, envCreatedAt, uint64(p.CreatedAtUnixMs))
 	body := len(r.url)
 	if len(p.Value) > 0 {
 		body += 1 + protowire.SizeBytes(len(p.Value))
 	}
-	where = Body{at: len(b) - start, url: r.typeURL}
+	where.at, where.url = len(b)-start, r.typeURL
 	b = protowire.AppendTag(b, envBody, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(body))
 	b = append(b, r.url...)
@@ -125,4 +137,42 @@ func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte
 		return nil, 0, nil, false
 	}
 	return env[:bodyAt+1], l - uint64(field), env[p+field:], true
+}
+
+// CutRoute says where in env, the envelope an encoder wrote with body,
+// its sender and recipient fields are ([from, to): the same envelope
+// without them is env[:from] then env[to:]), and what they say. ok is
+// false, and nothing else set, when body says env lacks either, and when
+// env does not hold there the two fields as Append writes them, and
+// nothing else (env changed since, or came with another's Body): it is
+// then sent as it is.
+func CutRoute(env []byte, body Body) (from, to int, sender, recipient []byte, ok bool) {
+	from, to = body.from, body.to
+	if to <= from || from < 0 || to > len(env) {
+		return 0, 0, nil, nil, false
+	}
+	f := env[from:to]
+	sender, n := consumeStrField(f, envSender)
+	if n <= 0 {
+		return 0, 0, nil, nil, false
+	}
+	recipient, m := consumeStrField(f[n:], envRecipient)
+	if m <= 0 || n+m != len(f) {
+		return 0, 0, nil, nil, false
+	}
+	return from, to, sender, recipient, true
+}
+
+// consumeStrField reads, at the start of b, a non-empty bytes field num
+// as Append writes it (a one-byte tag, the shortest length): its value
+// and the bytes it takes, n <= 0 when b does not start with one.
+func consumeStrField(b []byte, num protowire.Number) (v []byte, n int) {
+	if len(b) == 0 || b[0] != byte(num)<<3|byte(protowire.BytesType) {
+		return nil, -1
+	}
+	l, m := protowire.ConsumeVarint(b[1:])
+	if m < 0 || m != protowire.SizeVarint(l) || l == 0 || uint64(len(b)-1-m) < l {
+		return nil, -1
+	}
+	return b[1+m : 1+m+int(l)], 1 + m + int(l)
 }

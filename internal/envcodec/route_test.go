@@ -45,6 +45,7 @@ func TestRouteMatchesAppend(t *testing.T) {
 		}
 		got = got[2:]
 		cutsAsUnnamed(t, got, body, env)
+		cutsAsUnrouted(t, got, body, env)
 		sz, ok := Size(env)
 		if !ok {
 			t.Fatal("Size refused the envelope")
@@ -212,12 +213,106 @@ func TestAppendBodyCutsAsUnnamed(t *testing.T) {
 		if body.TypeURL() != env.GetBody().GetTypeUrl() {
 			t.Fatalf("Body names type %q, the envelope's is %q", body.TypeURL(), env.GetBody().GetTypeUrl())
 		}
+		cutsAsUnrouted(t, got, body, env)
 		if body.TypeURL() == "" {
-			if body != (Body{}) {
-				t.Fatalf("Body %+v for a body without a type, want the zero Body", body)
+			if body.at != 0 {
+				t.Fatalf("Body %+v for a body without a type, want no body", body)
 			}
 			return
 		}
 		cutsAsUnnamed(t, got, body, env)
+	})
+}
+
+// cutsAsUnrouted checks that CutRoute around body in b, the encoding of
+// env, gives env's sender and recipient, and without them the encoding of
+// env without both; and with the type URL cut as well (as a lane sends an
+// envelope that names both), the encoding of env without the three.
+func cutsAsUnrouted(t *rapid.T, b []byte, body Body, env *pb.Envelope) {
+	from, to, sender, recipient, ok := CutRoute(b, body)
+	if env.GetSender() == "" || env.GetRecipient() == "" {
+		if ok || body.HasRoute() {
+			t.Fatalf("CutRoute cut a route from an envelope without a sender %q or a recipient %q", env.GetSender(), env.GetRecipient())
+		}
+		return
+	}
+	if !ok {
+		t.Fatalf("CutRoute refused the encoder's own route at [%d, %d)", body.from, body.to)
+	}
+	if string(sender) != env.GetSender() || string(recipient) != env.GetRecipient() {
+		t.Fatalf("CutRoute says %q → %q, the envelope %q → %q", sender, recipient, env.GetSender(), env.GetRecipient())
+	}
+	for _, other := range []Body{{from: from + 1, to: to}, {from: from, to: to - 1}, {from: from, to: to + 1}} {
+		if _, _, _, _, ok := CutRoute(b, other); ok && other.to <= len(b) {
+			t.Fatalf("CutRoute cut at [%d, %d), the route is at [%d, %d)", other.from, other.to, from, to)
+		}
+	}
+	unrouted := proto.Clone(env).(*pb.Envelope)
+	unrouted.Sender, unrouted.Recipient = "", ""
+	want, err := proto.MarshalOptions{Deterministic: true}.Marshal(unrouted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cut := append(bytes.Clone(b[:from]), b[to:]...); !bytes.Equal(cut, want) {
+		t.Fatalf("cut\n%x\nproto writes without the route\n%x", cut, want)
+	}
+	head, bodyLen, tail, ok := CutTypeURL(b, body)
+	if !ok {
+		return
+	}
+	if to > len(head) {
+		t.Fatalf("the route [%d, %d) ends past the body's start %d", from, to, len(head))
+	}
+	both := append(bytes.Clone(b[:from]), head[to:]...)
+	both = protowire.AppendVarint(both, bodyLen)
+	both = append(both, tail...)
+	unrouted.Body.TypeUrl = ""
+	if want, err = (proto.MarshalOptions{Deterministic: true}).Marshal(unrouted); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(both, want) {
+		t.Fatalf("cut\n%x\nproto writes without the route and the type\n%x", both, want)
+	}
+}
+
+// CutRoute refuses what is not a sender and a recipient field, exactly,
+// where it is told to look, and never reads out of bounds.
+func TestCutRouteRefusesOtherBytes(t *testing.T) {
+	r, _ := NewRoute("s@n1", "r@n2", "type.googleapis.com/x.Y")
+	b, body := r.Append(nil, Plain{ID: []byte("id"), Value: []byte("v")})
+	if _, _, s, rc, ok := CutRoute(b, body); !ok || string(s) != "s@n1" || string(rc) != "r@n2" {
+		t.Fatalf("CutRoute of the route's own bytes: %q %q %v", s, rc, ok)
+	}
+	from, to := body.from, body.to
+	for _, tc := range []struct {
+		name     string
+		b        []byte
+		from, to int
+	}{
+		{"earlier", b, from - 1, to},
+		{"later", b, from + 1, to},
+		{"short", b, from, to - 1},
+		{"long", b, from, to + 1},
+		{"the sender alone", b, from, from + 6},
+		{"past the end", b[:to-1], from, to},
+		{"negative", b, -1, to},
+		{"empty", b, from, from},
+	} {
+		if _, _, _, _, ok := CutRoute(tc.b, Body{from: tc.from, to: tc.to}); ok {
+			t.Errorf("%s: cut", tc.name)
+		}
+	}
+	if _, _, _, _, ok := CutRoute(b, Body{}); ok {
+		t.Error("the zero Body: cut")
+	}
+	// A length written in more bytes than it needs is valid protobuf, but
+	// not what the encoders write.
+	long := []byte{byte(envSender)<<3 | byte(protowire.BytesType), 0x81, 0x00, 'a', byte(envRecipient)<<3 | byte(protowire.BytesType), 1, 'b'}
+	if _, _, _, _, ok := CutRoute(long, Body{from: 0, to: len(long)}); ok {
+		t.Error("cut a sender whose length Append would not write")
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		b := rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "bytes")
+		CutRoute(b, Body{from: rapid.IntRange(-2, 70).Draw(t, "from"), to: rapid.IntRange(-2, 70).Draw(t, "to")})
 	})
 }

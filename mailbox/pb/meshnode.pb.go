@@ -1053,12 +1053,18 @@ type Frame struct {
 	//	*Frame_Receipt
 	//	*Frame_Goaway
 	//	*Frame_TypeName
+	//	*Frame_RouteName
 	Kind isFrame_Kind `protobuf_oneof:"kind"`
 	// On an envelope frame of a lane stream: the body's type URL is the one
 	// that TypeName ref names on this stream, and the body carries none of
 	// its own (0: the body says its type, as always). Sent only to a peer
 	// whose Hello lists the feature "type-names".
-	BodyType      uint32 `protobuf:"varint,6,opt,name=body_type,json=bodyType,proto3" json:"body_type,omitempty"`
+	BodyType uint32 `protobuf:"varint,6,opt,name=body_type,json=bodyType,proto3" json:"body_type,omitempty"`
+	// On an envelope frame of a lane stream: the envelope's sender and
+	// recipient are those RouteName ref names on this stream, and the
+	// envelope carries neither (0: it carries its own, as always). Sent only
+	// to a peer whose Hello lists the feature "route-names".
+	Route         uint32 `protobuf:"varint,8,opt,name=route,proto3" json:"route,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1145,9 +1151,25 @@ func (x *Frame) GetTypeName() *TypeName {
 	return nil
 }
 
+func (x *Frame) GetRouteName() *RouteName {
+	if x != nil {
+		if x, ok := x.Kind.(*Frame_RouteName); ok {
+			return x.RouteName
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetBodyType() uint32 {
 	if x != nil {
 		return x.BodyType
+	}
+	return 0
+}
+
+func (x *Frame) GetRoute() uint32 {
+	if x != nil {
+		return x.Route
 	}
 	return 0
 }
@@ -1176,6 +1198,10 @@ type Frame_TypeName struct {
 	TypeName *TypeName `protobuf:"bytes,5,opt,name=type_name,json=typeName,proto3,oneof"`
 }
 
+type Frame_RouteName struct {
+	RouteName *RouteName `protobuf:"bytes,7,opt,name=route_name,json=routeName,proto3,oneof"`
+}
+
 func (*Frame_Hello) isFrame_Kind() {}
 
 func (*Frame_Envelope) isFrame_Kind() {}
@@ -1185,6 +1211,8 @@ func (*Frame_Receipt) isFrame_Kind() {}
 func (*Frame_Goaway) isFrame_Kind() {}
 
 func (*Frame_TypeName) isFrame_Kind() {}
+
+func (*Frame_RouteName) isFrame_Kind() {}
 
 // TypeName names a body type on one lane stream, for the rest of that
 // stream: envelope frames after it say ref (Frame.body_type) instead of
@@ -1243,6 +1271,71 @@ func (x *TypeName) GetUrl() string {
 	return ""
 }
 
+// RouteName names a sender and a recipient on one lane stream, for the
+// rest of that stream: envelope frames after it say ref (Frame.route)
+// instead of carrying both, which are sent once per stream rather than
+// with every message. Refs go from 1 up, each named once; a stream names
+// at most 64 routes and 4 KiB of their names.
+type RouteName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ref           uint32                 `protobuf:"varint,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	Sender        string                 `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
+	Recipient     string                 `protobuf:"bytes,3,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteName) Reset() {
+	*x = RouteName{}
+	mi := &file_meshnode_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteName) ProtoMessage() {}
+
+func (x *RouteName) ProtoReflect() protoreflect.Message {
+	mi := &file_meshnode_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteName.ProtoReflect.Descriptor instead.
+func (*RouteName) Descriptor() ([]byte, []int) {
+	return file_meshnode_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RouteName) GetRef() uint32 {
+	if x != nil {
+		return x.Ref
+	}
+	return 0
+}
+
+func (x *RouteName) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *RouteName) GetRecipient() string {
+	if x != nil {
+		return x.Recipient
+	}
+	return ""
+}
+
 // NodeMeta is the gossip metadata of a member (memberlist limits it to 512 bytes).
 type NodeMeta struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1258,7 +1351,7 @@ type NodeMeta struct {
 
 func (x *NodeMeta) Reset() {
 	*x = NodeMeta{}
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +1363,7 @@ func (x *NodeMeta) String() string {
 func (*NodeMeta) ProtoMessage() {}
 
 func (x *NodeMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +1376,7 @@ func (x *NodeMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMeta.ProtoReflect.Descriptor instead.
 func (*NodeMeta) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{10}
+	return file_meshnode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *NodeMeta) GetQuicAddr() string {
@@ -1349,7 +1442,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1454,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1467,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{11}
+	return file_meshnode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StoredMessage) GetEnvelope() *Envelope {
@@ -1438,7 +1531,7 @@ type OutStream struct {
 
 func (x *OutStream) Reset() {
 	*x = OutStream{}
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1543,7 @@ func (x *OutStream) String() string {
 func (*OutStream) ProtoMessage() {}
 
 func (x *OutStream) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1556,7 @@ func (x *OutStream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutStream.ProtoReflect.Descriptor instead.
 func (*OutStream) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{12}
+	return file_meshnode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OutStream) GetEpoch() uint64 {
@@ -1585,18 +1678,25 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xa4\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xf3\x02\n" +
 	"\x05Frame\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.meshnode.v1.HelloH\x00R\x05hello\x123\n" +
 	"\benvelope\x18\x02 \x01(\v2\x15.meshnode.v1.EnvelopeH\x00R\benvelope\x120\n" +
 	"\areceipt\x18\x03 \x01(\v2\x14.meshnode.v1.ReceiptH\x00R\areceipt\x12-\n" +
 	"\x06goaway\x18\x04 \x01(\v2\x13.meshnode.v1.GoAwayH\x00R\x06goaway\x124\n" +
-	"\ttype_name\x18\x05 \x01(\v2\x15.meshnode.v1.TypeNameH\x00R\btypeName\x12\x1b\n" +
-	"\tbody_type\x18\x06 \x01(\rR\bbodyTypeB\x06\n" +
+	"\ttype_name\x18\x05 \x01(\v2\x15.meshnode.v1.TypeNameH\x00R\btypeName\x127\n" +
+	"\n" +
+	"route_name\x18\a \x01(\v2\x16.meshnode.v1.RouteNameH\x00R\trouteName\x12\x1b\n" +
+	"\tbody_type\x18\x06 \x01(\rR\bbodyType\x12\x14\n" +
+	"\x05route\x18\b \x01(\rR\x05routeB\x06\n" +
 	"\x04kind\".\n" +
 	"\bTypeName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x10\n" +
-	"\x03url\x18\x02 \x01(\tR\x03url\"\x91\x02\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\"S\n" +
+	"\tRouteName\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x16\n" +
+	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\x1c\n" +
+	"\trecipient\x18\x03 \x01(\tR\trecipient\"\x91\x02\n" +
 	"\bNodeMeta\x12\x1b\n" +
 	"\tquic_addr\x18\x01 \x01(\tR\bquicAddr\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1635,7 +1735,7 @@ func file_meshnode_proto_rawDescGZIP() []byte {
 }
 
 var file_meshnode_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_meshnode_proto_goTypes = []any{
 	(RpcMeta_Kind)(0),         // 0: meshnode.v1.RpcMeta.Kind
 	(Envelope_Conflict)(0),    // 1: meshnode.v1.Envelope.Conflict
@@ -1651,17 +1751,18 @@ var file_meshnode_proto_goTypes = []any{
 	(*GoAway)(nil),            // 11: meshnode.v1.GoAway
 	(*Frame)(nil),             // 12: meshnode.v1.Frame
 	(*TypeName)(nil),          // 13: meshnode.v1.TypeName
-	(*NodeMeta)(nil),          // 14: meshnode.v1.NodeMeta
-	(*StoredMessage)(nil),     // 15: meshnode.v1.StoredMessage
-	(*OutStream)(nil),         // 16: meshnode.v1.OutStream
-	nil,                       // 17: meshnode.v1.Envelope.HeadersEntry
-	nil,                       // 18: meshnode.v1.NodeMeta.TagsEntry
-	(*anypb.Any)(nil),         // 19: google.protobuf.Any
+	(*RouteName)(nil),         // 14: meshnode.v1.RouteName
+	(*NodeMeta)(nil),          // 15: meshnode.v1.NodeMeta
+	(*StoredMessage)(nil),     // 16: meshnode.v1.StoredMessage
+	(*OutStream)(nil),         // 17: meshnode.v1.OutStream
+	nil,                       // 18: meshnode.v1.Envelope.HeadersEntry
+	nil,                       // 19: meshnode.v1.NodeMeta.TagsEntry
+	(*anypb.Any)(nil),         // 20: google.protobuf.Any
 }
 var file_meshnode_proto_depIdxs = []int32{
 	0,  // 0: meshnode.v1.RpcMeta.kind:type_name -> meshnode.v1.RpcMeta.Kind
-	17, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
-	19, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
+	18, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
+	20, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
 	4,  // 3: meshnode.v1.Envelope.rpc:type_name -> meshnode.v1.RpcMeta
 	1,  // 4: meshnode.v1.Envelope.conflict:type_name -> meshnode.v1.Envelope.Conflict
 	2,  // 5: meshnode.v1.Envelope.receipt:type_name -> meshnode.v1.Envelope.ReceiptMode
@@ -1673,13 +1774,14 @@ var file_meshnode_proto_depIdxs = []int32{
 	8,  // 11: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
 	11, // 12: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
 	13, // 13: meshnode.v1.Frame.type_name:type_name -> meshnode.v1.TypeName
-	18, // 14: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
-	5,  // 15: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	14, // 14: meshnode.v1.Frame.route_name:type_name -> meshnode.v1.RouteName
+	19, // 15: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
+	5,  // 16: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_meshnode_proto_init() }
@@ -1693,6 +1795,7 @@ func file_meshnode_proto_init() {
 		(*Frame_Receipt)(nil),
 		(*Frame_Goaway)(nil),
 		(*Frame_TypeName)(nil),
+		(*Frame_RouteName)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1700,7 +1803,7 @@ func file_meshnode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshnode_proto_rawDesc), len(file_meshnode_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
