@@ -54,15 +54,13 @@ const (
 // Field numbers of pb.Frame, pb.TypeName and pb.RouteName, for the
 // hand-written frames.
 const (
-	frameFieldTypeName      protowire.Number = 5
-	frameFieldBodyType      protowire.Number = 6
-	frameFieldRouteName     protowire.Number = 7
-	frameFieldRoute         protowire.Number = 8
-	typeNameFieldRef        protowire.Number = 1
-	typeNameFieldURL        protowire.Number = 2
-	routeNameFieldRef       protowire.Number = 1
-	routeNameFieldSender    protowire.Number = 2
-	routeNameFieldRecipient protowire.Number = 3
+	frameFieldTypeName  protowire.Number = 5
+	frameFieldBodyType  protowire.Number = 6
+	frameFieldRouteName protowire.Number = 7
+	frameFieldRoute     protowire.Number = 8
+	typeNameFieldRef    protowire.Number = 1
+	typeNameFieldURL    protowire.Number = 2
+	routeNameFieldRef   protowire.Number = 1
 )
 
 // Body says where the body of an encoded envelope is, and its type, for
@@ -74,68 +72,53 @@ type Body = envcodec.Body
 // encodedEnv is one envelope of a run pushEnvelopes queues: encoded in
 // the run's buffer at [from, to), with where its body and route are (the
 // zero Body: sent as it is). pushEnvelopes fills the rest, under the lane
-// lock.
+// lock. It is kept small, and the calls that fill and write it shallow:
+// a run of one lives in the frame of a sender's deepest call, a mailbox
+// goroutine's when it replies, whose stack must not grow for it.
 type encodedEnv struct {
 	from, to int
 	body     Body
 
 	ref        uint32 // the body type's ref on the stream; 0: its type in full
-	fresh      bool   // ref is named by this frame's run, before it
 	route      uint32 // the route's ref on the stream; 0: sender and recipient in full
+	fresh      bool   // ref is named by this frame's run, before it
 	routeFresh bool   // route is named by this frame's run, before it
-	// The sender and recipient fields (envcodec.CutRoute), and what they
-	// say: for the frame naming the route, and to take its name back.
-	fields, sender, recipient []byte
-	// The envelope as it is sent when it names something: pre, mid, and
-	// when it names its type, bodyLen as a varint and tail (its body
-	// without the type URL, envcodec.CutTypeURL).
-	pre, mid, tail []byte
-	bodyLen        uint64
+	// Where in the envelope the parts left out are, from its first byte:
+	// its route's fields [rFrom, rTo) (envcodec.CutRoute), and its body's
+	// type URL, from the end of the body's head to the start of its tail
+	// (envcodec.CutTypeURL), whose body is bodyLen bytes without it.
+	rFrom, rTo, headEnd, tailAt int32
+	bodyLen                     uint32
+	size                        int32 // the bytes its frames take on the stream
 }
 
 // named reports whether e names its type or its route.
 func (e *encodedEnv) named() bool { return e.ref != 0 || e.route != 0 }
 
-// envLen is the length of e's envelope as it is sent when it names
-// something.
-func (e *encodedEnv) envLen() int {
-	n := len(e.pre) + len(e.mid)
+// namedEnvLen is the length of e's envelope, of n bytes in full, as it
+// is sent naming what e names.
+func (e *encodedEnv) namedEnvLen(n int) int {
+	if e.route != 0 {
+		n -= int(e.rTo - e.rFrom)
+	}
 	if e.ref != 0 {
-		n += protowire.SizeVarint(e.bodyLen) + len(e.tail)
+		n -= int(e.tailAt-e.headEnd) - protowire.SizeVarint(uint64(e.bodyLen))
 	}
 	return n
 }
 
-// frameSize is the bytes e's frame takes on the stream: with the frames
-// naming its type and its route when it names them.
-func (e *encodedEnv) frameSize() int {
-	if !e.named() {
-		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.to-e.from)
-		return protowire.SizeVarint(uint64(inner)) + inner
-	}
-	inner := e.namedInner()
-	n := protowire.SizeVarint(uint64(inner)) + inner
-	if e.fresh {
-		n += typeNameSize(e.ref, len(e.body.TypeURL()))
-	}
-	if e.routeFresh {
-		n += routeNameSize(e.route, len(e.sender), len(e.recipient))
-	}
-	return n
-}
-
-// namedInner is the length of e's frame without its length prefix, when
-// it names something: never more than in full (the fields it leaves out
-// take at least 3 bytes each, the ref naming them at most 6).
-func (e *encodedEnv) namedInner() int {
-	n := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.envLen())
+// namedInner is the length of e's frame without its length prefix, its
+// envelope of n bytes in full: never more than in full (the fields it
+// leaves out take at least 3 bytes each, the ref naming them at most 6).
+func (e *encodedEnv) namedInner(n int) int {
+	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(e.namedEnvLen(n))
 	if e.ref != 0 {
-		n += protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(e.ref))
+		inner += protowire.SizeTag(frameFieldBodyType) + protowire.SizeVarint(uint64(e.ref))
 	}
 	if e.route != 0 {
-		n += protowire.SizeTag(frameFieldRoute) + protowire.SizeVarint(uint64(e.route))
+		inner += protowire.SizeTag(frameFieldRoute) + protowire.SizeVarint(uint64(e.route))
 	}
-	return n
+	return inner
 }
 
 // pushEnvelopes queues the frames of the envelopes run, encoded in enc,
@@ -167,21 +150,23 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 		if e.routeFresh {
 			named++
 		}
-		size += int64(e.frameSize())
+		size += int64(e.size)
 	}
 	cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes)
 	if cur > max && cur != size {
 		// Over the byte bound, unless the queue was empty: one frame up
 		// to MaxFrameSize always fits (Validate keeps SendQueueBytes
 		// above it).
-		l.unname(run)
+		for i := range run {
+			l.unname(&run[i], enc[run[i].from:run[i].to])
+		}
 		l.mu.Unlock()
 		c.qbytes.Add(-size)
 		c.queued.Add(-k)
 		return c.full(cur-size, "bytes", cur-max)
 	}
 	for i := range run {
-		l.appendFrameLocked(&run[i], enc)
+		l.appendFrameLocked(&run[i], enc[run[i].from:run[i].to])
 	}
 	l.n += int(k)
 	l.named += named
@@ -197,38 +182,43 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 
 // name gives e, whose envelope is env, the refs of its body type and its
 // route on the lane's stream, when the peer takes such names, naming each
-// when it is new and the stream's names have room; a ref left 0 sends
-// that part in full. Called with l.mu held.
+// when it is new and the stream's names have room (a ref left 0 sends
+// that part in full), and sizes its frames. Called with l.mu held.
 func (l *lane) name(e *encodedEnv, env []byte) {
 	e.ref, e.fresh, e.route, e.routeFresh = 0, false, 0, false
 	c := l.c
-	head, bodyLen, tail, typed := envcodec.CutTypeURL(env, e.body)
-	if typed = typed && c.names; typed {
-		typed = l.nameType(e)
+	if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body); ok && c.names {
+		e.headEnd, e.tailAt, e.bodyLen = int32(len(head)), int32(len(env)-len(tail)), uint32(bodyLen)
+		l.nameType(e)
 	}
-	from, to, sender, recipient, routed := envcodec.CutRoute(env, e.body)
-	if routed = routed && c.routes && (!typed || to <= len(head)); routed {
-		e.fields, e.sender, e.recipient = env[from:to], sender, recipient
-		routed = l.nameRoute(e)
+	if from, to, ok := envcodec.CutRoute(env, e.body); ok && c.routes {
+		e.rFrom, e.rTo = int32(from), int32(to)
+		l.nameRoute(e, env[from:to])
 	}
-	switch {
-	case typed && routed:
-		e.pre, e.mid, e.bodyLen, e.tail = env[:from], head[to:], bodyLen, tail
-	case typed:
-		e.pre, e.mid, e.bodyLen, e.tail = head, nil, bodyLen, tail
-	case routed:
-		e.pre, e.mid = env[:from], env[to:]
+	if !e.named() {
+		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
+		e.size = int32(protowire.SizeVarint(uint64(inner)) + inner)
+		return
 	}
+	inner := e.namedInner(len(env))
+	n := protowire.SizeVarint(uint64(inner)) + inner
+	if e.fresh {
+		n += typeNameSize(e.ref, len(e.body.TypeURL()))
+	}
+	if e.routeFresh {
+		n += routeNameSize(e.route, int(e.rTo-e.rFrom))
+	}
+	e.size = int32(n)
 }
 
 // nameType gives e its body type's ref, naming the type when it is new
-// and the stream's names have room: false when it has none.
-func (l *lane) nameType(e *encodedEnv) bool {
+// and the stream's names have room (else e keeps ref 0).
+func (l *lane) nameType(e *encodedEnv) {
 	url := e.body.TypeURL()
 	ref := l.names[url]
 	if ref == 0 {
 		if len(l.names) >= maxNames || l.nameBytes+len(url) > maxNameBytes {
-			return false
+			return
 		}
 		if l.names == nil {
 			l.names = make(map[string]uint32)
@@ -239,54 +229,49 @@ func (l *lane) nameType(e *encodedEnv) bool {
 		e.fresh = true
 	}
 	e.ref = ref
-	return true
 }
 
-// nameRoute gives e its route's ref (e.fields, e.sender and e.recipient
-// set), naming the route when it is new and the stream's routes have
-// room: false when it has none. A route is known by its fields' bytes.
-func (l *lane) nameRoute(e *encodedEnv) bool {
-	ref := l.routes[string(e.fields)]
+// nameRoute gives e the ref of its route, whose fields are fields,
+// naming the route when it is new and the stream's routes have room
+// (else e keeps route 0). A route is known by its fields' bytes, which
+// count against maxRouteBytes: more than the names alone, which the
+// receiver counts, so a sender never names past its bound.
+func (l *lane) nameRoute(e *encodedEnv, fields []byte) {
+	ref := l.routes[string(fields)]
 	if ref == 0 {
-		n := len(e.sender) + len(e.recipient)
-		if len(l.routes) >= maxRoutes || l.routeBytes+n > maxRouteBytes {
-			return false
+		if len(l.routes) >= maxRoutes || l.routeBytes+len(fields) > maxRouteBytes {
+			return
 		}
 		if l.routes == nil {
 			l.routes = make(map[string]uint32)
 		}
 		ref = uint32(len(l.routes) + 1)
-		l.routes[string(e.fields)] = ref
-		l.routeBytes += n
+		l.routes[string(fields)] = ref
+		l.routeBytes += len(fields)
 		e.routeFresh = true
 	}
 	e.route = ref
-	return true
 }
 
-// unname takes back the names run gave, in a run that is refused.
-// Called with l.mu held.
-func (l *lane) unname(run []encodedEnv) {
-	for i := range run {
-		e := &run[i]
-		if e.fresh {
-			delete(l.names, e.body.TypeURL())
-			l.nameBytes -= len(e.body.TypeURL())
-		}
-		if e.routeFresh {
-			delete(l.routes, string(e.fields))
-			l.routeBytes -= len(e.sender) + len(e.recipient)
-		}
+// unname takes back the names e, whose envelope is env, gave, in a run
+// that is refused. Called with l.mu held.
+func (l *lane) unname(e *encodedEnv, env []byte) {
+	if e.fresh {
+		delete(l.names, e.body.TypeURL())
+		l.nameBytes -= len(e.body.TypeURL())
+	}
+	if e.routeFresh {
+		delete(l.routes, string(env[e.rFrom:e.rTo]))
+		l.routeBytes -= int(e.rTo - e.rFrom)
 	}
 }
 
-// appendFrameLocked appends e's frame (enc holds its envelope), after
-// the frames naming its type and route when e names them. Called with
-// l.mu held.
-func (l *lane) appendFrameLocked(e *encodedEnv, enc []byte) {
+// appendFrameLocked appends e's frame (env its envelope), after the
+// frames naming its type and route when e names them. Called with l.mu
+// held.
+func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 	var hb [32]byte
 	if !e.named() {
-		env := enc[e.from:e.to]
 		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
 		h := protowire.AppendVarint(hb[:0], uint64(inner))
 		h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
@@ -303,24 +288,29 @@ func (l *lane) appendFrameLocked(e *encodedEnv, enc []byte) {
 		l.appendLocked([]byte(url))
 	}
 	if e.routeFresh {
-		l.appendLocked(appendRouteNameHead(hb[:0], e.route, len(e.sender), len(e.recipient)))
-		l.appendLocked(e.sender)
-		l.appendLocked(protowire.AppendVarint(protowire.AppendTag(hb[:0], routeNameFieldRecipient, protowire.BytesType), uint64(len(e.recipient))))
-		l.appendLocked(e.recipient)
+		l.appendLocked(appendRouteNameHead(hb[:0], e.route, int(e.rTo-e.rFrom)))
+		l.appendLocked(env[e.rFrom:e.rTo])
 	}
-	inner := e.namedInner()
+	inner := e.namedInner(len(env))
 	h := protowire.AppendVarint(hb[:0], uint64(inner))
 	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
-	l.appendLocked(protowire.AppendVarint(h, uint64(e.envLen())))
-	l.appendLocked(e.pre)
-	l.appendLocked(e.mid)
-	var t []byte
+	l.appendLocked(protowire.AppendVarint(h, uint64(e.namedEnvLen(len(env)))))
+	// The envelope, without the parts it names: the route's fields come
+	// before the body (their field numbers are lower).
+	at := 0
+	if e.route != 0 {
+		l.appendLocked(env[:e.rFrom])
+		at = int(e.rTo)
+	}
+	t := hb[:0]
 	if e.ref != 0 {
-		l.appendLocked(protowire.AppendVarint(hb[:0], e.bodyLen))
-		l.appendLocked(e.tail)
+		l.appendLocked(env[at:e.headEnd])
+		l.appendLocked(protowire.AppendVarint(hb[:0], uint64(e.bodyLen)))
+		at = int(e.tailAt)
 		t = protowire.AppendTag(hb[:0], frameFieldBodyType, protowire.VarintType)
 		t = protowire.AppendVarint(t, uint64(e.ref))
 	}
+	l.appendLocked(env[at:])
 	if e.route != 0 {
 		t = protowire.AppendTag(t, frameFieldRoute, protowire.VarintType)
 		t = protowire.AppendVarint(t, uint64(e.route))
@@ -359,35 +349,31 @@ func appendTypeNameHead(b []byte, ref uint32, urlLen int) []byte {
 	return protowire.AppendVarint(b, uint64(urlLen))
 }
 
-// routeNameSizes are the lengths of the RouteName naming ref, a sender of
-// sLen bytes and a recipient of rLen, and of its frame without the
-// frame's length prefix.
-func routeNameSizes(ref uint32, sLen, rLen int) (rn, inner int) {
-	rn = protowire.SizeTag(routeNameFieldRef) + protowire.SizeVarint(uint64(ref)) +
-		protowire.SizeTag(routeNameFieldSender) + protowire.SizeBytes(sLen) +
-		protowire.SizeTag(routeNameFieldRecipient) + protowire.SizeBytes(rLen)
+// routeNameSizes are the lengths of the RouteName naming ref, whose
+// sender and recipient fields (numbered as in Envelope) take fields
+// bytes, and of its frame without the frame's length prefix.
+func routeNameSizes(ref uint32, fields int) (rn, inner int) {
+	rn = protowire.SizeTag(routeNameFieldRef) + protowire.SizeVarint(uint64(ref)) + fields
 	return rn, protowire.SizeTag(frameFieldRouteName) + protowire.SizeBytes(rn)
 }
 
-// routeNameSize is the bytes the frame naming ref, a sender of sLen bytes
-// and a recipient of rLen, takes on the stream.
-func routeNameSize(ref uint32, sLen, rLen int) int {
-	_, inner := routeNameSizes(ref, sLen, rLen)
+// routeNameSize is the bytes the frame naming ref, its sender and
+// recipient fields of fields bytes, takes on the stream.
+func routeNameSize(ref uint32, fields int) int {
+	_, inner := routeNameSizes(ref, fields)
 	return protowire.SizeVarint(uint64(inner)) + inner
 }
 
-// appendRouteNameHead appends the frame naming ref, a sender of sLen
-// bytes and a recipient of rLen, up to the sender's own bytes, which
-// follow it (then the recipient's field).
-func appendRouteNameHead(b []byte, ref uint32, sLen, rLen int) []byte {
-	rn, inner := routeNameSizes(ref, sLen, rLen)
+// appendRouteNameHead appends the frame naming ref up to its sender and
+// recipient fields (fields bytes, an envelope's as they are), which
+// follow it.
+func appendRouteNameHead(b []byte, ref uint32, fields int) []byte {
+	rn, inner := routeNameSizes(ref, fields)
 	b = protowire.AppendVarint(b, uint64(inner))
 	b = protowire.AppendTag(b, frameFieldRouteName, protowire.BytesType)
 	b = protowire.AppendVarint(b, uint64(rn))
 	b = protowire.AppendTag(b, routeNameFieldRef, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(ref))
-	b = protowire.AppendTag(b, routeNameFieldSender, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(sLen))
+	return protowire.AppendVarint(b, uint64(ref))
 }
 
 // names is what a received lane stream named: its reader's own.

@@ -19,9 +19,9 @@ func nameFrame(ref uint32, url string) []byte {
 
 // routeFrame is the frame naming route ref, as a lane writes it.
 func routeFrame(ref uint32, sender, recipient string) []byte {
-	b := append(appendRouteNameHead(nil, ref, len(sender), len(recipient)), sender...)
-	b = protowire.AppendTag(b, routeNameFieldRecipient, protowire.BytesType)
-	return protowire.AppendString(b, recipient)
+	fields := protowire.AppendString(protowire.AppendTag(nil, 4, protowire.BytesType), sender)
+	fields = protowire.AppendString(protowire.AppendTag(fields, 5, protowire.BytesType), recipient)
+	return append(appendRouteNameHead(nil, ref, len(fields)), fields...)
 }
 
 // A lane's frame naming a route is the one proto writes for that
@@ -39,7 +39,8 @@ func TestRouteNameFrameIsProtos(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Fatalf("ref %d: wrote\n%x\nproto writes\n%x", tc.ref, got, want)
 		}
-		if n := routeNameSize(tc.ref, len(tc.sender), len(tc.recipient)); n != len(want) {
+		fields := protowire.SizeTag(4) + protowire.SizeBytes(len(tc.sender)) + protowire.SizeTag(5) + protowire.SizeBytes(len(tc.recipient))
+		if n := routeNameSize(tc.ref, fields); n != len(want) {
 			t.Fatalf("ref %d: sized %d bytes, wrote %d", tc.ref, n, len(want))
 		}
 	}

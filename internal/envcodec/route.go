@@ -140,39 +140,30 @@ func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte
 }
 
 // CutRoute says where in env, the envelope an encoder wrote with body,
-// its sender and recipient fields are ([from, to): the same envelope
-// without them is env[:from] then env[to:]), and what they say. ok is
-// false, and nothing else set, when body says env lacks either, and when
-// env does not hold there the two fields as Append writes them, and
-// nothing else (env changed since, or came with another's Body): it is
-// then sent as it is.
-func CutRoute(env []byte, body Body) (from, to int, sender, recipient []byte, ok bool) {
+// its sender and recipient fields are: the same envelope without them is
+// env[:from] then env[to:]. ok is false, and nothing else set, when body
+// says env lacks either, and when env does not hold there a non-empty
+// sender field and a non-empty recipient field as Append writes them (a
+// one-byte tag, the shortest length), and nothing else (env changed
+// since, or came with another's Body): it is then sent as it is.
+func CutRoute(env []byte, body Body) (from, to int, ok bool) {
 	from, to = body.from, body.to
 	if to <= from || from < 0 || to > len(env) {
-		return 0, 0, nil, nil, false
+		return 0, 0, false
 	}
-	f := env[from:to]
-	sender, n := consumeStrField(f, envSender)
-	if n <= 0 {
-		return 0, 0, nil, nil, false
+	p := from
+	for _, num := range [2]protowire.Number{envSender, envRecipient} {
+		if p >= to || env[p] != byte(num)<<3|byte(protowire.BytesType) {
+			return 0, 0, false
+		}
+		l, m := protowire.ConsumeVarint(env[p+1 : to])
+		if m < 0 || m != protowire.SizeVarint(l) || l == 0 || uint64(to-p-1-m) < l {
+			return 0, 0, false
+		}
+		p += 1 + m + int(l)
 	}
-	recipient, m := consumeStrField(f[n:], envRecipient)
-	if m <= 0 || n+m != len(f) {
-		return 0, 0, nil, nil, false
+	if p != to {
+		return 0, 0, false
 	}
-	return from, to, sender, recipient, true
-}
-
-// consumeStrField reads, at the start of b, a non-empty bytes field num
-// as Append writes it (a one-byte tag, the shortest length): its value
-// and the bytes it takes, n <= 0 when b does not start with one.
-func consumeStrField(b []byte, num protowire.Number) (v []byte, n int) {
-	if len(b) == 0 || b[0] != byte(num)<<3|byte(protowire.BytesType) {
-		return nil, -1
-	}
-	l, m := protowire.ConsumeVarint(b[1:])
-	if m < 0 || m != protowire.SizeVarint(l) || l == 0 || uint64(len(b)-1-m) < l {
-		return nil, -1
-	}
-	return b[1+m : 1+m+int(l)], 1 + m + int(l)
+	return from, to, true
 }

@@ -1275,12 +1275,13 @@ func (x *TypeName) GetUrl() string {
 // rest of that stream: envelope frames after it say ref (Frame.route)
 // instead of carrying both, which are sent once per stream rather than
 // with every message. Refs go from 1 up, each named once; a stream names
-// at most 64 routes and 4 KiB of their names.
+// at most 64 routes and 4 KiB of their names. The two fields have their
+// numbers in Envelope, so that a sender copies an envelope's as they are.
 type RouteName struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           uint32                 `protobuf:"varint,1,opt,name=ref,proto3" json:"ref,omitempty"`
-	Sender        string                 `protobuf:"bytes,2,opt,name=sender,proto3" json:"sender,omitempty"`
-	Recipient     string                 `protobuf:"bytes,3,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	Sender        string                 `protobuf:"bytes,4,opt,name=sender,proto3" json:"sender,omitempty"`
+	Recipient     string                 `protobuf:"bytes,5,opt,name=recipient,proto3" json:"recipient,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1692,11 +1693,11 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x04kind\".\n" +
 	"\bTypeName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x10\n" +
-	"\x03url\x18\x02 \x01(\tR\x03url\"S\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\"_\n" +
 	"\tRouteName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x16\n" +
-	"\x06sender\x18\x02 \x01(\tR\x06sender\x12\x1c\n" +
-	"\trecipient\x18\x03 \x01(\tR\trecipient\"\x91\x02\n" +
+	"\x06sender\x18\x04 \x01(\tR\x06sender\x12\x1c\n" +
+	"\trecipient\x18\x05 \x01(\tR\trecipientJ\x04\b\x02\x10\x03J\x04\b\x03\x10\x04\"\x91\x02\n" +
 	"\bNodeMeta\x12\x1b\n" +
 	"\tquic_addr\x18\x01 \x01(\tR\bquicAddr\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
