@@ -103,6 +103,13 @@
 //     per stream; others, forwarded envelopes, and everything sent to an
 //     older peer, go in full.
 //     A bad name or ref closes the connection (CodeProtocol).
+//   - Routes are named once per lane stream too (names.go). A peer whose
+//     Hello lists FeatureRouteNames reads RouteName frames (ref → sender
+//     and recipient); an envelope the codec wrote with both then goes
+//     without either and with Frame.route = ref, and the receiver puts
+//     them back before anything else sees it. Up to 64 routes and 4 KiB
+//     of their names per stream; others, forwarded envelopes, and
+//     everything sent to a peer without the feature, go in full.
 //   - Envelopes have a hand-written codec (envcodec.go), because the
 //     generated one was a fifth of the receiver's CPU. The encoder writes
 //     proto.Marshal's bytes, with headers in sorted key order (the order

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Body types named once per lane stream.
+// Body types and routes named once per lane stream.
 //
 // An envelope's body is a google.protobuf.Any: its type URL
 // ("type.googleapis.com/google.protobuf.BytesValue", 48 bytes with its
@@ -26,6 +26,17 @@ import (
 // out of order, a name past the bounds, or a named envelope whose body is
 // missing or carries a type of its own: it is a peer's bug or its attack,
 // and nothing of it could be trusted.
+//
+// Routes are named the same way: every message from one sender to one
+// recipient carries both names (an actor's and its node's, 15 bytes in
+// the benchmarks, easily 50 in a fleet), so a sender may name the pair
+// once on a stream (a RouteName frame: ref → sender, recipient, whose
+// fields have their Envelope numbers, so the sender copies an envelope's
+// two fields as they are) and send each later envelope of that pair
+// without either and with a Frame.route of ref. The rules are the type
+// names' rules, with their own bounds (maxRoutes, maxRouteBytes) and Hello
+// feature (FeatureRouteNames); a routed envelope that carries a sender or
+// a recipient of its own closes the connection.
 //
 // Every envelope the codec writes takes names: those a sender encodes
 // itself (SendEncoded with a Body) and those of Send, Request and
