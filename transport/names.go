@@ -231,6 +231,9 @@ func (l *lane) nameType(e *encodedEnv) {
 		if len(l.names) >= maxNames || l.nameBytes+len(url) > maxNameBytes {
 			return
 		}
+		if _, inner := typeNameSizes(uint32(len(l.names)+1), len(url)); inner > l.c.maxFrame {
+			return // its naming frame would be past the peer's frame limit
+		}
 		if l.names == nil {
 			l.names = make(map[string]uint32)
 		}
@@ -251,6 +254,11 @@ func (l *lane) nameRoute(e *encodedEnv, fields []byte) {
 	ref := l.routes[string(fields)]
 	if ref == 0 {
 		if len(l.routes) >= maxRoutes || l.routeBytes+len(fields) > maxRouteBytes {
+			return
+		}
+		if _, inner := routeNameSizes(uint32(len(l.routes)+1), len(fields)); inner > l.c.maxFrame {
+			// Its naming frame would be past the peer's frame limit (an
+			// envelope of nothing but its route, at the limit).
 			return
 		}
 		if l.routes == nil {

@@ -115,7 +115,7 @@ func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte
 		return nil, 0, nil, false
 	}
 	const bodyTag, urlTag = byte(envBody<<3 | protowire.BytesType), byte(anyTypeURL<<3 | protowire.BytesType)
-	if bodyAt < 0 || bodyAt >= len(env) || env[bodyAt] != bodyTag {
+	if bodyAt < 0 || bodyAt >= len(env) || env[bodyAt] != bodyTag || !fieldAt(env, bodyAt) {
 		return nil, 0, nil, false
 	}
 	l, n := protowire.ConsumeVarint(env[bodyAt+1:])
@@ -139,16 +139,49 @@ func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte
 	return env[:bodyAt+1], l - uint64(field), env[p+field:], true
 }
 
+// fieldAt reports whether a field of env starts at offset at, reading
+// env's fields from its start as the encoders write the fields before a
+// route or a body: varints and bytes (any other wire type: false). So
+// bytes that only look like a field, inside another one, are not cut.
+func fieldAt(env []byte, at int) bool {
+	p := 0
+	for p < at {
+		tag, n := protowire.ConsumeVarint(env[p:])
+		if n < 0 {
+			return false
+		}
+		p += n
+		switch protowire.Type(tag & 7) {
+		case protowire.VarintType:
+			_, n = protowire.ConsumeVarint(env[p:])
+		case protowire.BytesType:
+			l, m := protowire.ConsumeVarint(env[p:])
+			if m < 0 || l > uint64(len(env)-p-m) {
+				return false
+			}
+			n = m + int(l)
+		default:
+			return false
+		}
+		if n < 0 {
+			return false
+		}
+		p += n
+	}
+	return p == at
+}
+
 // CutRoute says where in env, the envelope an encoder wrote with body,
 // its sender and recipient fields are: the same envelope without them is
 // env[:from] then env[to:]. ok is false, and nothing else set, when body
 // says env lacks either, and when env does not hold there a non-empty
 // sender field and a non-empty recipient field as Append writes them (a
-// one-byte tag, the shortest length), and nothing else (env changed
+// one-byte tag, the shortest length), and nothing else, the first of
+// them one of env's own fields, not bytes inside another (env changed
 // since, or came with another's Body): it is then sent as it is.
 func CutRoute(env []byte, body Body) (from, to int, ok bool) {
 	from, to = body.from, body.to
-	if to <= from || from < 0 || to > len(env) {
+	if to <= from || from < 0 || to > len(env) || !fieldAt(env, from) {
 		return 0, 0, false
 	}
 	p := from

@@ -313,6 +313,25 @@ func TestCutRouteRefusesOtherBytes(t *testing.T) {
 	if _, _, ok := CutRoute(long, Body{from: 0, to: len(long)}); ok {
 		t.Error("cut a sender whose length Append would not write")
 	}
+	// Bytes that look like the two fields, inside another field (a msg
+	// id), at the offsets another envelope's Body says.
+	short, _ := NewRoute("s", "r", "t/x")
+	_, shortBody := short.Append(nil, Plain{ID: []byte("abcdefgh"), Value: []byte("v")})
+	inside, _ := NewRoute("real@a", "real@b", "t/y")
+	foreign, _ := inside.Append(nil, Plain{ID: []byte("01234567\"\x01s*\x01rzz"), Value: []byte("v")})
+	if got := foreign[shortBody.from:shortBody.to]; string(got) != "\"\x01s*\x01r" {
+		t.Fatalf("the look-alike is not where the Body says: %q", got)
+	}
+	if _, _, ok := CutRoute(foreign, shortBody); ok {
+		t.Error("cut look-alike fields inside the msg id")
+	}
+	// A body with its type URL, as Append writes it, inside a msg id.
+	fake := []byte{byte(envBody)<<3 | 2, 5, byte(anyTypeURL)<<3 | 2, 3, 't', '/', 'y'}
+	inID, _ := inside.Append(nil, Plain{ID: append([]byte("id"), fake...), Value: []byte("v")})
+	at := bytes.Index(inID, fake)
+	if _, _, _, ok := CutTypeURL(inID, Body{at: at, url: "t/y"}); ok {
+		t.Errorf("CutTypeURL cut a look-alike body inside the msg id, at %d", at)
+	}
 	rapid.Check(t, func(t *rapid.T) {
 		b := rapid.SliceOfN(rapid.Byte(), 0, 64).Draw(t, "bytes")
 		CutRoute(b, Body{from: rapid.IntRange(-2, 70).Draw(t, "from"), to: rapid.IntRange(-2, 70).Draw(t, "to")})
