@@ -22,7 +22,8 @@ import (
 // typeCheckingPair starts a, whose queue to b holds at most queued
 // envelopes and 128 KiB, and b, whose handler counts what it gets
 // (got), stores in bad the first envelope whose type is not what its value
-// says ("type|..."), and answers receipts.
+// says ("type|...", or "type|sender|recipient|..." to check those too),
+// and answers receipts.
 func typeCheckingPair(t *testing.T, queued int) (a *node, got *atomic.Int64, bad *atomic.Value) {
 	t.Helper()
 	ca, r := newCA(t), newResolver()
@@ -34,9 +35,10 @@ func typeCheckingPair(t *testing.T, queued int) (a *node, got *atomic.Int64, bad
 	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
 		got.Add(1)
 		v := string(env.GetBody().GetValue())
-		i := strings.IndexByte(v, '|')
-		if i < 0 || env.GetBody().GetTypeUrl() != v[:i] {
-			bad.Store(fmt.Sprintf("type %q, value %q", env.GetBody().GetTypeUrl(), v))
+		want := strings.SplitN(v, "|", 4)
+		if len(want) < 2 || env.GetBody().GetTypeUrl() != want[0] ||
+			len(want) == 4 && (env.GetSender() != want[1] || env.GetRecipient() != want[2]) {
+			bad.Store(fmt.Sprintf("%s → %s of type %q, value %.80q", env.GetSender(), env.GetRecipient(), env.GetBody().GetTypeUrl(), v))
 		}
 		if reply != nil {
 			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
@@ -111,6 +113,28 @@ func TestNamedAndFullSendsShareASmallQueue(t *testing.T) {
 // the queue drains to nothing.
 func TestRunsOfNamedEnvelopesShareASmallQueue(t *testing.T) {
 	a, got, bad := typeCheckingPair(t, 64)
+	runsShareASmallQueue(t, a, got, bad, func(g, i, j int, rcpt string) *pb.Envelope {
+		// New types all along (one more every run, 62 in all: within the
+		// names bound), while the queue is contended.
+		k := i + j%3
+		url := typeURL(k)
+		if k%20 == 0 {
+			url += strings.Repeat("L", 600) // long ones too
+		}
+		return &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("m-%d-%d-%d", g, i, j), Sender: "@a", Recipient: rcpt,
+			Body: &anypb.Any{TypeUrl: url, Value: []byte(url + "|" + strings.Repeat("x", (i*379+j*97)%9000))}, Receipt: pb.Envelope_RECEIPT_PROCESSED}
+	})
+}
+
+// runsShareASmallQueue has 8 goroutines send 60 runs each of 1 to 30
+// envelopes (envelope(g, i, j, rcpt) the j-th of goroutine g's i-th run),
+// as RequestBatch does, and some single ones as Send, to b through a's
+// small queue, sending each again while the queue refuses it. Every
+// envelope b gets must be what its value says (typeCheckingPair), every
+// accepted run arrive whole, some runs be refused, and the queue drain
+// to nothing.
+func runsShareASmallQueue(t *testing.T, a *node, got *atomic.Int64, bad *atomic.Value, envelope func(g, i, j int, rcpt string) *pb.Envelope) {
+	t.Helper()
 	ctx := ctxT(t, 90*time.Second)
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int64
@@ -120,16 +144,7 @@ func TestRunsOfNamedEnvelopesShareASmallQueue(t *testing.T) {
 				rcpt := fmt.Sprintf("r%d@b", (g+i)%3)
 				run := make([]*pb.Envelope, 1+(g*13+i*7)%30)
 				for j := range run {
-					// New types all along (one more every run, 62 in
-					// all: within the names bound), while the queue is
-					// contended.
-					k := i + j%3
-					url := typeURL(k)
-					if k%20 == 0 {
-						url += strings.Repeat("L", 600) // long ones too
-					}
-					run[j] = &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("m-%d-%d-%d", g, i, j), Sender: "@a", Recipient: rcpt,
-						Body: &anypb.Any{TypeUrl: url, Value: []byte(url + "|" + strings.Repeat("x", (i*379+j*97)%9000))}, Receipt: pb.Envelope_RECEIPT_PROCESSED}
+					run[j] = envelope(g, i, j, rcpt)
 				}
 				single := g%2 == 1 && len(run) == 1
 				if single {
@@ -160,7 +175,7 @@ func TestRunsOfNamedEnvelopesShareASmallQueue(t *testing.T) {
 	wg.Wait()
 	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return got.Load() >= ok.Load() })
 	if v := bad.Load(); v != nil {
-		t.Fatalf("b received an envelope with the wrong type: %v", v)
+		t.Fatalf("b received an envelope not as sent: %v", v)
 	}
 	if got.Load() != ok.Load() {
 		t.Fatalf("b got %d envelopes, %d were accepted: a refused run was partly sent", got.Load(), ok.Load())

@@ -207,6 +207,27 @@ func TestBodyTypesPastTheNamesBoundGoInFull(t *testing.T) {
 	sendTyped(t, a, b, rec, 20, func(i int) string { return strings.Repeat("t", 2000+i) }, true)
 }
 
+// framesCloseTheConnection has a peer write frames on a lane stream and
+// checks that the server closes its connection for bad input
+// (CodeProtocol) and still serves another peer.
+func framesCloseTheConnection(t *testing.T, frames []*pb.Frame) {
+	t.Helper()
+	ca, srv, good, _ := hostileSetup(t, nil)
+	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
+	s := evil.Lane(t)
+	for _, f := range frames {
+		b, err := transport.AppendFrame(nil, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write(b); err != nil {
+			break // closed already
+		}
+	}
+	assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
+	assertGoodPeerWorks(t, srv, good)
+}
+
 // What a peer names on a lane stream is checked: a ref it did not name, a
 // name out of order, twice, empty or too long, past the bound, a named
 // envelope without a body or whose body says a type of its own, and a
@@ -242,22 +263,7 @@ func TestBadTypeNamesCloseTheConnection(t *testing.T) {
 		{"a named envelope whose body says its type", []*pb.Frame{name(1, "t/a"), envelope(1, &anypb.Any{TypeUrl: "t/b", Value: []byte("v")})}},
 		{"a body type without an envelope", []*pb.Frame{{Kind: &pb.Frame_TypeName{TypeName: &pb.TypeName{Ref: 1, Url: "t/a"}}, BodyType: 1}}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ca, srv, good, _ := hostileSetup(t, nil)
-			evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-			s := evil.Lane(t)
-			for _, f := range tc.frames {
-				b, err := transport.AppendFrame(nil, f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Write(b); err != nil {
-					break // closed already
-				}
-			}
-			assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
-			assertGoodPeerWorks(t, srv, good)
-		})
+		t.Run(tc.name, func(t *testing.T) { framesCloseTheConnection(t, tc.frames) })
 	}
 	t.Run("as the rules say", func(t *testing.T) {
 		ca, srv, _, rec := hostileSetup(t, nil)

@@ -36,12 +36,7 @@ func TestSendEncodedWithAnotherEnvelopesBodyGoesAsItIs(t *testing.T) {
 	if err := a.SendEncoded(ctxT(t, 5*time.Second), "b", want.GetRecipient(), wire, envcodec.Body{}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for rec.count.Load() < 2 && time.Now().Before(deadline) {
-		<-tick.C
-	}
+	pollFor(5*time.Second, func() bool { return rec.count.Load() >= 2 })
 	got, _ := rec.snapshot()
 	if len(got) == 0 {
 		t.Fatalf("b got nothing; a's logs:\n%s", a.logs.String())

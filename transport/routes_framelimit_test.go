@@ -46,12 +46,7 @@ func TestRouteAtThePeersFrameLimitGoesInFull(t *testing.T) {
 	if err := a.Send(ctx, "b", next); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for rec.count.Load() < 2 && time.Now().Before(deadline) {
-		<-tick.C
-	}
+	pollFor(5*time.Second, func() bool { return rec.count.Load() >= 2 })
 	got, _ := rec.snapshot()
 	var ids []string
 	for _, e := range got {
@@ -60,4 +55,20 @@ func TestRouteAtThePeersFrameLimitGoesInFull(t *testing.T) {
 	if len(got) != 2 || got[0].GetSender() != sender || got[0].GetRecipient() != recipient {
 		t.Fatalf("b got %v (conn id before %d, now %d); logs:\n%s", ids, id, transport.ConnID(a.Transport, "b"), a.logs.String())
 	}
+}
+
+// pollFor polls f every 5 ms until it holds or d has passed, and says
+// whether it held: for a test that reports more than waitCond's message
+// when it does not.
+func pollFor(d time.Duration, f func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !f() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
 }

@@ -1,12 +1,8 @@
 package transport_test
 
 import (
-	"errors"
 	"fmt"
-	"runtime"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -95,85 +91,19 @@ func TestRoutesPastTheBoundsGoInFull(t *testing.T) {
 // type its value says, each accepted run arrives whole, and the queue
 // drains to nothing.
 func TestRunsOfNewRoutesShareASmallQueue(t *testing.T) {
-	ca, r := newCA(t), newResolver()
-	cfg := testConfig(t, ca, "a")
-	cfg.SendQueueSize = 64
-	cfg.MaxFrameSize, cfg.SendQueueBytes = 64<<10, 128<<10
-	a := startNode(t, cfg, r, &recorder{})
-	var got atomic.Int64
-	var bad atomic.Value
-	startNode(t, testConfig(t, ca, "b"), r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-		got.Add(1)
-		want := strings.SplitN(string(env.GetBody().GetValue()), "|", 4)
-		if len(want) < 4 || env.GetBody().GetTypeUrl() != want[0] || env.GetSender() != want[1] || env.GetRecipient() != want[2] {
-			bad.Store(fmt.Sprintf("%s → %s of type %q, value %.60q", env.GetSender(), env.GetRecipient(), env.GetBody().GetTypeUrl(), env.GetBody().GetValue()))
+	a, got, bad := typeCheckingPair(t, 64)
+	runsShareASmallQueue(t, a, got, bad, func(g, i, j int, rcpt string) *pb.Envelope {
+		// A new sender every run or so, while the queue is contended: new
+		// routes all along, within the bound for the first ones and past
+		// it later.
+		url, sender := typeURL((i+j)%5), fmt.Sprintf("s%d-%d@a", i, j%2)
+		if i%11 == 0 {
+			sender += strings.Repeat("L", 300) // long ones too
 		}
-		if reply != nil {
-			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
-		}
-	}))
-	ctx := ctxT(t, 90*time.Second)
-	var wg sync.WaitGroup
-	var ok, refused atomic.Int64
-	for g := range 8 {
-		wg.Go(func() {
-			for i := range 60 {
-				rcpt := fmt.Sprintf("r%d@b", (g+i)%3)
-				run := make([]*pb.Envelope, 1+(g*13+i*7)%30)
-				for j := range run {
-					// A new sender every run or so, while the queue is
-					// contended: new routes all along, within the bound
-					// for the first ones and past it later.
-					url, sender := typeURL((i+j)%5), fmt.Sprintf("s%d-%d@a", i, j%2)
-					if i%11 == 0 {
-						sender += strings.Repeat("L", 300) // long ones too
-					}
-					run[j] = &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("m-%d-%d-%d", g, i, j), Sender: sender, Recipient: rcpt,
-						Body:    &anypb.Any{TypeUrl: url, Value: []byte(url + "|" + sender + "|" + rcpt + "|" + strings.Repeat("x", (i*379+j*97)%9000))},
-						Receipt: pb.Envelope_RECEIPT_PROCESSED}
-				}
-				single := g%2 == 1 && len(run) == 1
-				if single {
-					run[0].Receipt = pb.Envelope_RECEIPT_NONE
-				}
-				var err error
-				for range 200 {
-					if single {
-						err = a.Send(ctx, "b", run[0])
-					} else {
-						_, err = a.RequestBatch(ctx, "b", run)
-					}
-					if !errors.Is(err, transport.ErrQueueFull) {
-						break
-					}
-					refused.Add(1)
-					runtime.Gosched()
-				}
-				switch {
-				case err == nil:
-					ok.Add(int64(len(run)))
-				case !errors.Is(err, transport.ErrQueueFull):
-					t.Errorf("send: %v", err)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return got.Load() >= ok.Load() })
-	if v := bad.Load(); v != nil {
-		t.Fatalf("b received an envelope not as sent: %v", v)
-	}
-	if got.Load() != ok.Load() {
-		t.Fatalf("b got %d envelopes, %d were accepted: a refused run was partly sent", got.Load(), ok.Load())
-	}
-	waitCond(t, 15*time.Second, "the queue empty", func() bool {
-		frames, bytes := transport.Queued(a.Transport, "b")
-		return frames == 0 && bytes == 0
+		return &pb.Envelope{ProtocolVersion: pb.ProtocolVersion, MsgId: fmt.Sprintf("m-%d-%d-%d", g, i, j), Sender: sender, Recipient: rcpt,
+			Body:    &anypb.Any{TypeUrl: url, Value: []byte(url + "|" + sender + "|" + rcpt + "|" + strings.Repeat("x", (i*379+j*97)%9000))},
+			Receipt: pb.Envelope_RECEIPT_PROCESSED}
 	})
-	if refused.Load() == 0 {
-		t.Fatal("no run was refused: the test did not fill the queue")
-	}
-	t.Logf("%d envelopes accepted, %d refusals", ok.Load(), refused.Load())
 }
 
 // What a peer names as routes on a lane stream is checked: a ref it did
@@ -212,22 +142,7 @@ func TestBadRouteNamesCloseTheConnection(t *testing.T) {
 		{"a routed envelope with its own recipient", []*pb.Frame{name(1, "@evil", "x@srv"), envelope(1, "", "x@srv")}},
 		{"a route without an envelope", []*pb.Frame{{Kind: &pb.Frame_RouteName{RouteName: &pb.RouteName{Ref: 1, Sender: "@evil", Recipient: "x@srv"}}, Route: 1}}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ca, srv, good, _ := hostileSetup(t, nil)
-			evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-			s := evil.Lane(t)
-			for _, f := range tc.frames {
-				b, err := transport.AppendFrame(nil, f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Write(b); err != nil {
-					break // closed already
-				}
-			}
-			assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
-			assertGoodPeerWorks(t, srv, good)
-		})
+		t.Run(tc.name, func(t *testing.T) { framesCloseTheConnection(t, tc.frames) })
 	}
 	t.Run("as the rules say", func(t *testing.T) {
 		ca, srv, _, rec := hostileSetup(t, nil)
