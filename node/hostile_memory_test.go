@@ -160,10 +160,11 @@ func TestMemoryUnderAttack(t *testing.T) {
 //   - 16 MiB for everything else that moves under load (decode garbage
 //     between GCs, goroutine stacks, the test's own attackers).
 func memoryBound(cfg node.Config) int64 {
-	// names: what a stream's named body types and routes hold
-	// (transport/names.go), 4 KiB of URLs and 64 string headers, and
-	// 4 KiB of names and 64 pairs of string headers.
-	const quicWindow, streams, readBuf, names = 15 << 20, 2*256 + 16, 16 << 10, 4<<10 + 64*16 + 4<<10 + 64*32
+	// names: what a stream's named body types, routes and origins hold
+	// (transport/names.go): 4 KiB of URLs and 64 string headers; 4 KiB of
+	// names and 64 pairs of string headers; 8 KiB of origins and 16
+	// Origin messages with their pointers.
+	const quicWindow, streams, readBuf, names = 15 << 20, 2*256 + 16, 16 << 10, 4<<10 + 64*16 + 4<<10 + 64*32 + 8<<10 + 16*(128+8)
 	gossip := int64(3 * cfg.Mesh.InboundStreams * cfg.Mesh.InboundStreamBytes)
 	conn := int64(quicWindow + streams*(readBuf+names) + cfg.Transport.MaxReadBytes)
 	queued := cfg.PeerQueuedBytes + int64(cfg.Transport.MaxFrameSize) + int64(cfg.Responses.EarlyBytesPerPeer)

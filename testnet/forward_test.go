@@ -87,6 +87,7 @@ func TestPartialPartitionForwardsThroughAMember(t *testing.T) {
 	// BenchmarkForwarded in package node).
 	const backlog = 150
 	carried0 := c.Node(b).Stats().Forward.Carried
+	ab0, bc0 := c.Node(a).PeerStats()[c.Name(b)], c.Node(b).PeerStats()[c.Name(cc)]
 	start := time.Now()
 	sendN(t, c, rec, a, cc, backlog)
 	sent += backlog
@@ -97,6 +98,16 @@ func TestPartialPartitionForwardsThroughAMember(t *testing.T) {
 	t.Logf("%d messages sent one by one and run at C through B in %v", backlog, time.Since(start).Round(time.Millisecond))
 	if carried < backlog {
 		t.Fatalf("B carried %d envelopes for a backlog of %d: the backlog did not go through B", carried, backlog)
+	}
+	// Each forwarded envelope carries its origin; the origin's node,
+	// outbox id and certificate (about half a kilobyte) go once per lane
+	// stream, so a carried message costs about what a direct one does
+	// and its signature.
+	ab, bc := c.Node(a).PeerStats()[c.Name(b)], c.Node(b).PeerStats()[c.Name(cc)]
+	perAB, perBC := float64(ab.BytesOut-ab0.BytesOut)/float64(carried), float64(bc.BytesOut-bc0.BytesOut)/float64(carried)
+	t.Logf("bytes a carried message: %.0f A → B, %.0f B → C", perAB, perBC)
+	if perAB > 400 || perBC > 400 {
+		t.Fatalf("%.0f bytes a carried message A → B, %.0f B → C: want under 400 (origins named)", perAB, perBC)
 	}
 	sa, sb, sc := c.Node(a).Stats().Forward, c.Node(b).Stats().Forward, c.Node(cc).Stats().Forward
 	if sa.Sent == 0 || sb.Carried == 0 || sc.Accepted == 0 || sc.Refused != 0 || sa.BadReceipts != 0 {

@@ -47,6 +47,7 @@ type conn struct {
 	lanes    []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
 	names    bool                   // the peer's Hello lists FeatureTypeNames: lanes may name body types (names.go)
 	routes   bool                   // the peer's Hello lists FeatureRouteNames: lanes may name routes (names.go)
+	origins  bool                   // the peer's Hello lists FeatureOriginNames: lanes may name forwarded envelopes' origins (names.go)
 	fresh    atomic.Pointer[string] // last address staleFor found equal to remote
 	idle     atomic.Bool            // being closed for idleness (idle.go)
 
@@ -164,6 +165,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
 		names:    slices.Contains(ph.GetFeatures(), FeatureTypeNames),
 		routes:   slices.Contains(ph.GetFeatures(), FeatureRouteNames),
+		origins:  slices.Contains(ph.GetFeatures(), FeatureOriginNames),
 		born:     time.Now(),
 		peerGone: ph.GetGoneConnection(),
 	}
@@ -251,7 +253,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
-		Features:         []string{FeatureTypeNames, FeatureRouteNames},
+		Features:         []string{FeatureTypeNames, FeatureRouteNames, FeatureOriginNames},
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)

@@ -81,10 +81,10 @@ func ReadBytesInUse(t *Transport, node string) int64 {
 
 // DecodeEnvelopeFrameOwned exposes the lane streams' frame decoder with
 // its owned mode.
-// bodyType and route are the frame's refs.
-func DecodeEnvelopeFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType, route uint32, other any, err error) {
+// bodyType, route and origin are the frame's refs.
+func DecodeEnvelopeFrameOwned(b []byte, owned bool) (env *pb.Envelope, bodyType, route, origin uint32, other any, err error) {
 	env, refs, other, err := decodeNamedFrameOwned(b, owned)
-	return env, refs.bodyType, refs.route, other, err
+	return env, refs.bodyType, refs.route, refs.origin, other, err
 }
 
 // CheckEnvelopeLimits exposes the header pre-check.

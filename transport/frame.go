@@ -102,8 +102,9 @@ func (s *streamReader) readFrame(f *pb.Frame) (n int, err error) {
 // returns its kind in other.
 //
 // refs are the frame's names (names.go): its Frame.body_type, the ref
-// of the type its body says none of, and its Frame.route, the ref of the
-// sender and recipient it carries neither of (0: it says its own).
+// of the type its body says none of, its Frame.route, the ref of the
+// sender and recipient it carries neither of, and its Frame.origin, the
+// ref of the origin whose identity it carries not (0: it says its own).
 func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *pb.Envelope, refs frameRefs, other any, n int, err error) {
 	defer s.release()
 	body, n, peeked, err := s.next()
@@ -131,6 +132,7 @@ func (s *streamReader) readEnvelopeFrame(maxHeaders, maxHeaderBytes int) (env *p
 type frameRefs struct {
 	bodyType uint32 // Frame.body_type
 	route    uint32 // Frame.route
+	origin   uint32 // Frame.origin
 }
 
 // readControlFrame reads one frame from the control stream: a receipt
@@ -147,8 +149,8 @@ func (s *streamReader) readControlFrame() (rc *pb.Receipt, other any, n int, err
 
 // envelopeFields returns the envelope and the refs of the bytes of a
 // pb.Frame that hold exactly one envelope field and, after it, at most a
-// body type field and then a route field, each a varint that fits 32
-// bits, nothing else.
+// body type field, a route field and an origin field, in that order, each
+// a varint that fits 32 bits, nothing else.
 func envelopeFields(b []byte) (env []byte, refs frameRefs, ok bool) {
 	num, typ, tn := protowire.ConsumeTag(b)
 	if tn <= 0 || num != frameFieldEnvelope || typ != protowire.BytesType {
@@ -164,6 +166,9 @@ func envelopeFields(b []byte) (env []byte, refs frameRefs, ok bool) {
 	}
 	if x, n := consumeRef(rest, frameFieldRoute); n > 0 {
 		refs.route, rest = x, rest[n:]
+	}
+	if x, n := consumeRef(rest, frameFieldOrigin); n > 0 {
+		refs.origin, rest = x, rest[n:]
 	}
 	if len(rest) > 0 {
 		return nil, frameRefs{}, false
@@ -203,10 +208,10 @@ func decodeNamedFrameOwned(b []byte, owned bool) (env *pb.Envelope, refs frameRe
 		return nil, frameRefs{}, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	if env := f.GetEnvelope(); env != nil {
-		return env, frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute()}, nil, nil
+		return env, frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute(), origin: f.GetOrigin()}, nil, nil
 	}
-	if f.GetBodyType() != 0 || f.GetRoute() != 0 {
-		return nil, frameRefs{}, nil, fmt.Errorf("%w: a body type or route on a frame without an envelope", ErrBadFrame)
+	if f.GetBodyType() != 0 || f.GetRoute() != 0 || f.GetOrigin() != 0 {
+		return nil, frameRefs{}, nil, fmt.Errorf("%w: a body type, route or origin on a frame without an envelope", ErrBadFrame)
 	}
 	return nil, frameRefs{}, f.Kind, nil
 }

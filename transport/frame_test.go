@@ -206,11 +206,11 @@ func checkDecodeEnvelopeFrame(t *testing.T, b []byte) {
 
 func checkDecodeEnvelopeFrameMode(t *testing.T, b []byte, owned bool) *pb.Envelope {
 	t.Helper()
-	env, bodyType, route, other, err := transport.DecodeEnvelopeFrameOwned(b, owned)
+	env, bodyType, route, origin, other, err := transport.DecodeEnvelopeFrameOwned(b, owned)
 	var f pb.Frame
 	ref := proto.Unmarshal(b, &f)
-	if ref == nil && f.GetEnvelope() == nil && (f.GetBodyType() != 0 || f.GetRoute() != 0) {
-		ref = errors.New("a body type or route on a frame without an envelope")
+	if ref == nil && f.GetEnvelope() == nil && (f.GetBodyType() != 0 || f.GetRoute() != 0 || f.GetOrigin() != 0) {
+		ref = errors.New("a body type, route or origin on a frame without an envelope")
 	}
 	if (err != nil) != (ref != nil) {
 		t.Fatalf("fast err %v, reference err %v", err, ref)
@@ -222,8 +222,9 @@ func checkDecodeEnvelopeFrameMode(t *testing.T, b []byte, owned bool) *pb.Envelo
 		return nil
 	}
 	if want := f.GetEnvelope(); want != nil {
-		if env == nil || !proto.Equal(env, want) || bodyType != f.GetBodyType() || route != f.GetRoute() {
-			t.Fatalf("fast decoder (owned %v) gave %v of body type %d and route %d, reference %v of %d and %d", owned, env, bodyType, route, want, f.GetBodyType(), f.GetRoute())
+		if env == nil || !proto.Equal(env, want) || bodyType != f.GetBodyType() || route != f.GetRoute() || origin != f.GetOrigin() {
+			t.Fatalf("fast decoder (owned %v) gave %v of refs %d/%d/%d, reference %v of %d/%d/%d", owned, env, bodyType, route, origin,
+				want, f.GetBodyType(), f.GetRoute(), f.GetOrigin())
 		}
 		return env
 	}

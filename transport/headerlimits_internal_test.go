@@ -94,11 +94,11 @@ func FuzzReadEnvelopeFrame(f *testing.F) {
 		// What proto makes of the frame, within the limits.
 		var f pb.Frame
 		wantErr := proto.Unmarshal(body, &f)
-		want, wantType, wantOther := f.GetEnvelope(), frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute()}, any(f.Kind)
+		want, wantType, wantOther := f.GetEnvelope(), frameRefs{bodyType: f.GetBodyType(), route: f.GetRoute(), origin: f.GetOrigin()}, any(f.Kind)
 		if want != nil {
 			wantOther = nil
 		} else if wantErr == nil && wantType != (frameRefs{}) {
-			wantErr = errors.New("a body type or route on a frame without an envelope")
+			wantErr = errors.New("a body type, route or origin on a frame without an envelope")
 		}
 		if check := checkEnvelopeLimits(body, maxHeaders, maxHeaderBytes); check != nil {
 			want, wantType, wantOther, wantErr = nil, frameRefs{}, nil, check

@@ -39,16 +39,18 @@ type lane struct {
 	unwritten atomic.Int64
 
 	// mu guards the fields below.
-	mu         sync.Mutex
-	names      map[string]uint32 // body types named on the stream (names.go)
-	nameBytes  int               // their URLs' length together
-	routes     map[string]uint32 // routes named on the stream, by their fields' bytes
-	routeBytes int               // their senders' and recipients' length together
-	chunks     []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
-	n          int               // envelope (or receipt) frames in chunks
-	named      int               // type- and route-naming frames in chunks (names.go)
-	large      int               // of them, frames too large for the peer's stream buffer (isLarge)
-	finished   chan struct{}     // set by finish; closed by run after the last write
+	mu          sync.Mutex
+	names       map[string]uint32 // body types named on the stream (names.go)
+	nameBytes   int               // their URLs' length together
+	routes      map[string]uint32 // routes named on the stream, by their fields' bytes
+	routeBytes  int               // their senders' and recipients' length together
+	origins     map[string]uint32 // forwarded envelopes' origins named on the stream, by their identity's bytes
+	originBytes int               // their identities' length together
+	chunks      []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
+	n           int               // envelope (or receipt) frames in chunks
+	named       int               // type- and route-naming frames in chunks (names.go)
+	large       int               // of them, frames too large for the peer's stream buffer (isLarge)
+	finished    chan struct{}     // set by finish; closed by run after the last write
 }
 
 // encBuf is a scratch buffer in which senders encode their frames before
@@ -101,7 +103,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	if len(envs) > 1 {
 		out = slices.Grow(out, int(least)+16*len(envs)) // each with its frame length, tag and envelope length
 	}
-	if c.names || c.routes {
+	if c.names || c.routes || c.origins {
 		// Each envelope without its frame's head, which pushEnvelopes
 		// writes, naming the bodies' types and the routes. (Here, not in a function of
 		// its own: a sender's stack, a mailbox goroutine's, is deepest
@@ -199,7 +201,7 @@ func (l *lane) enqueueEncoded(env []byte, body Body) error {
 		c.queued.Add(-1)
 		return c.full(cur, "bytes", cur+int64(len(env))-max)
 	}
-	if (c.names && body.TypeURL() != "") || (c.routes && body.HasRoute()) {
+	if (c.names && body.TypeURL() != "") || (c.routes && body.HasRoute()) || c.origins {
 		return l.pushEnvelopes(env, []encodedEnv{{to: len(env), body: body}})
 	}
 	var hb [2 * binary.MaxVarintLen64]byte

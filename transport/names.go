@@ -38,11 +38,21 @@ import (
 // feature (FeatureRouteNames); a routed envelope that carries a sender or
 // a recipient of its own closes the connection.
 //
+// A forwarded envelope's origin is named the same way: its node, outbox
+// id and certificate (an OriginName frame, whose fields have their Origin
+// numbers) are the same for every envelope of one origin, and the
+// certificate alone is larger than most messages; an envelope then
+// carries only its signature in its origin, and a Frame.origin of ref.
+// Forwarded envelopes take proto's encoding, so the lane finds their
+// origin itself (envcodec.CutOrigin) in an envelope that comes without a
+// Body. Bounds: maxOrigins, maxOriginBytes; feature: FeatureOriginNames.
+//
 // Every envelope the codec writes takes names: those a sender encodes
 // itself (SendEncoded with a Body) and those of Send, Request and
 // RequestBatch (asks, replies, the outbox's emissions), a run of them
 // named under one hold of the lane lock (pushEnvelopes). Envelopes the
-// codec leaves to proto (forwarded ones, with their origin) go in full.
+// codec leaves to proto (forwarded ones, with their origin) go in full,
+// but for their origin's name.
 
 // FeatureTypeNames is the Hello feature of a node that reads named body
 // types on its lane streams.
@@ -52,26 +62,36 @@ const FeatureTypeNames = "type-names"
 // routes on its lane streams.
 const FeatureRouteNames = "route-names"
 
+// FeatureOriginNames is the Hello feature of a node that reads named
+// origins on its lane streams.
+const FeatureOriginNames = "origin-names"
+
 // A stream's names are bounded so that what a peer makes a node hold for
 // them stays small beside its stream's read buffer (16 KiB): on the most
-// streams a connection takes (528), 2 MiB of URLs and 2 MiB of routes.
+// streams a connection takes (528), 2 MiB of URLs, 2 MiB of routes and
+// 5 MiB of origins.
 const (
-	maxNames      = 64      // types named on one lane stream
-	maxNameBytes  = 4 << 10 // bytes of the URLs named on one lane stream
-	maxRoutes     = 64      // routes named on one lane stream
-	maxRouteBytes = 4 << 10 // bytes of the senders and recipients named on one lane stream
+	maxNames       = 64      // types named on one lane stream
+	maxNameBytes   = 4 << 10 // bytes of the URLs named on one lane stream
+	maxRoutes      = 64      // routes named on one lane stream
+	maxRouteBytes  = 4 << 10 // bytes of the senders and recipients named on one lane stream
+	maxOrigins     = 16      // origins named on one lane stream
+	maxOriginBytes = 8 << 10 // bytes of the origins named on one lane stream (their certificates, mostly)
 )
 
 // Field numbers of pb.Frame, pb.TypeName and pb.RouteName, for the
 // hand-written frames.
 const (
-	frameFieldTypeName  protowire.Number = 5
-	frameFieldBodyType  protowire.Number = 6
-	frameFieldRouteName protowire.Number = 7
-	frameFieldRoute     protowire.Number = 8
-	typeNameFieldRef    protowire.Number = 1
-	typeNameFieldURL    protowire.Number = 2
-	routeNameFieldRef   protowire.Number = 1
+	frameFieldTypeName   protowire.Number = 5
+	frameFieldBodyType   protowire.Number = 6
+	frameFieldRouteName  protowire.Number = 7
+	frameFieldRoute      protowire.Number = 8
+	frameFieldOriginName protowire.Number = 9
+	frameFieldOrigin     protowire.Number = 10
+	originNameFieldRef   protowire.Number = 5
+	typeNameFieldRef     protowire.Number = 1
+	typeNameFieldURL     protowire.Number = 2
+	routeNameFieldRef    protowire.Number = 1
 )
 
 // Body says where the body of an encoded envelope is, and its type, for
@@ -90,25 +110,41 @@ type encodedEnv struct {
 	from, to int
 	body     Body
 
-	ref        uint32 // the body type's ref on the stream; 0: its type in full
-	route      uint32 // the route's ref on the stream; 0: sender and recipient in full
-	fresh      bool   // ref is named by this frame's run, before it
-	routeFresh bool   // route is named by this frame's run, before it
+	ref         uint32 // the body type's ref on the stream; 0: its type in full
+	route       uint32 // the route's ref on the stream; 0: sender and recipient in full
+	origin      uint32 // the origin's ref on the stream; 0: its origin in full
+	fresh       bool   // ref is named by this frame's run, before it
+	routeFresh  bool   // route is named by this frame's run, before it
+	originFresh bool   // origin is named by this frame's run, before it
 	// Where in the envelope the parts left out are, from its first byte:
 	// its route's fields [rFrom, rTo) (envcodec.CutRoute), and its body's
 	// type URL, from the end of the body's head to the start of its tail
-	// (envcodec.CutTypeURL), whose body is bodyLen bytes without it.
+	// (envcodec.CutTypeURL), whose body is bodyLen bytes without it; or,
+	// in an envelope the codec left to proto, which names neither, its
+	// origin field's tag and length [headEnd, rFrom) and its identity
+	// [rFrom, rTo) (envcodec.CutOrigin), the field ending at tailAt.
 	rFrom, rTo, headEnd, tailAt int32
 	bodyLen                     uint32
 	size                        int32 // the bytes its frames take on the stream
 }
 
-// named reports whether e names its type or its route.
-func (e *encodedEnv) named() bool { return e.ref != 0 || e.route != 0 }
+// named reports whether e names its type, its route or its origin.
+func (e *encodedEnv) named() bool { return e.ref != 0 || e.route != 0 || e.origin != 0 }
+
+// originLen is the length of the origin field's value, as it is sent
+// when e names its origin.
+func (e *encodedEnv) originLen() int { return int(e.tailAt - e.rTo) }
 
 // namedEnvLen is the length of e's envelope, of n bytes in full, as it
 // is sent naming what e names.
 func (e *encodedEnv) namedEnvLen(n int) int {
+	if e.origin != 0 {
+		// The origin's tag and length, and its identity, give way to a
+		// length of what is left of it.
+		l := e.originLen()
+		tag := protowire.SizeTag(21)
+		return n - int(e.tailAt-e.headEnd) + tag + protowire.SizeBytes(l)
+	}
 	if e.route != 0 {
 		n -= int(e.rTo - e.rFrom)
 	}
@@ -128,6 +164,9 @@ func (e *encodedEnv) namedInner(n int) int {
 	}
 	if e.route != 0 {
 		inner += protowire.SizeTag(frameFieldRoute) + protowire.SizeVarint(uint64(e.route))
+	}
+	if e.origin != 0 {
+		inner += protowire.SizeTag(frameFieldOrigin) + protowire.SizeVarint(uint64(e.origin))
 	}
 	return inner
 }
@@ -159,6 +198,9 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 			named++
 		}
 		if e.routeFresh {
+			named++
+		}
+		if e.originFresh {
 			named++
 		}
 		size += int64(e.size)
@@ -196,7 +238,7 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 // when it is new and the stream's names have room (a ref left 0 sends
 // that part in full), and sizes its frames. Called with l.mu held.
 func (l *lane) name(e *encodedEnv, env []byte) {
-	e.ref, e.fresh, e.route, e.routeFresh = 0, false, 0, false
+	e.ref, e.fresh, e.route, e.routeFresh, e.origin, e.originFresh = 0, false, 0, false, 0, false
 	c := l.c
 	if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body); ok && c.names {
 		e.headEnd, e.tailAt, e.bodyLen = int32(len(head)), int32(len(env)-len(tail)), uint32(bodyLen)
@@ -205,6 +247,10 @@ func (l *lane) name(e *encodedEnv, env []byte) {
 	if from, to, ok := envcodec.CutRoute(env, e.body); ok && c.routes {
 		e.rFrom, e.rTo = int32(from), int32(to)
 		l.nameRoute(e, env[from:to])
+	}
+	if e.body == (Body{}) && c.origins {
+		// Left to proto by the codec: perhaps forwarded, with an origin.
+		l.nameOrigin(e, env)
 	}
 	if !e.named() {
 		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
@@ -219,7 +265,41 @@ func (l *lane) name(e *encodedEnv, env []byte) {
 	if e.routeFresh {
 		n += routeNameSize(e.route, int(e.rTo-e.rFrom))
 	}
+	if e.originFresh {
+		n += originNameSize(e.origin, int(e.rTo-e.rFrom))
+	}
 	e.size = int32(n)
+}
+
+// nameOrigin gives e, whose envelope is env, the ref of its origin's
+// identity (envcodec.CutOrigin), naming it when it is new and the
+// stream's origins have room and its naming frame fits the peer's frame
+// limit (else e keeps origin 0). An origin is known by its identity's
+// bytes, which count against maxOriginBytes.
+func (l *lane) nameOrigin(e *encodedEnv, env []byte) {
+	at, from, to, end, ok := envcodec.CutOrigin(env)
+	if !ok {
+		return
+	}
+	id := env[from:to]
+	ref := l.origins[string(id)]
+	if ref == 0 {
+		if len(l.origins) >= maxOrigins || l.originBytes+len(id) > maxOriginBytes {
+			return
+		}
+		if _, inner := originNameSizes(uint32(len(l.origins)+1), len(id)); inner > l.c.maxFrame {
+			return
+		}
+		if l.origins == nil {
+			l.origins = make(map[string]uint32)
+		}
+		ref = uint32(len(l.origins) + 1)
+		l.origins[string(id)] = ref
+		l.originBytes += len(id)
+		e.originFresh = true
+	}
+	e.origin = ref
+	e.headEnd, e.rFrom, e.rTo, e.tailAt = int32(at), int32(from), int32(to), int32(end)
 }
 
 // nameType gives e its body type's ref, naming the type when it is new
@@ -283,6 +363,10 @@ func (l *lane) unname(e *encodedEnv, env []byte) {
 		delete(l.routes, string(env[e.rFrom:e.rTo]))
 		l.routeBytes -= int(e.rTo - e.rFrom)
 	}
+	if e.originFresh {
+		delete(l.origins, string(env[e.rFrom:e.rTo]))
+		l.originBytes -= int(e.rTo - e.rFrom)
+	}
 }
 
 // appendFrameLocked appends e's frame (env its envelope), after the
@@ -310,10 +394,29 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		l.appendLocked(appendRouteNameHead(hb[:0], e.route, int(e.rTo-e.rFrom)))
 		l.appendLocked(env[e.rFrom:e.rTo])
 	}
+	if e.originFresh {
+		l.appendLocked(appendOriginNameHead(hb[:0], e.origin, int(e.rTo-e.rFrom)))
+		l.appendLocked(env[e.rFrom:e.rTo])
+		l.appendLocked(appendOriginNameTail(hb[:0], e.origin))
+	}
 	inner := e.namedInner(len(env))
 	h := protowire.AppendVarint(hb[:0], uint64(inner))
 	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
 	l.appendLocked(protowire.AppendVarint(h, uint64(e.namedEnvLen(len(env)))))
+	if e.origin != 0 {
+		// The envelope up to its origin, the origin without its identity
+		// (a new length), the rest.
+		l.appendLocked(env[:e.headEnd])
+		o := protowire.AppendTag(hb[:0], 21, protowire.BytesType)
+		l.appendLocked(protowire.AppendVarint(o, uint64(e.originLen())))
+		l.appendLocked(env[e.rTo:])
+		o = protowire.AppendTag(hb[:0], frameFieldOrigin, protowire.VarintType)
+		l.appendLocked(protowire.AppendVarint(o, uint64(e.origin)))
+		if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
+			l.large++
+		}
+		return
+	}
 	// The envelope, without the parts it names: the route's fields come
 	// before the body (their field numbers are lower).
 	at := 0
@@ -368,6 +471,37 @@ func appendTypeNameHead(b []byte, ref uint32, urlLen int) []byte {
 	return protowire.AppendVarint(b, uint64(urlLen))
 }
 
+// originNameSizes are the lengths of the OriginName naming ref, whose
+// node, outbox id and certificate fields (numbered as in Origin) take id
+// bytes, and of its frame without the frame's length prefix.
+func originNameSizes(ref uint32, id int) (on, inner int) {
+	on = id + protowire.SizeTag(originNameFieldRef) + protowire.SizeVarint(uint64(ref))
+	return on, protowire.SizeTag(frameFieldOriginName) + protowire.SizeBytes(on)
+}
+
+// originNameSize is the bytes the frame naming ref, its identity of id
+// bytes, takes on the stream.
+func originNameSize(ref uint32, id int) int {
+	_, inner := originNameSizes(ref, id)
+	return protowire.SizeVarint(uint64(inner)) + inner
+}
+
+// appendOriginNameHead appends the frame naming ref up to its identity's
+// fields (id bytes, an origin's as they are), which follow it, and then
+// appendOriginNameTail's.
+func appendOriginNameHead(b []byte, ref uint32, id int) []byte {
+	on, inner := originNameSizes(ref, id)
+	b = protowire.AppendVarint(b, uint64(inner))
+	b = protowire.AppendTag(b, frameFieldOriginName, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(on))
+}
+
+// appendOriginNameTail appends the end of the frame naming ref: its ref.
+func appendOriginNameTail(b []byte, ref uint32) []byte {
+	b = protowire.AppendTag(b, originNameFieldRef, protowire.VarintType)
+	return protowire.AppendVarint(b, uint64(ref))
+}
+
 // routeNameSizes are the lengths of the RouteName naming ref, whose
 // sender and recipient fields (numbered as in Envelope) take fields
 // bytes, and of its frame without the frame's length prefix.
@@ -397,10 +531,12 @@ func appendRouteNameHead(b []byte, ref uint32, fields int) []byte {
 
 // names is what a received lane stream named: its reader's own.
 type names struct {
-	urls   []string // ref i+1 names urls[i]
-	bytes  int      // their length together
-	routes []route  // ref i+1 names routes[i]
-	rbytes int      // their names' length together
+	urls    []string     // ref i+1 names urls[i]
+	bytes   int          // their length together
+	routes  []route      // ref i+1 names routes[i]
+	rbytes  int          // their names' length together
+	origins []*pb.Origin // ref i+1 names origins[i]'s node, outbox id and certificate
+	obytes  int          // their length together
 }
 
 // route is a sender and a recipient named on a lane stream.
@@ -416,6 +552,8 @@ func (ns *names) take(env *pb.Envelope, refs frameRefs, other any) (*pb.Envelope
 		return nil, ns.add(k.TypeName)
 	case *pb.Frame_RouteName:
 		return nil, ns.addRoute(k.RouteName)
+	case *pb.Frame_OriginName:
+		return nil, ns.addOrigin(k.OriginName)
 	}
 	if env == nil {
 		return nil, fmt.Errorf("unexpected %T on a lane stream", other)
@@ -430,7 +568,50 @@ func (ns *names) take(env *pb.Envelope, refs frameRefs, other any) (*pb.Envelope
 			return nil, err
 		}
 	}
+	if refs.origin != 0 {
+		if err := ns.applyOrigin(env, refs.origin); err != nil {
+			return nil, err
+		}
+	}
 	return env, nil
+}
+
+// addOrigin takes an OriginName frame: the next ref, an origin with a
+// certificate within the bounds.
+func (ns *names) addOrigin(on *pb.OriginName) error {
+	n := len(on.GetNode()) + len(on.GetOutboxId()) + len(on.GetCertificate())
+	switch ref := on.GetRef(); {
+	case int(ref) != len(ns.origins)+1:
+		return fmt.Errorf("origin name ref %d where %d was next", ref, len(ns.origins)+1)
+	case len(ns.origins) >= maxOrigins:
+		return fmt.Errorf("more than %d origin names on one stream", maxOrigins)
+	case len(on.GetCertificate()) == 0:
+		return fmt.Errorf("origin name %d without a certificate", ref)
+	case ns.obytes+n > maxOriginBytes:
+		return fmt.Errorf("origin names of more than %d bytes on one stream", maxOriginBytes)
+	default:
+		ns.origins = append(ns.origins, &pb.Origin{Node: on.GetNode(), OutboxId: on.GetOutboxId(), Certificate: on.GetCertificate()})
+		ns.obytes += n
+		return nil
+	}
+}
+
+// applyOrigin puts the node, outbox id and certificate that ref names
+// into env's origin. The bytes are shared by every envelope of that
+// origin: nothing writes into an envelope's origin.
+func (ns *names) applyOrigin(env *pb.Envelope, ref uint32) error {
+	switch o := env.GetOrigin(); {
+	case int(ref) > len(ns.origins):
+		return fmt.Errorf("envelope names origin %d, of %d named", ref, len(ns.origins))
+	case o == nil:
+		return fmt.Errorf("envelope names origin %d and has no origin", ref)
+	case o.GetNode() != "" || len(o.GetOutboxId()) > 0 || len(o.GetCertificate()) > 0:
+		return fmt.Errorf("envelope names origin %d and its origin says a node, outbox id or certificate of its own", ref)
+	default:
+		named := ns.origins[ref-1]
+		o.Node, o.OutboxId, o.Certificate = named.GetNode(), named.GetOutboxId(), named.GetCertificate()
+		return nil
+	}
 }
 
 // add takes a TypeName frame: the next ref, a URL within the bounds.

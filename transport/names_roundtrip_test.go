@@ -27,11 +27,12 @@ func laneBytes(l *lane) []byte {
 // in order, none of a refused run, and each envelope's size is the bytes
 // its frames took.
 func FuzzLaneNamesRoundTrip(f *testing.F) {
-	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, true, true)
-	f.Add([]byte{255, 17, 33, 200, 1, 1, 1, 9, 80, 81, 82, 83}, true, false)
-	f.Add([]byte{3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3}, false, true)
-	f.Fuzz(func(t *testing.T, ops []byte, typed, routed bool) {
-		c := &conn{names: typed, routes: routed}
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, true, true, true)
+	f.Add([]byte{255, 17, 33, 200, 1, 1, 1, 9, 80, 81, 82, 83}, true, false, false)
+	f.Add([]byte{3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3}, false, true, true)
+	f.Add([]byte{15, 1, 15, 2, 33, 3, 51, 1, 15, 3, 87, 2, 15, 1}, false, false, true)
+	f.Fuzz(func(t *testing.T, ops []byte, typed, routed, origined bool) {
+		c := &conn{names: typed, routes: routed, origins: origined, maxFrame: 1 << 20}
 		l := &lane{c: c}
 		var want []*pb.Envelope
 		written := 0
@@ -64,7 +65,17 @@ func FuzzLaneNamesRoundTrip(f *testing.F) {
 					env.Sender, env.Recipient = "s\xffbad", "r@b" // invalid UTF-8: proto path
 				case 5:
 					env.Sender, env.Recipient = "x@a", "y@b"
-					env.Origin = &pb.Origin{}
+					switch k % 4 {
+					case 0:
+						env.Origin = &pb.Origin{}
+					case 1: // forwarded: one of many origins, some certificates large
+						env.Origin = &pb.Origin{Node: fmt.Sprint("o", k%20), OutboxId: []byte{byte(k), 1, 2},
+							Certificate: bytes.Repeat([]byte{byte(k)}, 100+k%1500), Signature: []byte{9, byte(k)}}
+					case 2: // a certificate alone
+						env.Origin = &pb.Origin{Certificate: []byte{byte(k % 3)}}
+					case 3: // a signature alone: nothing to name
+						env.Origin = &pb.Origin{Signature: []byte{1}}
+					}
 				}
 				if k%4 != 0 {
 					env.Body = &anypb.Any{TypeUrl: fmt.Sprintf("t/%d", k%80) + strings.Repeat("u", (k%3)*300), Value: []byte{byte(k)}}
@@ -137,8 +148,13 @@ func FuzzLaneNamesRoundTrip(f *testing.F) {
 		if i != len(want) {
 			t.Fatalf("%d envelopes read, %d sent", i, len(want))
 		}
-		if len(ns.routes) > maxRoutes || ns.rbytes > maxRouteBytes || len(ns.urls) > maxNames || ns.bytes > maxNameBytes {
-			t.Fatalf("receiver holds %d routes of %d bytes, %d names of %d", len(ns.routes), ns.rbytes, len(ns.urls), ns.bytes)
+		if len(ns.routes) > maxRoutes || ns.rbytes > maxRouteBytes || len(ns.urls) > maxNames || ns.bytes > maxNameBytes ||
+			len(ns.origins) > maxOrigins || ns.obytes > maxOriginBytes {
+			t.Fatalf("receiver holds %d routes of %d bytes, %d names of %d, %d origins of %d",
+				len(ns.routes), ns.rbytes, len(ns.urls), ns.bytes, len(ns.origins), ns.obytes)
+		}
+		if !typed && len(ns.urls) > 0 || !routed && len(ns.routes) > 0 || !origined && len(ns.origins) > 0 {
+			t.Fatal("a name sent to a peer that does not take it")
 		}
 	})
 }

@@ -118,7 +118,7 @@ func TestOriginSignVerify(t *testing.T) {
 			}
 			_, n := protowire.ConsumeVarint(b)
 			for _, owned := range []bool{false, true} {
-				got, _, _, _, err := transport.DecodeEnvelopeFrameOwned(bytes.Clone(b[n:]), owned)
+				got, _, _, _, _, err := transport.DecodeEnvelopeFrameOwned(bytes.Clone(b[n:]), owned)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -84,7 +84,7 @@ func TestRouteFramesReadAsProtoReadsThem(t *testing.T) {
 		}
 		return frame(protowire.AppendBytes(protowire.AppendTag(nil, 7, protowire.BytesType), rn))
 	}
-	unknown := protowire.AppendString(protowire.AppendTag(nil, 9, protowire.BytesType), "junk")
+	unknown := protowire.AppendString(protowire.AppendTag(nil, 15, protowire.BytesType), "junk")
 	ca, srv, _, rec := hostileSetup(t, nil)
 	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
 	s := evil.Lane(t)

@@ -1054,6 +1054,7 @@ type Frame struct {
 	//	*Frame_Goaway
 	//	*Frame_TypeName
 	//	*Frame_RouteName
+	//	*Frame_OriginName
 	Kind isFrame_Kind `protobuf_oneof:"kind"`
 	// On an envelope frame of a lane stream: the body's type URL is the one
 	// that TypeName ref names on this stream, and the body carries none of
@@ -1064,7 +1065,13 @@ type Frame struct {
 	// recipient are those RouteName ref names on this stream, and the
 	// envelope carries neither (0: it carries its own, as always). Sent only
 	// to a peer whose Hello lists the feature "route-names".
-	Route         uint32 `protobuf:"varint,8,opt,name=route,proto3" json:"route,omitempty"`
+	Route uint32 `protobuf:"varint,8,opt,name=route,proto3" json:"route,omitempty"`
+	// On an envelope frame of a lane stream: the envelope's origin's node,
+	// outbox id and certificate are those OriginName ref names on this
+	// stream, and its origin carries none of them (0: it carries its own,
+	// as always). Sent only to a peer whose Hello lists the feature
+	// "origin-names".
+	Origin        uint32 `protobuf:"varint,10,opt,name=origin,proto3" json:"origin,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1160,6 +1167,15 @@ func (x *Frame) GetRouteName() *RouteName {
 	return nil
 }
 
+func (x *Frame) GetOriginName() *OriginName {
+	if x != nil {
+		if x, ok := x.Kind.(*Frame_OriginName); ok {
+			return x.OriginName
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetBodyType() uint32 {
 	if x != nil {
 		return x.BodyType
@@ -1170,6 +1186,13 @@ func (x *Frame) GetBodyType() uint32 {
 func (x *Frame) GetRoute() uint32 {
 	if x != nil {
 		return x.Route
+	}
+	return 0
+}
+
+func (x *Frame) GetOrigin() uint32 {
+	if x != nil {
+		return x.Origin
 	}
 	return 0
 }
@@ -1202,6 +1225,10 @@ type Frame_RouteName struct {
 	RouteName *RouteName `protobuf:"bytes,7,opt,name=route_name,json=routeName,proto3,oneof"`
 }
 
+type Frame_OriginName struct {
+	OriginName *OriginName `protobuf:"bytes,9,opt,name=origin_name,json=originName,proto3,oneof"`
+}
+
 func (*Frame_Hello) isFrame_Kind() {}
 
 func (*Frame_Envelope) isFrame_Kind() {}
@@ -1213,6 +1240,8 @@ func (*Frame_Goaway) isFrame_Kind() {}
 func (*Frame_TypeName) isFrame_Kind() {}
 
 func (*Frame_RouteName) isFrame_Kind() {}
+
+func (*Frame_OriginName) isFrame_Kind() {}
 
 // TypeName names a body type on one lane stream, for the rest of that
 // stream: envelope frames after it say ref (Frame.body_type) instead of
@@ -1271,6 +1300,82 @@ func (x *TypeName) GetUrl() string {
 	return ""
 }
 
+// OriginName names a forwarded envelope's origin on one lane stream (its
+// node, outbox id and certificate; not its signature, which is the
+// envelope's own), for the rest of that stream: envelope frames after it
+// say ref (Frame.origin) instead of carrying the three, which are sent
+// once per stream rather than with every forwarded message. Refs go from
+// 1 up, each named once; a stream names at most 16 origins and 8 KiB of
+// them. The three fields have their numbers in Origin, so that a sender
+// copies an envelope's as they are.
+type OriginName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	OutboxId      []byte                 `protobuf:"bytes,2,opt,name=outbox_id,json=outboxId,proto3" json:"outbox_id,omitempty"`
+	Certificate   []byte                 `protobuf:"bytes,3,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	Ref           uint32                 `protobuf:"varint,5,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OriginName) Reset() {
+	*x = OriginName{}
+	mi := &file_meshnode_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OriginName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OriginName) ProtoMessage() {}
+
+func (x *OriginName) ProtoReflect() protoreflect.Message {
+	mi := &file_meshnode_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OriginName.ProtoReflect.Descriptor instead.
+func (*OriginName) Descriptor() ([]byte, []int) {
+	return file_meshnode_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *OriginName) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *OriginName) GetOutboxId() []byte {
+	if x != nil {
+		return x.OutboxId
+	}
+	return nil
+}
+
+func (x *OriginName) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *OriginName) GetRef() uint32 {
+	if x != nil {
+		return x.Ref
+	}
+	return 0
+}
+
 // RouteName names a sender and a recipient on one lane stream, for the
 // rest of that stream: envelope frames after it say ref (Frame.route)
 // instead of carrying both, which are sent once per stream rather than
@@ -1288,7 +1393,7 @@ type RouteName struct {
 
 func (x *RouteName) Reset() {
 	*x = RouteName{}
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1405,7 @@ func (x *RouteName) String() string {
 func (*RouteName) ProtoMessage() {}
 
 func (x *RouteName) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[10]
+	mi := &file_meshnode_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1418,7 @@ func (x *RouteName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteName.ProtoReflect.Descriptor instead.
 func (*RouteName) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{10}
+	return file_meshnode_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RouteName) GetRef() uint32 {
@@ -1352,7 +1457,7 @@ type NodeMeta struct {
 
 func (x *NodeMeta) Reset() {
 	*x = NodeMeta{}
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1469,7 @@ func (x *NodeMeta) String() string {
 func (*NodeMeta) ProtoMessage() {}
 
 func (x *NodeMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1482,7 @@ func (x *NodeMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMeta.ProtoReflect.Descriptor instead.
 func (*NodeMeta) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{11}
+	return file_meshnode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *NodeMeta) GetQuicAddr() string {
@@ -1443,7 +1548,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1455,7 +1560,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1468,7 +1573,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{12}
+	return file_meshnode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StoredMessage) GetEnvelope() *Envelope {
@@ -1532,7 +1637,7 @@ type OutStream struct {
 
 func (x *OutStream) Reset() {
 	*x = OutStream{}
-	mi := &file_meshnode_proto_msgTypes[13]
+	mi := &file_meshnode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1649,7 @@ func (x *OutStream) String() string {
 func (*OutStream) ProtoMessage() {}
 
 func (x *OutStream) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[13]
+	mi := &file_meshnode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1662,7 @@ func (x *OutStream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutStream.ProtoReflect.Descriptor instead.
 func (*OutStream) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{13}
+	return file_meshnode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *OutStream) GetEpoch() uint64 {
@@ -1679,7 +1784,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xf3\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xc7\x03\n" +
 	"\x05Frame\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.meshnode.v1.HelloH\x00R\x05hello\x123\n" +
 	"\benvelope\x18\x02 \x01(\v2\x15.meshnode.v1.EnvelopeH\x00R\benvelope\x120\n" +
@@ -1687,13 +1792,23 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x06goaway\x18\x04 \x01(\v2\x13.meshnode.v1.GoAwayH\x00R\x06goaway\x124\n" +
 	"\ttype_name\x18\x05 \x01(\v2\x15.meshnode.v1.TypeNameH\x00R\btypeName\x127\n" +
 	"\n" +
-	"route_name\x18\a \x01(\v2\x16.meshnode.v1.RouteNameH\x00R\trouteName\x12\x1b\n" +
+	"route_name\x18\a \x01(\v2\x16.meshnode.v1.RouteNameH\x00R\trouteName\x12:\n" +
+	"\vorigin_name\x18\t \x01(\v2\x17.meshnode.v1.OriginNameH\x00R\n" +
+	"originName\x12\x1b\n" +
 	"\tbody_type\x18\x06 \x01(\rR\bbodyType\x12\x14\n" +
-	"\x05route\x18\b \x01(\rR\x05routeB\x06\n" +
+	"\x05route\x18\b \x01(\rR\x05route\x12\x16\n" +
+	"\x06origin\x18\n" +
+	" \x01(\rR\x06originB\x06\n" +
 	"\x04kind\".\n" +
 	"\bTypeName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x10\n" +
-	"\x03url\x18\x02 \x01(\tR\x03url\"_\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\"w\n" +
+	"\n" +
+	"OriginName\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\toutbox_id\x18\x02 \x01(\fR\boutboxId\x12 \n" +
+	"\vcertificate\x18\x03 \x01(\fR\vcertificate\x12\x10\n" +
+	"\x03ref\x18\x05 \x01(\rR\x03refJ\x04\b\x04\x10\x05\"_\n" +
 	"\tRouteName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x16\n" +
 	"\x06sender\x18\x04 \x01(\tR\x06sender\x12\x1c\n" +
@@ -1736,7 +1851,7 @@ func file_meshnode_proto_rawDescGZIP() []byte {
 }
 
 var file_meshnode_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_meshnode_proto_goTypes = []any{
 	(RpcMeta_Kind)(0),         // 0: meshnode.v1.RpcMeta.Kind
 	(Envelope_Conflict)(0),    // 1: meshnode.v1.Envelope.Conflict
@@ -1752,18 +1867,19 @@ var file_meshnode_proto_goTypes = []any{
 	(*GoAway)(nil),            // 11: meshnode.v1.GoAway
 	(*Frame)(nil),             // 12: meshnode.v1.Frame
 	(*TypeName)(nil),          // 13: meshnode.v1.TypeName
-	(*RouteName)(nil),         // 14: meshnode.v1.RouteName
-	(*NodeMeta)(nil),          // 15: meshnode.v1.NodeMeta
-	(*StoredMessage)(nil),     // 16: meshnode.v1.StoredMessage
-	(*OutStream)(nil),         // 17: meshnode.v1.OutStream
-	nil,                       // 18: meshnode.v1.Envelope.HeadersEntry
-	nil,                       // 19: meshnode.v1.NodeMeta.TagsEntry
-	(*anypb.Any)(nil),         // 20: google.protobuf.Any
+	(*OriginName)(nil),        // 14: meshnode.v1.OriginName
+	(*RouteName)(nil),         // 15: meshnode.v1.RouteName
+	(*NodeMeta)(nil),          // 16: meshnode.v1.NodeMeta
+	(*StoredMessage)(nil),     // 17: meshnode.v1.StoredMessage
+	(*OutStream)(nil),         // 18: meshnode.v1.OutStream
+	nil,                       // 19: meshnode.v1.Envelope.HeadersEntry
+	nil,                       // 20: meshnode.v1.NodeMeta.TagsEntry
+	(*anypb.Any)(nil),         // 21: google.protobuf.Any
 }
 var file_meshnode_proto_depIdxs = []int32{
 	0,  // 0: meshnode.v1.RpcMeta.kind:type_name -> meshnode.v1.RpcMeta.Kind
-	18, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
-	20, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
+	19, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
+	21, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
 	4,  // 3: meshnode.v1.Envelope.rpc:type_name -> meshnode.v1.RpcMeta
 	1,  // 4: meshnode.v1.Envelope.conflict:type_name -> meshnode.v1.Envelope.Conflict
 	2,  // 5: meshnode.v1.Envelope.receipt:type_name -> meshnode.v1.Envelope.ReceiptMode
@@ -1775,14 +1891,15 @@ var file_meshnode_proto_depIdxs = []int32{
 	8,  // 11: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
 	11, // 12: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
 	13, // 13: meshnode.v1.Frame.type_name:type_name -> meshnode.v1.TypeName
-	14, // 14: meshnode.v1.Frame.route_name:type_name -> meshnode.v1.RouteName
-	19, // 15: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
-	5,  // 16: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	15, // 14: meshnode.v1.Frame.route_name:type_name -> meshnode.v1.RouteName
+	14, // 15: meshnode.v1.Frame.origin_name:type_name -> meshnode.v1.OriginName
+	20, // 16: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
+	5,  // 17: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
+	18, // [18:18] is the sub-list for method output_type
+	18, // [18:18] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_meshnode_proto_init() }
@@ -1797,6 +1914,7 @@ func file_meshnode_proto_init() {
 		(*Frame_Goaway)(nil),
 		(*Frame_TypeName)(nil),
 		(*Frame_RouteName)(nil),
+		(*Frame_OriginName)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1804,7 +1922,7 @@ func file_meshnode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshnode_proto_rawDesc), len(file_meshnode_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
