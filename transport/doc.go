@@ -113,9 +113,9 @@
 //   - So are forwarded envelopes' origins (names.go): to a peer whose
 //     Hello lists FeatureOriginNames, an OriginName frame names an
 //     origin's node, outbox id and certificate, and an envelope the codec
-//     left to proto whose origin opens with them goes without them and
-//     with Frame.origin = ref; its signature, its own, stays. Up to 16
-//     origins and 8 KiB of them per stream.
+//     left to proto whose origin opens with them (a certificate at least)
+//     goes without them and with Frame.origin = ref; its signature, its
+//     own, stays. Up to 16 origins and 8 KiB of them per stream.
 //   - Envelopes have a hand-written codec (envcodec.go), because the
 //     generated one was a fifth of the receiver's CPU. The encoder writes
 //     proto.Marshal's bytes, with headers in sorted key order (the order

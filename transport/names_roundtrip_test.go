@@ -66,8 +66,8 @@ func FuzzLaneNamesRoundTrip(f *testing.F) {
 				case 5:
 					env.Sender, env.Recipient = "x@a", "y@b"
 					switch k % 4 {
-					case 0:
-						env.Origin = &pb.Origin{}
+					case 0: // no certificate: nothing to name
+						env.Origin = &pb.Origin{Node: "o", OutboxId: []byte{byte(k)}}
 					case 1: // forwarded: one of many origins, some certificates large
 						env.Origin = &pb.Origin{Node: fmt.Sprint("o", k%20), OutboxId: []byte{byte(k), 1, 2},
 							Certificate: bytes.Repeat([]byte{byte(k)}, 100+k%1500), Signature: []byte{9, byte(k)}}

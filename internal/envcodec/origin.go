@@ -17,9 +17,9 @@ const (
 // within it; the same envelope whose origin says none of the three is
 // env[:at], the origin's tag, its length less to-from, env[to:]. ok is
 // false, and nothing else set, when env has no origin or more than one,
-// when its origin does not open with one or more of those fields, each
-// once and in order, or has one of them again after them, and for bytes
-// that do not parse.
+// when its origin does not open with those fields, each once and in
+// order, the certificate at least, or has one of them again after them,
+// and for bytes that do not parse.
 func CutOrigin(env []byte) (at, from, to, end int, ok bool) {
 	at = -1
 	for p := 0; p < len(env); {
@@ -65,7 +65,9 @@ func CutOrigin(env []byte) (at, from, to, end int, ok bool) {
 		}
 		p += k + m
 	}
-	if to == from {
+	if last != originLastIdentity {
+		// No certificate: nothing a receiver could check it by, and
+		// nothing to name (a receiver refuses such a name).
 		return 0, 0, 0, 0, false
 	}
 	return at, from, to, end, true

@@ -31,9 +31,9 @@ func TestCutOriginCutsTheIdentity(t *testing.T) {
 		}
 		at, from, to, end, ok := CutOrigin(b)
 		o := env.GetOrigin()
-		if o.GetNode() == "" && len(o.GetOutboxId()) == 0 && len(o.GetCertificate()) == 0 {
+		if len(o.GetCertificate()) == 0 {
 			if ok {
-				t.Fatalf("cut an origin without an identity: [%d, %d)", from, to)
+				t.Fatalf("cut an origin without a certificate: [%d, %d)", from, to)
 			}
 			return
 		}
@@ -84,6 +84,7 @@ func TestCutOriginRefusesOtherShapes(t *testing.T) {
 		"truncated":                 good[:len(good)-1],
 		"an origin as a varint":     protowire.AppendVarint(protowire.AppendTag(nil, envOrigin, protowire.VarintType), 1),
 		"a signature alone":         origin(field(nil, 4, "sig")),
+		"no certificate":            origin(field(field(field(nil, 1, "n"), 2, "id"), 4, "sig")),
 		"junk before":               append([]byte{0xff}, good...),
 		"a longer tag for the node": origin(append([]byte{1<<3 | 2 | 0x80, 0x00, 1, 'n'}, field(nil, 3, "c")...)),
 	} {
