@@ -1,6 +1,7 @@
 package testnet
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -38,31 +39,29 @@ func TestTwoOriginsForwardedAcrossARestartAndTheHeal(t *testing.T) {
 	}
 
 	const backlog = 80
-	var wg sync.WaitGroup
-	for _, from := range []int{a, d} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sendN(t, c, rec, from, cc, backlog)
-		}()
+	both := func() { // A and D at once
+		var wg sync.WaitGroup
+		for _, from := range []int{a, d} {
+			wg.Go(func() {
+				for range backlog { // t.Errorf, not sendN's Fatalf, off the test's goroutine
+					if _, err := SendReliable(context.Background(), rec, c.Node(from), c.Addr("sink", cc)); err != nil {
+						t.Errorf("send: %v", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		sent += 2 * backlog
 	}
-	wg.Wait()
-	sent += 2 * backlog
+	both()
 	if err := c.Stop(b); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Restart(b); err != nil {
 		t.Fatal(err)
 	}
-	for _, from := range []int{a, d} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sendN(t, c, rec, from, cc, backlog)
-		}()
-	}
-	wg.Wait()
-	sent += 2 * backlog
+	both()
 	if err := c.WaitDrained(90 * time.Second); err != nil {
 		t.Fatal(err)
 	}

@@ -263,10 +263,10 @@ func (l *lane) name(e *encodedEnv, env []byte) {
 		n += typeNameSize(e.ref, len(e.body.TypeURL()))
 	}
 	if e.routeFresh {
-		n += routeNameSize(e.route, int(e.rTo-e.rFrom))
+		n += copiedNameSize(frameFieldRouteName, routeNameFieldRef, e.route, int(e.rTo-e.rFrom))
 	}
 	if e.originFresh {
-		n += originNameSize(e.origin, int(e.rTo-e.rFrom))
+		n += copiedNameSize(frameFieldOriginName, originNameFieldRef, e.origin, int(e.rTo-e.rFrom))
 	}
 	e.size = int32(n)
 }
@@ -287,7 +287,7 @@ func (l *lane) nameOrigin(e *encodedEnv, env []byte) {
 		if len(l.origins) >= maxOrigins || l.originBytes+len(id) > maxOriginBytes {
 			return
 		}
-		if _, inner := originNameSizes(uint32(len(l.origins)+1), len(id)); inner > l.c.maxFrame {
+		if _, inner := copiedNameSizes(frameFieldOriginName, originNameFieldRef, uint32(len(l.origins)+1), len(id)); inner > l.c.maxFrame {
 			return
 		}
 		if l.origins == nil {
@@ -336,7 +336,7 @@ func (l *lane) nameRoute(e *encodedEnv, fields []byte) {
 		if len(l.routes) >= maxRoutes || l.routeBytes+len(fields) > maxRouteBytes {
 			return
 		}
-		if _, inner := routeNameSizes(uint32(len(l.routes)+1), len(fields)); inner > l.c.maxFrame {
+		if _, inner := copiedNameSizes(frameFieldRouteName, routeNameFieldRef, uint32(len(l.routes)+1), len(fields)); inner > l.c.maxFrame {
 			// Its naming frame would be past the peer's frame limit (an
 			// envelope of nothing but its route, at the limit).
 			return
@@ -391,13 +391,14 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		l.appendLocked([]byte(url))
 	}
 	if e.routeFresh {
-		l.appendLocked(appendRouteNameHead(hb[:0], e.route, int(e.rTo-e.rFrom)))
+		h := appendCopiedNameHead(hb[:0], frameFieldRouteName, routeNameFieldRef, e.route, int(e.rTo-e.rFrom))
+		l.appendLocked(appendRef(h, routeNameFieldRef, e.route)) // field 1, then the envelope's 4 and 5
 		l.appendLocked(env[e.rFrom:e.rTo])
 	}
 	if e.originFresh {
-		l.appendLocked(appendOriginNameHead(hb[:0], e.origin, int(e.rTo-e.rFrom)))
-		l.appendLocked(env[e.rFrom:e.rTo])
-		l.appendLocked(appendOriginNameTail(hb[:0], e.origin))
+		l.appendLocked(appendCopiedNameHead(hb[:0], frameFieldOriginName, originNameFieldRef, e.origin, int(e.rTo-e.rFrom)))
+		l.appendLocked(env[e.rFrom:e.rTo]) // the origin's 1 to 3, then field 5
+		l.appendLocked(appendRef(hb[:0], originNameFieldRef, e.origin))
 	}
 	inner := e.namedInner(len(env))
 	h := protowire.AppendVarint(hb[:0], uint64(inner))
@@ -471,62 +472,34 @@ func appendTypeNameHead(b []byte, ref uint32, urlLen int) []byte {
 	return protowire.AppendVarint(b, uint64(urlLen))
 }
 
-// originNameSizes are the lengths of the OriginName naming ref, whose
-// node, outbox id and certificate fields (numbered as in Origin) take id
-// bytes, and of its frame without the frame's length prefix.
-func originNameSizes(ref uint32, id int) (on, inner int) {
-	on = id + protowire.SizeTag(originNameFieldRef) + protowire.SizeVarint(uint64(ref))
-	return on, protowire.SizeTag(frameFieldOriginName) + protowire.SizeBytes(on)
+// copiedNameSizes are the lengths of a frame of kind frame (a RouteName,
+// an OriginName) naming ref in its field refField, with copied bytes of
+// fields copied from an envelope as they are (numbered there as in the
+// envelope), and of the frame without its length prefix.
+func copiedNameSizes(frame, refField protowire.Number, ref uint32, copied int) (msg, inner int) {
+	msg = copied + protowire.SizeTag(refField) + protowire.SizeVarint(uint64(ref))
+	return msg, protowire.SizeTag(frame) + protowire.SizeBytes(msg)
 }
 
-// originNameSize is the bytes the frame naming ref, its identity of id
-// bytes, takes on the stream.
-func originNameSize(ref uint32, id int) int {
-	_, inner := originNameSizes(ref, id)
+// copiedNameSize is the bytes such a frame takes on the stream.
+func copiedNameSize(frame, refField protowire.Number, ref uint32, copied int) int {
+	_, inner := copiedNameSizes(frame, refField, ref, copied)
 	return protowire.SizeVarint(uint64(inner)) + inner
 }
 
-// appendOriginNameHead appends the frame naming ref up to its identity's
-// fields (id bytes, an origin's as they are), which follow it, and then
-// appendOriginNameTail's.
-func appendOriginNameHead(b []byte, ref uint32, id int) []byte {
-	on, inner := originNameSizes(ref, id)
+// appendCopiedNameHead appends such a frame's length, tag and message
+// length; its fields follow (the ref and the copied ones, in their
+// numbers' order).
+func appendCopiedNameHead(b []byte, frame, refField protowire.Number, ref uint32, copied int) []byte {
+	msg, inner := copiedNameSizes(frame, refField, ref, copied)
 	b = protowire.AppendVarint(b, uint64(inner))
-	b = protowire.AppendTag(b, frameFieldOriginName, protowire.BytesType)
-	return protowire.AppendVarint(b, uint64(on))
+	b = protowire.AppendTag(b, frame, protowire.BytesType)
+	return protowire.AppendVarint(b, uint64(msg))
 }
 
-// appendOriginNameTail appends the end of the frame naming ref: its ref.
-func appendOriginNameTail(b []byte, ref uint32) []byte {
-	b = protowire.AppendTag(b, originNameFieldRef, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(ref))
-}
-
-// routeNameSizes are the lengths of the RouteName naming ref, whose
-// sender and recipient fields (numbered as in Envelope) take fields
-// bytes, and of its frame without the frame's length prefix.
-func routeNameSizes(ref uint32, fields int) (rn, inner int) {
-	rn = protowire.SizeTag(routeNameFieldRef) + protowire.SizeVarint(uint64(ref)) + fields
-	return rn, protowire.SizeTag(frameFieldRouteName) + protowire.SizeBytes(rn)
-}
-
-// routeNameSize is the bytes the frame naming ref, its sender and
-// recipient fields of fields bytes, takes on the stream.
-func routeNameSize(ref uint32, fields int) int {
-	_, inner := routeNameSizes(ref, fields)
-	return protowire.SizeVarint(uint64(inner)) + inner
-}
-
-// appendRouteNameHead appends the frame naming ref up to its sender and
-// recipient fields (fields bytes, an envelope's as they are), which
-// follow it.
-func appendRouteNameHead(b []byte, ref uint32, fields int) []byte {
-	rn, inner := routeNameSizes(ref, fields)
-	b = protowire.AppendVarint(b, uint64(inner))
-	b = protowire.AppendTag(b, frameFieldRouteName, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(rn))
-	b = protowire.AppendTag(b, routeNameFieldRef, protowire.VarintType)
-	return protowire.AppendVarint(b, uint64(ref))
+// appendRef appends the varint field num of ref.
+func appendRef(b []byte, num protowire.Number, ref uint32) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), uint64(ref))
 }
 
 // names is what a received lane stream named: its reader's own.

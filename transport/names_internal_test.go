@@ -21,7 +21,8 @@ func nameFrame(ref uint32, url string) []byte {
 func routeFrame(ref uint32, sender, recipient string) []byte {
 	fields := protowire.AppendString(protowire.AppendTag(nil, 4, protowire.BytesType), sender)
 	fields = protowire.AppendString(protowire.AppendTag(fields, 5, protowire.BytesType), recipient)
-	return append(appendRouteNameHead(nil, ref, len(fields)), fields...)
+	b := appendRef(appendCopiedNameHead(nil, frameFieldRouteName, routeNameFieldRef, ref, len(fields)), routeNameFieldRef, ref)
+	return append(b, fields...)
 }
 
 // A lane's frame naming a route is the one proto writes for that
@@ -40,7 +41,7 @@ func TestRouteNameFrameIsProtos(t *testing.T) {
 			t.Fatalf("ref %d: wrote\n%x\nproto writes\n%x", tc.ref, got, want)
 		}
 		fields := protowire.SizeTag(4) + protowire.SizeBytes(len(tc.sender)) + protowire.SizeTag(5) + protowire.SizeBytes(len(tc.recipient))
-		if n := routeNameSize(tc.ref, fields); n != len(want) {
+		if n := copiedNameSize(frameFieldRouteName, routeNameFieldRef, tc.ref, fields); n != len(want) {
 			t.Fatalf("ref %d: sized %d bytes, wrote %d", tc.ref, n, len(want))
 		}
 	}
@@ -129,4 +130,35 @@ func FuzzLaneNames(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A lane's frame naming an origin, its identity copied from an
+// envelope's origin, is the one proto writes for that OriginName.
+func TestOriginNameFrameIsProtos(t *testing.T) {
+	for _, tc := range []struct {
+		ref uint32
+		o   *pb.Origin
+	}{
+		{1, &pb.Origin{Node: "n1", OutboxId: []byte("0123456789abcdef"), Certificate: bytes.Repeat([]byte{7}, 500)}},
+		{16, &pb.Origin{Certificate: []byte{1}}},
+		{300, &pb.Origin{Node: "n", Certificate: bytes.Repeat([]byte{8}, 8000)}},
+	} {
+		id, err := proto.MarshalOptions{Deterministic: true}.Marshal(tc.o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := appendCopiedNameHead(nil, frameFieldOriginName, originNameFieldRef, tc.ref, len(id))
+		got = appendRef(append(got, id...), originNameFieldRef, tc.ref)
+		want, err := AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_OriginName{OriginName: &pb.OriginName{
+			Ref: tc.ref, Node: tc.o.GetNode(), OutboxId: tc.o.GetOutboxId(), Certificate: tc.o.GetCertificate()}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("ref %d: wrote\n%x\nproto writes\n%x", tc.ref, got, want)
+		}
+		if n := copiedNameSize(frameFieldOriginName, originNameFieldRef, tc.ref, len(id)); n != len(want) {
+			t.Fatalf("ref %d: sized %d bytes, wrote %d", tc.ref, n, len(want))
+		}
+	}
 }
