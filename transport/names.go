@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Body types and routes named once per lane stream.
+// Body types, routes and origins named once per lane stream.
 //
 // An envelope's body is a google.protobuf.Any: its type URL
 // ("type.googleapis.com/google.protobuf.BytesValue", 48 bytes with its
@@ -79,8 +79,8 @@ const (
 	maxOriginBytes = 8 << 10 // bytes of the origins named on one lane stream (their certificates, mostly)
 )
 
-// Field numbers of pb.Frame, pb.TypeName and pb.RouteName, for the
-// hand-written frames.
+// Field numbers of pb.Frame, pb.TypeName, pb.RouteName, pb.OriginName and
+// pb.Envelope, for the hand-written frames.
 const (
 	frameFieldTypeName   protowire.Number = 5
 	frameFieldBodyType   protowire.Number = 6
@@ -92,6 +92,7 @@ const (
 	typeNameFieldRef     protowire.Number = 1
 	typeNameFieldURL     protowire.Number = 2
 	routeNameFieldRef    protowire.Number = 1
+	envFieldOrigin       protowire.Number = 21
 )
 
 // Body says where the body of an encoded envelope is, and its type, for
@@ -142,7 +143,7 @@ func (e *encodedEnv) namedEnvLen(n int) int {
 		// The origin's tag and length, and its identity, give way to a
 		// length of what is left of it.
 		l := e.originLen()
-		tag := protowire.SizeTag(21)
+		tag := protowire.SizeTag(envFieldOrigin)
 		return n - int(e.tailAt-e.headEnd) + tag + protowire.SizeBytes(l)
 	}
 	if e.route != 0 {
@@ -175,9 +176,10 @@ func (e *encodedEnv) namedInner(n int) int {
 // as one run: nothing of another sender between them, and all of them or
 // none refused (the byte bound, a closed connection). The caller
 // reserved their room (reserve); a refusal gives it back. An envelope
-// whose body type or route can be named on the lane's stream (the peer
-// takes such names, and the stream's names are not used up) is sent with
-// their refs, each named first the first time; the others go in full.
+// whose body type, route or origin can be named on the lane's stream (the
+// peer takes such names, and the stream's names are not used up) is sent
+// with their refs, each named first the first time; the others go in
+// full.
 func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	c := l.c
 	k := int64(len(run))
@@ -233,10 +235,11 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 	return nil
 }
 
-// name gives e, whose envelope is env, the refs of its body type and its
-// route on the lane's stream, when the peer takes such names, naming each
-// when it is new and the stream's names have room (a ref left 0 sends
-// that part in full), and sizes its frames. Called with l.mu held.
+// name gives e, whose envelope is env, the refs of its body type, its
+// route and its origin on the lane's stream, when the peer takes such
+// names, naming each when it is new and the stream's names have room (a
+// ref left 0 sends that part in full), and sizes its frames. Called with
+// l.mu held.
 func (l *lane) name(e *encodedEnv, env []byte) {
 	e.ref, e.fresh, e.route, e.routeFresh, e.origin, e.originFresh = 0, false, 0, false, 0, false
 	c := l.c
@@ -370,8 +373,8 @@ func (l *lane) unname(e *encodedEnv, env []byte) {
 }
 
 // appendFrameLocked appends e's frame (env its envelope), after the
-// frames naming its type and route when e names them. Called with l.mu
-// held.
+// frames naming its type, route or origin when e names them new. Called
+// with l.mu held.
 func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 	var hb [32]byte
 	if !e.named() {
@@ -408,7 +411,7 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		// The envelope up to its origin, the origin without its identity
 		// (a new length), the rest.
 		l.appendLocked(env[:e.headEnd])
-		o := protowire.AppendTag(hb[:0], 21, protowire.BytesType)
+		o := protowire.AppendTag(hb[:0], envFieldOrigin, protowire.BytesType)
 		l.appendLocked(protowire.AppendVarint(o, uint64(e.originLen())))
 		l.appendLocked(env[e.rTo:])
 		o = protowire.AppendTag(hb[:0], frameFieldOrigin, protowire.VarintType)

@@ -142,31 +142,36 @@ func CutTypeURL(env []byte, body Body) (head []byte, bodyLen uint64, tail []byte
 // fieldAt reports whether a field of env starts at offset at, reading
 // env's fields from its start as the encoders write the fields before a
 // route or a body: varints and bytes (any other wire type: false). So
-// bytes that only look like a field, inside another one, are not cut.
+// bytes that only look like a field, inside another one, are not cut. It
+// runs for every named envelope, so one-byte tags and lengths, the
+// common case, are read in place.
 func fieldAt(env []byte, at int) bool {
 	p := 0
-	for p < at {
-		tag, n := protowire.ConsumeVarint(env[p:])
-		if n < 0 {
-			return false
+	for p < at && p < len(env) {
+		tag := env[p]
+		if tag >= 0x80 {
+			return false // a field number past 15: none of the encoders' before a route or a body
 		}
-		p += n
+		p++
 		switch protowire.Type(tag & 7) {
 		case protowire.VarintType:
-			_, n = protowire.ConsumeVarint(env[p:])
+			for p < len(env) && env[p] >= 0x80 {
+				p++
+			}
+			p++
 		case protowire.BytesType:
+			if p < len(env) && env[p] < 0x80 {
+				p += 1 + int(env[p])
+				continue
+			}
 			l, m := protowire.ConsumeVarint(env[p:])
 			if m < 0 || l > uint64(len(env)-p-m) {
 				return false
 			}
-			n = m + int(l)
+			p += m + int(l)
 		default:
 			return false
 		}
-		if n < 0 {
-			return false
-		}
-		p += n
 	}
 	return p == at
 }
@@ -186,8 +191,12 @@ func CutRoute(env []byte, body Body) (from, to int, ok bool) {
 	}
 	p := from
 	for _, num := range [2]protowire.Number{envSender, envRecipient} {
-		if p >= to || env[p] != byte(num)<<3|byte(protowire.BytesType) {
+		if p+1 >= to || env[p] != byte(num)<<3|byte(protowire.BytesType) {
 			return 0, 0, false
+		}
+		if l := env[p+1]; l > 0 && l < 0x80 { // a one-byte length: most names
+			p += 2 + int(l)
+			continue
 		}
 		l, m := protowire.ConsumeVarint(env[p+1 : to])
 		if m < 0 || m != protowire.SizeVarint(l) || l == 0 || uint64(to-p-1-m) < l {

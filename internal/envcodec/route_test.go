@@ -337,3 +337,19 @@ func TestCutRouteRefusesOtherBytes(t *testing.T) {
 		CutRoute(b, Body{from: rapid.IntRange(-2, 70).Draw(t, "from"), to: rapid.IntRange(-2, 70).Draw(t, "to")})
 	})
 }
+
+// BenchmarkCutsOfATell: what the lane's checks cost for a plain tell's
+// two cuts (its body's type and its route), each of which walks the
+// envelope's fields from its start to its own.
+func BenchmarkCutsOfATell(b *testing.B) {
+	r, _ := NewRoute("@n0", "sink@n1", "type.googleapis.com/google.protobuf.BytesValue")
+	env, body := r.Append(nil, Plain{ID: []byte("abcdefghijklmnopqrstuv"), CreatedAtUnixMs: 1764900000000, Kind: pb.RpcMeta_EVENT, Value: make([]byte, 128)})
+	b.ResetTimer()
+	for range b.N {
+		_, _, _, typed := CutTypeURL(env, body)
+		_, _, routed := CutRoute(env, body)
+		if !typed || !routed {
+			b.Fatal("a tell's own Body did not cut")
+		}
+	}
+}
