@@ -228,6 +228,28 @@ func framesCloseTheConnection(t *testing.T, frames []*pb.Frame) {
 	assertGoodPeerWorks(t, srv, good)
 }
 
+// framesArrive has a peer write frames on a lane stream, within the
+// rules, and returns what the server's handler got after the good
+// peer's envelope, once it has n envelopes from the peer.
+func framesArrive(t *testing.T, frames []*pb.Frame, n int) []*pb.Envelope {
+	t.Helper()
+	ca, srv, _, rec := hostileSetup(t, nil)
+	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
+	s := evil.Lane(t)
+	for _, f := range frames {
+		b, err := transport.AppendFrame(nil, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Write(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCond(t, 5*time.Second, fmt.Sprintf("%d envelopes from evil", n), func() bool { return rec.count.Load() >= int64(n)+1 })
+	got, _ := rec.snapshot()
+	return got[1:] // the first is the good peer's
+}
+
 // What a peer names on a lane stream is checked: a ref it did not name, a
 // name out of order, twice, empty or too long, past the bound, a named
 // envelope without a body or whose body says a type of its own, and a
@@ -266,22 +288,9 @@ func TestBadTypeNamesCloseTheConnection(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { framesCloseTheConnection(t, tc.frames) })
 	}
 	t.Run("as the rules say", func(t *testing.T) {
-		ca, srv, _, rec := hostileSetup(t, nil)
-		evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-		s := evil.Lane(t)
-		for _, f := range []*pb.Frame{name(1, "t/a"), name(2, "t/b"), envelope(2, value), envelope(1, value), envelope(0, &anypb.Any{TypeUrl: "t/c"})} {
-			b, err := transport.AppendFrame(nil, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.Write(b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		waitCond(t, 5*time.Second, "three envelopes from evil", func() bool { return rec.count.Load() >= 4 })
-		got, _ := rec.snapshot()
+		got := framesArrive(t, []*pb.Frame{name(1, "t/a"), name(2, "t/b"), envelope(2, value), envelope(1, value), envelope(0, &anypb.Any{TypeUrl: "t/c"})}, 3)
 		var types []string
-		for _, env := range got[1:] { // the first is the good peer's
+		for _, env := range got {
 			types = append(types, env.GetBody().GetTypeUrl())
 		}
 		if fmt.Sprint(types) != "[t/b t/a t/c]" {

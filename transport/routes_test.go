@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/rawpeer"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
 	"google.golang.org/protobuf/proto"
@@ -145,27 +144,13 @@ func TestBadRouteNamesCloseTheConnection(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { framesCloseTheConnection(t, tc.frames) })
 	}
 	t.Run("as the rules say", func(t *testing.T) {
-		ca, srv, _, rec := hostileSetup(t, nil)
-		evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-		s := evil.Lane(t)
 		frames := []*pb.Frame{name(1, "a@evil", "x@srv"), name(2, "b@evil", "y@srv"), envelope(2, "", ""), envelope(1, "", ""), envelope(0, "c@evil", "z@srv")}
 		typed := &pb.Frame{Kind: &pb.Frame_TypeName{TypeName: &pb.TypeName{Ref: 1, Url: "t/n"}}}
 		both := envelope(1, "", "")
 		both.BodyType = 1
 		both.GetEnvelope().Body = &anypb.Any{Value: []byte("v")}
-		for _, f := range append(frames, typed, both) {
-			b, err := transport.AppendFrame(nil, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.Write(b); err != nil {
-				t.Fatal(err)
-			}
-		}
-		waitCond(t, 5*time.Second, "four envelopes from evil", func() bool { return rec.count.Load() >= 5 })
-		got, _ := rec.snapshot()
 		var routes []string
-		for _, env := range got[1:] { // the first is the good peer's
+		for _, env := range framesArrive(t, append(frames, typed, both), 4) {
 			routes = append(routes, env.GetSender()+">"+env.GetRecipient()+":"+env.GetBody().GetTypeUrl())
 		}
 		if want := "[b@evil>y@srv:t/a a@evil>x@srv:t/a c@evil>z@srv:t/a a@evil>x@srv:t/n]"; fmt.Sprint(routes) != want {
