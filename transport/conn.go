@@ -562,7 +562,7 @@ func (c *conn) readLane(rs *quic.ReceiveStream) {
 			return
 		}
 		if env == nil {
-			continue // a type or a route named
+			continue // a type, a route or an origin named
 		}
 		var reply func(*pb.Receipt)
 		if env.GetReceipt() != pb.Envelope_RECEIPT_NONE {

@@ -43,12 +43,12 @@ type lane struct {
 	names       map[string]uint32 // body types named on the stream (names.go)
 	nameBytes   int               // their URLs' length together
 	routes      map[string]uint32 // routes named on the stream, by their fields' bytes
-	routeBytes  int               // their senders' and recipients' length together
+	routeBytes  int               // their fields' length together
 	origins     map[string]uint32 // forwarded envelopes' origins named on the stream, by their identity's bytes
 	originBytes int               // their identities' length together
 	chunks      []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
 	n           int               // envelope (or receipt) frames in chunks
-	named       int               // type- and route-naming frames in chunks (names.go)
+	named       int               // naming frames (types, routes, origins) in chunks (names.go)
 	large       int               // of them, frames too large for the peer's stream buffer (isLarge)
 	finished    chan struct{}     // set by finish; closed by run after the last write
 }
@@ -105,9 +105,10 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 	}
 	if c.names || c.routes || c.origins {
 		// Each envelope without its frame's head, which pushEnvelopes
-		// writes, naming the bodies' types and the routes. (Here, not in a function of
-		// its own: a sender's stack, a mailbox goroutine's, is deepest
-		// here, and a frame more would make it grow for every reply.)
+		// writes, naming bodies' types, routes and origins. (Here, not in
+		// a function of its own: a sender's stack, a mailbox goroutine's,
+		// is deepest here, and a frame more would make it grow for every
+		// reply.)
 		var one [1]encodedEnv
 		run := one[:0]
 		if len(envs) > 1 {
@@ -186,8 +187,9 @@ func encodeError(env *pb.Envelope, n, size, max int) error {
 
 // enqueueEncoded queues the frame of one envelope already encoded (env,
 // which the caller may reuse once it returns), as enqueueEnvelopes does
-// for an envelope that encodes to env; with its body's type named on the
-// lane's stream when body says where it is and the peer takes names.
+// for an envelope that encodes to env; with its body's type and its
+// route named on the lane's stream when body says where they are, and
+// its origin when it has one, as far as the peer takes such names.
 func (l *lane) enqueueEncoded(env []byte, body Body) error {
 	c := l.c
 	inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
