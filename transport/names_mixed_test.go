@@ -79,39 +79,9 @@ func sendMixed(t *testing.T, churn bool) {
 	cfg.Lanes = 2
 	a := startNode(t, cfg, r, &recorder{})
 
-	var sent sync.Map // msg id -> *pb.Envelope (a clone)
-	var seen sync.Map // msg id -> struct{}
-	var mu sync.Mutex
-	last := map[string]int{} // "g/rcpt" -> last i got
-	var bad atomic.Value
-	var got atomic.Int64
-	h := handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-		got.Add(1)
-		id := env.GetMsgId()
-		if _, dup := seen.LoadOrStore(id, struct{}{}); dup {
-			bad.Store("duplicate " + id)
-		}
-		want, ok := sent.Load(id)
-		if !ok {
-			bad.Store("unknown " + id)
-		} else if !proto.Equal(want.(*pb.Envelope), env) {
-			bad.Store(fmt.Sprintf("%s arrived as\n%v\nsent\n%v", id, env, want))
-		}
-		var g, i int
-		fmt.Sscanf(id, "g%d-%d", &g, &i)
-		key := fmt.Sprint(g, "/", env.GetRecipient())
-		mu.Lock()
-		if p, ok := last[key]; ok && p >= i && !churn {
-			bad.Store(fmt.Sprintf("%s after g%d-%d: reordered", id, g, p))
-		}
-		last[key] = i
-		mu.Unlock()
-		if reply != nil {
-			reply(&pb.Receipt{Code: pb.Receipt_PROCESSED})
-		}
-	})
+	check := newAsSent(churn)
 	bcfg := testConfig(t, ca, "b")
-	b := startNode(t, bcfg, r, h)
+	b := startNode(t, bcfg, r, handlerFunc(check.handle))
 	ctx := ctxT(t, 120*time.Second)
 	var wg sync.WaitGroup
 	var ok, refused atomic.Int64
@@ -133,7 +103,7 @@ func sendMixed(t *testing.T, churn bool) {
 					}
 				}
 				for _, e := range envs {
-					sent.Store(e.GetMsgId(), proto.Clone(e))
+					check.expect(e.GetMsgId(), proto.Clone(e).(*pb.Envelope))
 				}
 				var err error
 				for range 400 {
@@ -154,7 +124,7 @@ func sendMixed(t *testing.T, churn bool) {
 							t.Error(uerr)
 							return
 						}
-						sent.Store(e.MsgId, &plain)
+						check.expect(e.MsgId, &plain)
 						err = a.SendEncoded(ctx, "b", e.Recipient, wire, where)
 						clear(wire)
 					case 2:
@@ -199,7 +169,7 @@ func sendMixed(t *testing.T, churn bool) {
 					return
 				default:
 				}
-				if got.Load() > closes.Load()*40 {
+				if check.got.Load() > closes.Load()*40 {
 					closes.Add(1)
 					if closes.Load()%2 == 0 {
 						a.ClosePeer("b", "churn")
@@ -215,24 +185,15 @@ func sendMixed(t *testing.T, churn bool) {
 	close(stop)
 	cw.Wait()
 	if churn {
-		if v := bad.Load(); v != nil {
-			t.Fatalf("bad: %v", v)
-		}
-		t.Logf("%d closes, %d accepted, %d got", closes.Load(), ok.Load(), got.Load())
-		for _, l := range []string{a.logs.String(), b.logs.String()} {
-			if strings.Contains(l, "bad input") {
-				i := strings.Index(l, "bad input")
-				t.Fatalf("a connection closed for bad input: %s", l[max(0, i-300):min(len(l), i+300)])
-			}
-		}
+		check.fail(t)
+		t.Logf("%d closes, %d accepted, %d got", closes.Load(), ok.Load(), check.got.Load())
+		noBadInput(t, a, b)
 		return
 	}
-	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return got.Load() >= ok.Load() })
-	if v := bad.Load(); v != nil {
-		t.Fatalf("bad: %v", v)
-	}
-	if got.Load() != ok.Load() {
-		t.Fatalf("b got %d, %d accepted", got.Load(), ok.Load())
+	waitCond(t, 30*time.Second, "every accepted envelope at b", func() bool { return check.got.Load() >= ok.Load() })
+	check.fail(t)
+	if check.got.Load() != ok.Load() {
+		t.Fatalf("b got %d, %d accepted", check.got.Load(), ok.Load())
 	}
 	waitCond(t, 15*time.Second, "the queue empty", func() bool {
 		frames, bytes := transport.Queued(a.Transport, "b")
@@ -242,12 +203,73 @@ func sendMixed(t *testing.T, churn bool) {
 		out, in := a.PeerStats()["b"], b.PeerStats()["a"]
 		return out.BytesOut == in.BytesIn && out.FramesOut == in.FramesIn
 	})
-	for _, l := range []string{a.logs.String(), b.logs.String()} {
-		if strings.Contains(l, "bad input") {
-			t.Fatalf("a connection closed for bad input:\n%s", l)
+	noBadInput(t, a, b)
+	t.Logf("%d accepted, %d refusals", ok.Load(), refused.Load())
+}
+
+// asSent is a handler that checks what it gets against what the senders
+// said they sent (expect): each envelope once and as sent, and, unless
+// connections are replaced (churn), in each sender's order per
+// recipient. Msg ids start "g<sender>-<i>".
+type asSent struct {
+	churn      bool
+	sent, seen sync.Map // msg id -> *pb.Envelope; msg id -> struct{}
+	got        atomic.Int64
+	mu         sync.Mutex
+	last       map[string]int // sender and recipient -> the last i got
+	bad        []string
+}
+
+func newAsSent(churn bool) *asSent { return &asSent{churn: churn, last: map[string]int{}} }
+
+// expect says that env (which the checker keeps) is sent under id.
+func (c *asSent) expect(id string, env *pb.Envelope) { c.sent.Store(id, env) }
+
+func (c *asSent) handle(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+	c.got.Add(1)
+	id := env.GetMsgId()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, dup := c.seen.LoadOrStore(id, struct{}{}); dup {
+		c.bad = append(c.bad, "duplicate "+id)
+	}
+	if want, ok := c.sent.Load(id); !ok {
+		c.bad = append(c.bad, "unknown "+id)
+	} else if !proto.Equal(want.(*pb.Envelope), env) {
+		c.bad = append(c.bad, fmt.Sprintf("%s arrived as\n%v\nsent\n%v", id, env, want))
+	}
+	var g, i int
+	fmt.Sscanf(id, "g%d-%d", &g, &i)
+	key := fmt.Sprint(g, "/", env.GetRecipient())
+	if p, ok := c.last[key]; ok && p >= i && !c.churn {
+		c.bad = append(c.bad, fmt.Sprintf("%s after g%d-%d: reordered", id, g, p))
+	}
+	c.last[key] = i
+	if reply != nil {
+		reply(&pb.Receipt{MsgId: id, Code: pb.Receipt_PROCESSED})
+	}
+}
+
+// fail fails t with the first bad arrival, if any.
+func (c *asSent) fail(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.bad) > 0 {
+		t.Fatalf("%d bad arrivals; first: %s", len(c.bad), c.bad[0])
+	}
+}
+
+// noBadInput fails t when a connection of one of nodes was closed for
+// bad input, with the log around it.
+func noBadInput(t *testing.T, nodes ...*node) {
+	t.Helper()
+	for _, n := range nodes {
+		l := n.logs.String()
+		if i := strings.Index(l, "bad input"); i >= 0 {
+			t.Fatalf("a connection closed for bad input: %s", l[max(0, i-300):min(len(l), i+300)])
 		}
 	}
-	t.Logf("%d accepted, %d refusals", ok.Load(), refused.Load())
 }
 
 // checkArrivedAsSent checks that b got
@@ -270,11 +292,7 @@ func checkArrivedAsSent(t *testing.T, a, b *node, rec *recorder, had int64, sent
 		out, in := a.PeerStats()["b"], b.PeerStats()["a"]
 		return frames == 0 && bytes == 0 && out.BytesOut == in.BytesIn && out.FramesOut == in.FramesIn
 	})
-	for _, l := range []string{a.logs.String(), b.logs.String()} {
-		if i := strings.Index(l, "bad input"); i >= 0 {
-			t.Fatalf("a connection closed for bad input: %s", l[max(0, i-300):min(len(l), i+300)])
-		}
-	}
+	noBadInput(t, a, b)
 }
 
 // Runs at the names' edges: a URL of exactly the bytes bound, then types

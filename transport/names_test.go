@@ -214,18 +214,26 @@ func framesCloseTheConnection(t *testing.T, frames []*pb.Frame) {
 	t.Helper()
 	ca, srv, good, _ := hostileSetup(t, nil)
 	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-	s := evil.Lane(t)
+	_ = writeFrames(t, evil, frames) // a write may find the connection closed already
+	assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
+	assertGoodPeerWorks(t, srv, good)
+}
+
+// writeFrames writes frames on a new lane stream of p, and says why a
+// write failed.
+func writeFrames(t *testing.T, p *rawpeer.Peer, frames []*pb.Frame) error {
+	t.Helper()
+	s := p.Lane(t)
 	for _, f := range frames {
 		b, err := transport.AppendFrame(nil, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Write(b); err != nil {
-			break // closed already
+			return err
 		}
 	}
-	assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
-	assertGoodPeerWorks(t, srv, good)
+	return nil
 }
 
 // framesArrive has a peer write frames on a lane stream, within the
@@ -234,16 +242,8 @@ func framesCloseTheConnection(t *testing.T, frames []*pb.Frame) {
 func framesArrive(t *testing.T, frames []*pb.Frame, n int) []*pb.Envelope {
 	t.Helper()
 	ca, srv, _, rec := hostileSetup(t, nil)
-	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-	s := evil.Lane(t)
-	for _, f := range frames {
-		b, err := transport.AppendFrame(nil, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Write(b); err != nil {
-			t.Fatal(err)
-		}
+	if err := writeFrames(t, rawpeer.Dial(t, ca, "evil", targetOf(srv)), frames); err != nil {
+		t.Fatal(err)
 	}
 	waitCond(t, 5*time.Second, fmt.Sprintf("%d envelopes from evil", n), func() bool { return rec.count.Load() >= int64(n)+1 })
 	got, _ := rec.snapshot()
