@@ -243,15 +243,20 @@ func (l *lane) pushEnvelopes(enc []byte, run []encodedEnv) error {
 func (l *lane) name(e *encodedEnv, env []byte) {
 	e.ref, e.fresh, e.route, e.routeFresh, e.origin, e.originFresh = 0, false, 0, false, 0, false
 	c := l.c
-	if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body); ok && c.names {
-		e.headEnd, e.tailAt, e.bodyLen = int32(len(head)), int32(len(env)-len(tail)), uint32(bodyLen)
-		l.nameType(e)
+	// The peer's features first: an older peer's envelopes are not cut.
+	if c.names {
+		if head, bodyLen, tail, ok := envcodec.CutTypeURL(env, e.body); ok {
+			e.headEnd, e.tailAt, e.bodyLen = int32(len(head)), int32(len(env)-len(tail)), uint32(bodyLen)
+			l.nameType(e)
+		}
 	}
-	if from, to, ok := envcodec.CutRoute(env, e.body); ok && c.routes {
-		e.rFrom, e.rTo = int32(from), int32(to)
-		l.nameRoute(e, env[from:to])
+	if c.routes {
+		if from, to, ok := envcodec.CutRoute(env, e.body); ok {
+			e.rFrom, e.rTo = int32(from), int32(to)
+			l.nameRoute(e, env[from:to])
+		}
 	}
-	if e.body == (Body{}) && c.origins {
+	if c.origins && e.body == (Body{}) {
 		// Left to proto by the codec: perhaps forwarded, with an origin.
 		l.nameOrigin(e, env)
 	}
