@@ -88,6 +88,7 @@ func TestPartialPartitionForwardsThroughAMember(t *testing.T) {
 	const backlog = 150
 	carried0 := c.Node(b).Stats().Forward.Carried
 	ab0, bc0 := c.Node(a).PeerStats()[c.Name(b)], c.Node(b).PeerStats()[c.Name(cc)]
+	cb0, ba0 := c.Node(cc).PeerStats()[c.Name(b)], c.Node(b).PeerStats()[c.Name(a)]
 	start := time.Now()
 	sendN(t, c, rec, a, cc, backlog)
 	sent += backlog
@@ -108,6 +109,14 @@ func TestPartialPartitionForwardsThroughAMember(t *testing.T) {
 	t.Logf("bytes a carried message: %.0f A → B, %.0f B → C", perAB, perBC)
 	if perAB > 400 || perBC > 400 {
 		t.Fatalf("%.0f bytes a carried message A → B, %.0f B → C: want under 400 (origins named)", perAB, perBC)
+	}
+	// Its receipt, signed by C, comes back the same way; C's node and
+	// certificate go once per control stream.
+	cb, ba := c.Node(cc).PeerStats()[c.Name(b)], c.Node(b).PeerStats()[c.Name(a)]
+	perCB, perBA := float64(cb.BytesOut-cb0.BytesOut)/float64(carried), float64(ba.BytesOut-ba0.BytesOut)/float64(carried)
+	t.Logf("bytes a carried message's receipt: %.0f C → B, %.0f B → A", perCB, perBA)
+	if perCB > 300 || perBA > 300 {
+		t.Fatalf("%.0f bytes a carried message's receipt C → B, %.0f B → A: want under 300 (signers named)", perCB, perBA)
 	}
 	sa, sb, sc := c.Node(a).Stats().Forward, c.Node(b).Stats().Forward, c.Node(cc).Stats().Forward
 	if sa.Sent == 0 || sb.Carried == 0 || sc.Accepted == 0 || sc.Refused != 0 || sa.BadReceipts != 0 {

@@ -48,6 +48,7 @@ type conn struct {
 	names    bool                   // the peer's Hello lists FeatureTypeNames: lanes may name body types (names.go)
 	routes   bool                   // the peer's Hello lists FeatureRouteNames: lanes may name routes (names.go)
 	origins  bool                   // the peer's Hello lists FeatureOriginNames: lanes may name forwarded envelopes' origins (names.go)
+	signers  bool                   // the peer's Hello lists FeatureSignerNames: the control lane may name receipts' signers (names.go)
 	fresh    atomic.Pointer[string] // last address staleFor found equal to remote
 	idle     atomic.Bool            // being closed for idleness (idle.go)
 
@@ -166,6 +167,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		names:    slices.Contains(ph.GetFeatures(), FeatureTypeNames),
 		routes:   slices.Contains(ph.GetFeatures(), FeatureRouteNames),
 		origins:  slices.Contains(ph.GetFeatures(), FeatureOriginNames),
+		signers:  slices.Contains(ph.GetFeatures(), FeatureSignerNames),
 		born:     time.Now(),
 		peerGone: ph.GetGoneConnection(),
 	}
@@ -253,7 +255,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
-		Features:         []string{FeatureTypeNames, FeatureRouteNames, FeatureOriginNames},
+		Features:         []string{FeatureTypeNames, FeatureRouteNames, FeatureOriginNames, FeatureSignerNames},
 	}
 	if t.cfg.helloHook != nil {
 		t.cfg.helloHook(h)
@@ -499,11 +501,13 @@ func (c *conn) streamReader(br *bufio.Reader, rs deadliner) *streamReader {
 		max: c.t.cfg.MaxFrameSize, timeout: c.t.cfg.FrameReadTimeout}
 }
 
-// readControl reads receipts and GoAway from the peer's control stream.
+// readControl reads receipts, the names of their signers and GoAway from
+// the peer's control stream.
 func (c *conn) readControl(sr *streamReader) {
 	defer c.t.wg.Done()
+	var named names
 	for {
-		rc, other, n, err := sr.readControlFrame()
+		rc, signer, other, n, err := sr.readControlFrame()
 		if err != nil {
 			c.readFailed("control", err)
 			return
@@ -511,10 +515,21 @@ func (c *conn) readControl(sr *streamReader) {
 		c.stats.framesIn.Add(1)
 		c.stats.bytesIn.Add(uint64(n))
 		if rc != nil {
+			if signer != 0 {
+				if err := named.applySigner(rc, signer); err != nil {
+					c.protocolError(CodeProtocol, err.Error())
+					return
+				}
+			}
 			c.complete(rc)
 			continue
 		}
 		switch k := other.(type) {
+		case *pb.Frame_SignerName:
+			if err := named.addSigner(k.SignerName); err != nil {
+				c.protocolError(CodeProtocol, err.Error())
+				return
+			}
 		case *pb.Frame_Goaway:
 			if quic.ApplicationErrorCode(k.Goaway.GetCode()) == CodeIdle {
 				c.t.log.Debug("peer closed an idle connection", "peer", c.peer.Name)

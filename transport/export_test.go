@@ -62,7 +62,7 @@ func AppendReceiptFrameGeneric(dst []byte, rc *pb.Receipt, max int) ([]byte, err
 }
 
 // DecodeControlFrame exposes the control stream's frame decoder.
-func DecodeControlFrame(b []byte) (*pb.Receipt, any, error) { return decodeControlFrame(b) }
+func DecodeControlFrame(b []byte) (*pb.Receipt, uint32, any, error) { return decodeControlFrame(b) }
 
 // DecodeReceiptFast exposes the receipt decoder's fast path alone.
 func DecodeReceiptFast(b []byte) (*pb.Receipt, bool) { return decodeReceiptFast(b) }

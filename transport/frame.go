@@ -136,15 +136,16 @@ type frameRefs struct {
 }
 
 // readControlFrame reads one frame from the control stream: a receipt
-// (by hand when it can, see decodeControlFrame) or, in other, another kind.
-func (s *streamReader) readControlFrame() (rc *pb.Receipt, other any, n int, err error) {
+// (by hand when it can, see decodeControlFrame) with the ref of the
+// signer it names, or, in other, another kind.
+func (s *streamReader) readControlFrame() (rc *pb.Receipt, signer uint32, other any, n int, err error) {
 	defer s.release()
 	body, n, _, err := s.next()
 	if err != nil {
-		return nil, nil, n, err
+		return nil, 0, nil, n, err
 	}
-	rc, other, err = decodeControlFrame(body)
-	return rc, other, n, err
+	rc, signer, other, err = decodeControlFrame(body)
+	return rc, signer, other, n, err
 }
 
 // envelopeFields returns the envelope and the refs of the bytes of a

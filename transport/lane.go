@@ -46,9 +46,11 @@ type lane struct {
 	routeBytes  int               // their fields' length together
 	origins     map[string]uint32 // forwarded envelopes' origins named on the stream, by their identity's bytes
 	originBytes int               // their identities' length together
+	signers     map[string]uint32 // receipts' signers named on the control stream, by their identity's bytes
+	signerBytes int               // their identities' length together
 	chunks      []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
 	n           int               // envelope (or receipt) frames in chunks
-	named       int               // naming frames (types, routes, origins) in chunks (names.go)
+	named       int               // naming frames (types, routes, origins, signers) in chunks (names.go)
 	large       int               // of them, frames too large for the peer's stream buffer (isLarge)
 	finished    chan struct{}     // set by finish; closed by run after the last write
 }
@@ -394,19 +396,30 @@ func (l *lane) enqueueReceipt(rc *pb.Receipt) error {
 	if err != nil {
 		return err
 	}
+	// A signed receipt (for a forwarded message) may name its signer
+	// (names.go): after its frame, its signer's identity and the receipt
+	// without it.
+	full, idEnd := len(eb.b), 0
+	if l.c.signers {
+		eb.b, idEnd = appendSignerParts(eb.b, rc)
+	}
 	l.mu.Lock()
 	if l.finished != nil || l.c.isClosedFast() {
 		l.mu.Unlock()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, l.c.peer.Name)
 	}
-	size := int64(len(eb.b))
+	size := int64(full)
 	if n, held := l.n, l.unwritten.Load(); n >= l.c.t.maxQueuedReceipts() || (held > 0 && held+size > int64(l.c.t.cfg.SendQueueBytes)) {
 		l.mu.Unlock()
 		err := fmt.Errorf("%w: %d receipts (%d bytes) wait for %s, which does not read them", ErrQueueFull, n, held, l.c.peer.Name)
 		l.c.protocolError(CodeProtocol, err.Error())
 		return err
 	}
-	l.appendLocked(eb.b)
+	if idEnd > 0 {
+		size = int64(l.appendSignedLocked(eb.b, full, idEnd))
+	} else {
+		l.appendLocked(eb.b[:full])
+	}
 	l.unwritten.Add(size)
 	l.n++
 	l.mu.Unlock()

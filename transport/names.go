@@ -7,6 +7,7 @@ import (
 	"github.com/meshnode/meshnode/internal/envcodec"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 )
 
 // Body types, routes and origins named once per lane stream.
@@ -47,6 +48,17 @@ import (
 // origin itself (envcodec.CutOrigin) in an envelope that comes without a
 // Body. Bounds: maxOrigins, maxOriginBytes; feature: FeatureOriginNames.
 //
+// Receipts for forwarded messages are signed (transport.SignReceipt), and
+// the signature carries its signer's node and certificate: most of such a
+// receipt, on each leg back to the origin. The control stream carries its
+// frames in order too, so a node whose peer's Hello lists
+// FeatureSignerNames names a signer once on it (a SignerName frame, whose
+// fields have their ReceiptSignature numbers) and sends each later
+// receipt of that signer with a signature of the signature alone and a
+// Frame.signer of ref. Bounds: maxSigners, maxSignerBytes. A receipt that
+// names a signer and says a node or a certificate of its own, or has no
+// signature, closes the connection, as a bad name does.
+//
 // Every envelope the codec writes takes names: those a sender encodes
 // itself (SendEncoded with a Body) and those of Send, Request and
 // RequestBatch (asks, replies, the outbox's emissions), a run of them
@@ -66,10 +78,14 @@ const FeatureRouteNames = "route-names"
 // origins on its lane streams.
 const FeatureOriginNames = "origin-names"
 
+// FeatureSignerNames is the Hello feature of a node that reads named
+// receipt signers on its control stream.
+const FeatureSignerNames = "signer-names"
+
 // A stream's names are bounded so that what a peer makes a node hold for
 // them stays small beside its stream's read buffer (16 KiB): on the most
 // streams a connection takes (528), 2 MiB of URLs, 2 MiB of routes and
-// 5 MiB of origins.
+// 5 MiB of origins; and 8 KiB of signers on its one control stream.
 const (
 	maxNames       = 64      // types named on one lane stream
 	maxNameBytes   = 4 << 10 // bytes of the URLs named on one lane stream
@@ -77,10 +93,13 @@ const (
 	maxRouteBytes  = 4 << 10 // bytes of the senders and recipients named on one lane stream
 	maxOrigins     = 16      // origins named on one lane stream
 	maxOriginBytes = 8 << 10 // bytes of the origins named on one lane stream (their certificates, mostly)
+	maxSigners     = 16      // receipt signers named on one control stream
+	maxSignerBytes = 8 << 10 // bytes of the signers named on one control stream (their certificates, mostly)
 )
 
-// Field numbers of pb.Frame, pb.TypeName, pb.RouteName, pb.OriginName and
-// pb.Envelope, for the hand-written frames.
+// Field numbers of pb.Frame, pb.TypeName, pb.RouteName, pb.OriginName,
+// pb.SignerName, pb.ReceiptSignature and pb.Envelope, for the
+// hand-written frames.
 const (
 	frameFieldTypeName   protowire.Number = 5
 	frameFieldBodyType   protowire.Number = 6
@@ -88,7 +107,12 @@ const (
 	frameFieldRoute      protowire.Number = 8
 	frameFieldOriginName protowire.Number = 9
 	frameFieldOrigin     protowire.Number = 10
+	frameFieldSignerName protowire.Number = 11
+	frameFieldSigner     protowire.Number = 12
 	originNameFieldRef   protowire.Number = 5
+	signerNameFieldRef   protowire.Number = 4
+	signatureFieldNode   protowire.Number = 1
+	signatureFieldCert   protowire.Number = 2
 	typeNameFieldRef     protowire.Number = 1
 	typeNameFieldURL     protowire.Number = 2
 	routeNameFieldRef    protowire.Number = 1
@@ -510,14 +534,80 @@ func appendRef(b []byte, num protowire.Number, ref uint32) []byte {
 	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), uint64(ref))
 }
 
-// names is what a received lane stream named: its reader's own.
+// appendSignerParts appends, for a receipt whose signature says its
+// signer's node and certificate, the two fields as a SignerName copies
+// them and then the receipt without them; it returns where the fields
+// end, or 0 (b as it was) for a receipt without both.
+func appendSignerParts(b []byte, rc *pb.Receipt) ([]byte, int) {
+	s := rc.GetSignature()
+	if s.GetNode() == "" || len(s.GetCertificate()) == 0 {
+		return b, 0
+	}
+	start := len(b)
+	b = protowire.AppendString(protowire.AppendTag(b, signatureFieldNode, protowire.BytesType), s.GetNode())
+	b = protowire.AppendBytes(protowire.AppendTag(b, signatureFieldCert, protowire.BytesType), s.GetCertificate())
+	idEnd := len(b)
+	cut := proto.CloneOf(rc)
+	cut.Signature.Node, cut.Signature.Certificate = "", nil
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, cut)
+	if err != nil {
+		return b[:start], 0
+	}
+	return b, idEnd
+}
+
+// appendSignedLocked appends a signed receipt: b[:full] is its frame,
+// b[full:idEnd] its signer's identity and b[idEnd:] the receipt without
+// it (appendSignerParts). It names the signer when it is new and the
+// stream's signers have room and the naming frame fits the peer's frame
+// limit, and then appends the receipt with its signer's ref; a signer not
+// named goes in full. It returns the bytes appended.
+func (l *lane) appendSignedLocked(b []byte, full, idEnd int) int {
+	id, cut := b[full:idEnd], b[idEnd:]
+	ref, size := l.signers[string(id)], 0
+	var hb [16]byte
+	if ref == 0 {
+		next := uint32(len(l.signers) + 1)
+		if _, inner := copiedNameSizes(frameFieldSignerName, signerNameFieldRef, next, len(id)); len(l.signers) >= maxSigners ||
+			l.signerBytes+len(id) > maxSignerBytes || inner > l.c.maxFrame {
+			l.appendLocked(b[:full])
+			return full
+		}
+		if l.signers == nil {
+			l.signers = make(map[string]uint32)
+		}
+		ref = next
+		l.signers[string(id)] = ref
+		l.signerBytes += len(id)
+		head := appendCopiedNameHead(hb[:0], frameFieldSignerName, signerNameFieldRef, ref, len(id))
+		l.appendLocked(head)
+		l.appendLocked(id)
+		tail := appendRef(hb[:0], signerNameFieldRef, ref)
+		l.appendLocked(tail)
+		l.named++
+		size = copiedNameSize(frameFieldSignerName, signerNameFieldRef, ref, len(id))
+	}
+	inner := protowire.SizeTag(frameFieldReceipt) + protowire.SizeBytes(len(cut)) +
+		protowire.SizeTag(frameFieldSigner) + protowire.SizeVarint(uint64(ref))
+	head := protowire.AppendVarint(hb[:0], uint64(inner))
+	head = protowire.AppendTag(head, frameFieldReceipt, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(cut)))
+	l.appendLocked(head)
+	l.appendLocked(cut)
+	l.appendLocked(appendRef(hb[:0], frameFieldSigner, ref))
+	return size + protowire.SizeVarint(uint64(inner)) + inner
+}
+
+// names is what a received stream named: its reader's own.
 type names struct {
-	urls    []string     // ref i+1 names urls[i]
-	bytes   int          // their length together
-	routes  []route      // ref i+1 names routes[i]
-	rbytes  int          // their names' length together
-	origins []*pb.Origin // ref i+1 names origins[i]'s node, outbox id and certificate
-	obytes  int          // their length together
+	urls    []string               // ref i+1 names urls[i]
+	bytes   int                    // their length together
+	routes  []route                // ref i+1 names routes[i]
+	rbytes  int                    // their names' length together
+	origins []*pb.Origin           // ref i+1 names origins[i]'s node, outbox id and certificate
+	obytes  int                    // their length together
+	signers []*pb.ReceiptSignature // on a control stream: ref i+1 names signers[i]'s node and certificate
+	sbytes  int                    // their length together
 }
 
 // route is a sender and a recipient named on a lane stream.
@@ -573,6 +663,44 @@ func (ns *names) addOrigin(on *pb.OriginName) error {
 	default:
 		ns.origins = append(ns.origins, &pb.Origin{Node: on.GetNode(), OutboxId: on.GetOutboxId(), Certificate: on.GetCertificate()})
 		ns.obytes += n
+		return nil
+	}
+}
+
+// addSigner takes a SignerName frame: the next ref, a node and a
+// certificate within the bounds.
+func (ns *names) addSigner(sn *pb.SignerName) error {
+	n := len(sn.GetNode()) + len(sn.GetCertificate())
+	switch ref := sn.GetRef(); {
+	case int(ref) != len(ns.signers)+1:
+		return fmt.Errorf("signer name ref %d where %d was next", ref, len(ns.signers)+1)
+	case len(ns.signers) >= maxSigners:
+		return fmt.Errorf("more than %d signer names on one stream", maxSigners)
+	case sn.GetNode() == "" || len(sn.GetCertificate()) == 0:
+		return fmt.Errorf("signer name %d without a node or a certificate", ref)
+	case ns.sbytes+n > maxSignerBytes:
+		return fmt.Errorf("signer names of more than %d bytes on one stream", maxSignerBytes)
+	default:
+		ns.signers = append(ns.signers, &pb.ReceiptSignature{Node: sn.GetNode(), Certificate: sn.GetCertificate()})
+		ns.sbytes += n
+		return nil
+	}
+}
+
+// applySigner puts the node and certificate that ref names into rc's
+// signature. The certificate's bytes are shared by every receipt of that
+// signer: nothing writes into a receipt's signature.
+func (ns *names) applySigner(rc *pb.Receipt, ref uint32) error {
+	switch s := rc.GetSignature(); {
+	case int(ref) > len(ns.signers):
+		return fmt.Errorf("receipt names signer %d, of %d named", ref, len(ns.signers))
+	case s == nil:
+		return fmt.Errorf("receipt names signer %d and has no signature", ref)
+	case s.GetNode() != "" || len(s.GetCertificate()) > 0:
+		return fmt.Errorf("receipt names signer %d and its signature says a node or certificate of its own", ref)
+	default:
+		named := ns.signers[ref-1]
+		s.Node, s.Certificate = named.GetNode(), named.GetCertificate()
 		return nil
 	}
 }

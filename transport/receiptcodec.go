@@ -100,25 +100,29 @@ func appendReceiptFrame(dst []byte, rc *pb.Receipt, max int) ([]byte, error) {
 }
 
 // decodeControlFrame decodes the bytes of one pb.Frame read from the
-// control stream: a receipt, or any other kind in other. The result is
-// what proto.Unmarshal of a pb.Frame gives; bytes it cannot decode give
-// ErrBadFrame.
-func decodeControlFrame(b []byte) (rc *pb.Receipt, other any, err error) {
+// control stream: a receipt, with the ref of the signer it names (names.go;
+// 0: its signature, if any, says its own), or any other kind in other. The
+// result is what proto.Unmarshal of a pb.Frame gives; bytes it cannot
+// decode, and a signer on a frame without a receipt, give ErrBadFrame.
+func decodeControlFrame(b []byte) (rc *pb.Receipt, signer uint32, other any, err error) {
 	if num, typ, tn := protowire.ConsumeTag(b); tn > 0 && num == frameFieldReceipt && typ == protowire.BytesType {
 		if v, vn := protowire.ConsumeBytes(b[tn:]); vn > 0 && tn+vn == len(b) {
 			if rc, ok := decodeReceiptFast(v); ok {
-				return rc, nil, nil
+				return rc, 0, nil, nil
 			}
 		}
 	}
 	var f pb.Frame
 	if err := proto.Unmarshal(b, &f); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
+		return nil, 0, nil, fmt.Errorf("%w: %w", ErrBadFrame, err)
 	}
 	if rc := f.GetReceipt(); rc != nil {
-		return rc, nil, nil
+		return rc, f.GetSigner(), nil, nil
 	}
-	return nil, f.Kind, nil
+	if f.GetSigner() != 0 {
+		return nil, 0, nil, fmt.Errorf("%w: a signer on a frame without a receipt", ErrBadFrame)
+	}
+	return nil, 0, f.Kind, nil
 }
 
 // decodeReceiptFast decodes a receipt of the form appendReceiptFrame

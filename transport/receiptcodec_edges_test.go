@@ -44,7 +44,7 @@ func checkReceiptEncode(t interface {
 		t.Fatalf("bad length prefix % x", want)
 	}
 	body := want[n:]
-	dec, other, derr := transport.DecodeControlFrame(body)
+	dec, _, other, derr := transport.DecodeControlFrame(body)
 	var f pb.Frame
 	uerr := proto.Unmarshal(body, &f)
 	if (uerr != nil) != (derr != nil) || other != nil {

@@ -110,6 +110,10 @@ func receiptSeeds(tb testing.TB) [][]byte {
 		rcf(&pb.Receipt{Code: -1, RetryAfterMs: -5}),
 		rcf(&pb.Receipt{MsgId: "m", Signature: &pb.ReceiptSignature{Node: "n", Certificate: []byte{0x30}, Signature: []byte{1}}}),
 		frame(&pb.Frame{Kind: &pb.Frame_Goaway{Goaway: &pb.GoAway{Code: 1, Reason: "bye"}}}),
+		frame(&pb.Frame{Kind: &pb.Frame_Receipt{Receipt: &pb.Receipt{MsgId: "m", Signature: &pb.ReceiptSignature{Signature: []byte{1}}}}, Signer: 3}),
+		frame(&pb.Frame{Kind: &pb.Frame_SignerName{SignerName: &pb.SignerName{Node: "n", Certificate: []byte{0x30}, Ref: 1}}}),
+		frame(&pb.Frame{Kind: &pb.Frame_Goaway{Goaway: &pb.GoAway{Code: 1}}, Signer: 2}), // a signer without a receipt
+		append(slices.Clone(plain), 0x60, 0x01), // a signer after a plain receipt
 		frame(&pb.Frame{Kind: &pb.Frame_Envelope{Envelope: &pb.Envelope{MsgId: "e"}}}),
 		append(slices.Clone(plain), other...),   // the receipt twice: proto merges
 		append(slices.Clone(plain), 0x28, 0x01), // an unknown field after
@@ -128,12 +132,19 @@ func receiptSeeds(tb testing.TB) [][]byte {
 }
 
 // checkControlFrame: the control stream's decoder gives what
-// proto.Unmarshal of a pb.Frame gives, on any input.
+// proto.Unmarshal of a pb.Frame gives, on any input, but for a signer's
+// ref on a frame without a receipt, which it refuses.
 func checkControlFrame(t *testing.T, b []byte) {
 	t.Helper()
-	rc, other, err := transport.DecodeControlFrame(b)
+	rc, signer, other, err := transport.DecodeControlFrame(b)
 	var f pb.Frame
 	ref := proto.Unmarshal(b, &f)
+	if ref == nil && f.GetReceipt() == nil && f.GetSigner() != 0 {
+		if !errors.Is(err, transport.ErrBadFrame) {
+			t.Fatalf("a signer without a receipt: err %v, want ErrBadFrame", err)
+		}
+		return
+	}
 	if (err != nil) != (ref != nil) {
 		t.Fatalf("decoder err %v, reference err %v", err, ref)
 	}
@@ -144,8 +155,8 @@ func checkControlFrame(t *testing.T, b []byte) {
 		return
 	}
 	if want := f.GetReceipt(); want != nil {
-		if rc == nil || other != nil || !proto.Equal(rc, want) {
-			t.Fatalf("decoded %v (other %T), reference %v", rc, other, want)
+		if rc == nil || other != nil || !proto.Equal(rc, want) || signer != f.GetSigner() {
+			t.Fatalf("decoded %v signer %d (other %T), reference %v signer %d", rc, signer, other, want, f.GetSigner())
 		}
 		return
 	}
@@ -178,7 +189,7 @@ func BenchmarkReceiptDecode(b *testing.B) {
 	b.Run("hand-written", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, err := transport.DecodeControlFrame(frame); err != nil {
+			if _, _, _, err := transport.DecodeControlFrame(frame); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -47,7 +47,7 @@ func TestReadControlFrameStreamNoAliasing(t *testing.T) {
 	sr := &streamReader{br: br, budget: newReadBudget(4 << 20), done: make(chan struct{}), max: 1 << 20}
 	var got []*pb.Receipt
 	for {
-		rc, other, _, err := sr.readControlFrame()
+		rc, _, other, _, err := sr.readControlFrame()
 		if errors.Is(err, io.EOF) {
 			break
 		}

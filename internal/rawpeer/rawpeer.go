@@ -24,7 +24,8 @@ import (
 type Peer struct {
 	Name    string
 	Conn    *quic.Conn
-	control *bufio.Reader // the target's control stream: its Hello was read, receipts follow
+	control *bufio.Reader    // the target's control stream: its Hello was read, receipts follow
+	ours    *quic.SendStream // our control stream: our Hello was written
 }
 
 // Target is what the attacker knows about the node it connects to.
@@ -69,11 +70,11 @@ func Dial(tb testing.TB, ca *transport.CA, name string, tgt Target) *Peer {
 		tb.Fatalf("rawpeer: dial %s: %v", tgt.Addr, err)
 	}
 	tb.Cleanup(func() { _ = qc.CloseWithError(0, "") })
-	p := &Peer{Name: name, Conn: qc}
 	s, err := qc.OpenUniStreamSync(ctx)
 	if err != nil {
 		tb.Fatal(err)
 	}
+	p := &Peer{Name: name, Conn: qc, ours: s}
 	hello, err := transport.AppendFrame(nil, &pb.Frame{Kind: &pb.Frame_Hello{Hello: &pb.Hello{
 		NodeName: name, BootId: "raw-" + name, ProtocolVersions: pb.SupportedVersions(),
 		Cluster: tgt.Cluster, OutboxId: bytes.Repeat([]byte{7}, 16),
@@ -95,6 +96,10 @@ func Dial(tb testing.TB, ca *transport.CA, name string, tgt Target) *Peer {
 	}
 	return p
 }
+
+// Control is the peer's own control stream, after its Hello: receipts
+// and GoAway are written on it.
+func (p *Peer) Control() *quic.SendStream { return p.ours }
 
 // Lane opens a new stream to write frames on.
 func (p *Peer) Lane(tb testing.TB) *quic.SendStream {

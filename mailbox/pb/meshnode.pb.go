@@ -1055,6 +1055,7 @@ type Frame struct {
 	//	*Frame_TypeName
 	//	*Frame_RouteName
 	//	*Frame_OriginName
+	//	*Frame_SignerName
 	Kind isFrame_Kind `protobuf_oneof:"kind"`
 	// On an envelope frame of a lane stream: the body's type URL is the one
 	// that TypeName ref names on this stream, and the body carries none of
@@ -1071,7 +1072,12 @@ type Frame struct {
 	// stream, and its origin carries none of them (0: it carries its own,
 	// as always). Sent only to a peer whose Hello lists the feature
 	// "origin-names".
-	Origin        uint32 `protobuf:"varint,10,opt,name=origin,proto3" json:"origin,omitempty"`
+	Origin uint32 `protobuf:"varint,10,opt,name=origin,proto3" json:"origin,omitempty"`
+	// On a receipt frame of a control stream: the receipt's signature's
+	// node and certificate are those SignerName ref names on this stream,
+	// and its signature carries neither (0: it carries its own, as always).
+	// Sent only to a peer whose Hello lists the feature "signer-names".
+	Signer        uint32 `protobuf:"varint,12,opt,name=signer,proto3" json:"signer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1176,6 +1182,15 @@ func (x *Frame) GetOriginName() *OriginName {
 	return nil
 }
 
+func (x *Frame) GetSignerName() *SignerName {
+	if x != nil {
+		if x, ok := x.Kind.(*Frame_SignerName); ok {
+			return x.SignerName
+		}
+	}
+	return nil
+}
+
 func (x *Frame) GetBodyType() uint32 {
 	if x != nil {
 		return x.BodyType
@@ -1193,6 +1208,13 @@ func (x *Frame) GetRoute() uint32 {
 func (x *Frame) GetOrigin() uint32 {
 	if x != nil {
 		return x.Origin
+	}
+	return 0
+}
+
+func (x *Frame) GetSigner() uint32 {
+	if x != nil {
+		return x.Signer
 	}
 	return 0
 }
@@ -1229,6 +1251,10 @@ type Frame_OriginName struct {
 	OriginName *OriginName `protobuf:"bytes,9,opt,name=origin_name,json=originName,proto3,oneof"`
 }
 
+type Frame_SignerName struct {
+	SignerName *SignerName `protobuf:"bytes,11,opt,name=signer_name,json=signerName,proto3,oneof"`
+}
+
 func (*Frame_Hello) isFrame_Kind() {}
 
 func (*Frame_Envelope) isFrame_Kind() {}
@@ -1242,6 +1268,8 @@ func (*Frame_TypeName) isFrame_Kind() {}
 func (*Frame_RouteName) isFrame_Kind() {}
 
 func (*Frame_OriginName) isFrame_Kind() {}
+
+func (*Frame_SignerName) isFrame_Kind() {}
 
 // TypeName names a body type on one lane stream, for the rest of that
 // stream: envelope frames after it say ref (Frame.body_type) instead of
@@ -1376,6 +1404,74 @@ func (x *OriginName) GetRef() uint32 {
 	return 0
 }
 
+// SignerName names the signer of receipts on one control stream (its
+// node and certificate; not a receipt's signature, which is the
+// receipt's own), for the rest of that stream: receipt frames after it
+// say ref (Frame.signer) instead of carrying the two, which are sent once
+// per stream rather than with every receipt for a forwarded message.
+// Refs go from 1 up, each named once; a stream names at most 16 signers
+// and 8 KiB of them. The two fields have their numbers in
+// ReceiptSignature, so that a sender copies a signature's as they are.
+type SignerName struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Certificate   []byte                 `protobuf:"bytes,2,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	Ref           uint32                 `protobuf:"varint,4,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignerName) Reset() {
+	*x = SignerName{}
+	mi := &file_meshnode_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignerName) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignerName) ProtoMessage() {}
+
+func (x *SignerName) ProtoReflect() protoreflect.Message {
+	mi := &file_meshnode_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignerName.ProtoReflect.Descriptor instead.
+func (*SignerName) Descriptor() ([]byte, []int) {
+	return file_meshnode_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SignerName) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *SignerName) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *SignerName) GetRef() uint32 {
+	if x != nil {
+		return x.Ref
+	}
+	return 0
+}
+
 // RouteName names a sender and a recipient on one lane stream, for the
 // rest of that stream: envelope frames after it say ref (Frame.route)
 // instead of carrying both, which are sent once per stream rather than
@@ -1393,7 +1489,7 @@ type RouteName struct {
 
 func (x *RouteName) Reset() {
 	*x = RouteName{}
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1405,7 +1501,7 @@ func (x *RouteName) String() string {
 func (*RouteName) ProtoMessage() {}
 
 func (x *RouteName) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[11]
+	mi := &file_meshnode_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1418,7 +1514,7 @@ func (x *RouteName) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteName.ProtoReflect.Descriptor instead.
 func (*RouteName) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{11}
+	return file_meshnode_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RouteName) GetRef() uint32 {
@@ -1457,7 +1553,7 @@ type NodeMeta struct {
 
 func (x *NodeMeta) Reset() {
 	*x = NodeMeta{}
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1565,7 @@ func (x *NodeMeta) String() string {
 func (*NodeMeta) ProtoMessage() {}
 
 func (x *NodeMeta) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[12]
+	mi := &file_meshnode_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,7 +1578,7 @@ func (x *NodeMeta) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeMeta.ProtoReflect.Descriptor instead.
 func (*NodeMeta) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{12}
+	return file_meshnode_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *NodeMeta) GetQuicAddr() string {
@@ -1548,7 +1644,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_meshnode_proto_msgTypes[13]
+	mi := &file_meshnode_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1656,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[13]
+	mi := &file_meshnode_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1669,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{13}
+	return file_meshnode_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StoredMessage) GetEnvelope() *Envelope {
@@ -1637,7 +1733,7 @@ type OutStream struct {
 
 func (x *OutStream) Reset() {
 	*x = OutStream{}
-	mi := &file_meshnode_proto_msgTypes[14]
+	mi := &file_meshnode_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1649,7 +1745,7 @@ func (x *OutStream) String() string {
 func (*OutStream) ProtoMessage() {}
 
 func (x *OutStream) ProtoReflect() protoreflect.Message {
-	mi := &file_meshnode_proto_msgTypes[14]
+	mi := &file_meshnode_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1662,7 +1758,7 @@ func (x *OutStream) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OutStream.ProtoReflect.Descriptor instead.
 func (*OutStream) Descriptor() ([]byte, []int) {
-	return file_meshnode_proto_rawDescGZIP(), []int{14}
+	return file_meshnode_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *OutStream) GetEpoch() uint64 {
@@ -1784,7 +1880,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xc7\x03\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x9b\x04\n" +
 	"\x05Frame\x12*\n" +
 	"\x05hello\x18\x01 \x01(\v2\x12.meshnode.v1.HelloH\x00R\x05hello\x123\n" +
 	"\benvelope\x18\x02 \x01(\v2\x15.meshnode.v1.EnvelopeH\x00R\benvelope\x120\n" +
@@ -1794,11 +1890,14 @@ const file_meshnode_proto_rawDesc = "" +
 	"\n" +
 	"route_name\x18\a \x01(\v2\x16.meshnode.v1.RouteNameH\x00R\trouteName\x12:\n" +
 	"\vorigin_name\x18\t \x01(\v2\x17.meshnode.v1.OriginNameH\x00R\n" +
-	"originName\x12\x1b\n" +
+	"originName\x12:\n" +
+	"\vsigner_name\x18\v \x01(\v2\x17.meshnode.v1.SignerNameH\x00R\n" +
+	"signerName\x12\x1b\n" +
 	"\tbody_type\x18\x06 \x01(\rR\bbodyType\x12\x14\n" +
 	"\x05route\x18\b \x01(\rR\x05route\x12\x16\n" +
 	"\x06origin\x18\n" +
-	" \x01(\rR\x06originB\x06\n" +
+	" \x01(\rR\x06origin\x12\x16\n" +
+	"\x06signer\x18\f \x01(\rR\x06signerB\x06\n" +
 	"\x04kind\".\n" +
 	"\bTypeName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x10\n" +
@@ -1808,7 +1907,12 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\toutbox_id\x18\x02 \x01(\fR\boutboxId\x12 \n" +
 	"\vcertificate\x18\x03 \x01(\fR\vcertificate\x12\x10\n" +
-	"\x03ref\x18\x05 \x01(\rR\x03refJ\x04\b\x04\x10\x05\"_\n" +
+	"\x03ref\x18\x05 \x01(\rR\x03refJ\x04\b\x04\x10\x05\"Z\n" +
+	"\n" +
+	"SignerName\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
+	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x10\n" +
+	"\x03ref\x18\x04 \x01(\rR\x03refJ\x04\b\x03\x10\x04\"_\n" +
 	"\tRouteName\x12\x10\n" +
 	"\x03ref\x18\x01 \x01(\rR\x03ref\x12\x16\n" +
 	"\x06sender\x18\x04 \x01(\tR\x06sender\x12\x1c\n" +
@@ -1851,7 +1955,7 @@ func file_meshnode_proto_rawDescGZIP() []byte {
 }
 
 var file_meshnode_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_meshnode_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_meshnode_proto_goTypes = []any{
 	(RpcMeta_Kind)(0),         // 0: meshnode.v1.RpcMeta.Kind
 	(Envelope_Conflict)(0),    // 1: meshnode.v1.Envelope.Conflict
@@ -1868,18 +1972,19 @@ var file_meshnode_proto_goTypes = []any{
 	(*Frame)(nil),             // 12: meshnode.v1.Frame
 	(*TypeName)(nil),          // 13: meshnode.v1.TypeName
 	(*OriginName)(nil),        // 14: meshnode.v1.OriginName
-	(*RouteName)(nil),         // 15: meshnode.v1.RouteName
-	(*NodeMeta)(nil),          // 16: meshnode.v1.NodeMeta
-	(*StoredMessage)(nil),     // 17: meshnode.v1.StoredMessage
-	(*OutStream)(nil),         // 18: meshnode.v1.OutStream
-	nil,                       // 19: meshnode.v1.Envelope.HeadersEntry
-	nil,                       // 20: meshnode.v1.NodeMeta.TagsEntry
-	(*anypb.Any)(nil),         // 21: google.protobuf.Any
+	(*SignerName)(nil),        // 15: meshnode.v1.SignerName
+	(*RouteName)(nil),         // 16: meshnode.v1.RouteName
+	(*NodeMeta)(nil),          // 17: meshnode.v1.NodeMeta
+	(*StoredMessage)(nil),     // 18: meshnode.v1.StoredMessage
+	(*OutStream)(nil),         // 19: meshnode.v1.OutStream
+	nil,                       // 20: meshnode.v1.Envelope.HeadersEntry
+	nil,                       // 21: meshnode.v1.NodeMeta.TagsEntry
+	(*anypb.Any)(nil),         // 22: google.protobuf.Any
 }
 var file_meshnode_proto_depIdxs = []int32{
 	0,  // 0: meshnode.v1.RpcMeta.kind:type_name -> meshnode.v1.RpcMeta.Kind
-	19, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
-	21, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
+	20, // 1: meshnode.v1.Envelope.headers:type_name -> meshnode.v1.Envelope.HeadersEntry
+	22, // 2: meshnode.v1.Envelope.body:type_name -> google.protobuf.Any
 	4,  // 3: meshnode.v1.Envelope.rpc:type_name -> meshnode.v1.RpcMeta
 	1,  // 4: meshnode.v1.Envelope.conflict:type_name -> meshnode.v1.Envelope.Conflict
 	2,  // 5: meshnode.v1.Envelope.receipt:type_name -> meshnode.v1.Envelope.ReceiptMode
@@ -1891,15 +1996,16 @@ var file_meshnode_proto_depIdxs = []int32{
 	8,  // 11: meshnode.v1.Frame.receipt:type_name -> meshnode.v1.Receipt
 	11, // 12: meshnode.v1.Frame.goaway:type_name -> meshnode.v1.GoAway
 	13, // 13: meshnode.v1.Frame.type_name:type_name -> meshnode.v1.TypeName
-	15, // 14: meshnode.v1.Frame.route_name:type_name -> meshnode.v1.RouteName
+	16, // 14: meshnode.v1.Frame.route_name:type_name -> meshnode.v1.RouteName
 	14, // 15: meshnode.v1.Frame.origin_name:type_name -> meshnode.v1.OriginName
-	20, // 16: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
-	5,  // 17: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
-	18, // [18:18] is the sub-list for method output_type
-	18, // [18:18] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	15, // 16: meshnode.v1.Frame.signer_name:type_name -> meshnode.v1.SignerName
+	21, // 17: meshnode.v1.NodeMeta.tags:type_name -> meshnode.v1.NodeMeta.TagsEntry
+	5,  // 18: meshnode.v1.StoredMessage.envelope:type_name -> meshnode.v1.Envelope
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_meshnode_proto_init() }
@@ -1915,6 +2021,7 @@ func file_meshnode_proto_init() {
 		(*Frame_TypeName)(nil),
 		(*Frame_RouteName)(nil),
 		(*Frame_OriginName)(nil),
+		(*Frame_SignerName)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1922,7 +2029,7 @@ func file_meshnode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_meshnode_proto_rawDesc), len(file_meshnode_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
