@@ -163,10 +163,12 @@ func memoryBound(cfg node.Config) int64 {
 	// names: what a stream's named body types, routes and origins hold
 	// (transport/names.go): 4 KiB of URLs and 64 string headers; 4 KiB of
 	// names and 64 pairs of string headers; 8 KiB of origins and 16
-	// Origin messages with their pointers.
+	// Origin messages with their pointers; and on the connection's one
+	// control stream, 8 KiB of signers and 16 ReceiptSignature messages.
 	const quicWindow, streams, readBuf, names = 15 << 20, 2*256 + 16, 16 << 10, 4<<10 + 64*16 + 4<<10 + 64*32 + 8<<10 + 16*(128+8)
+	const signers = 8<<10 + 16*(112+8)
 	gossip := int64(3 * cfg.Mesh.InboundStreams * cfg.Mesh.InboundStreamBytes)
-	conn := int64(quicWindow + streams*(readBuf+names) + cfg.Transport.MaxReadBytes)
+	conn := int64(quicWindow + streams*(readBuf+names) + signers + cfg.Transport.MaxReadBytes)
 	queued := cfg.PeerQueuedBytes + int64(cfg.Transport.MaxFrameSize) + int64(cfg.Responses.EarlyBytesPerPeer)
 	return gossip + conn + queued + 16<<20
 }

@@ -116,6 +116,11 @@
 //     left to proto whose origin opens with them (a certificate at least)
 //     goes without them and with Frame.origin = ref; its signature, its
 //     own, stays. Up to 16 origins and 8 KiB of them per stream.
+//   - And signed receipts' signers, on the control stream (names.go): to
+//     a peer whose Hello lists FeatureSignerNames, a SignerName frame
+//     names a signer's node and certificate, and a receipt whose
+//     signature says both goes with neither and with Frame.signer = ref.
+//     Up to 16 signers and 8 KiB of them per control stream.
 //   - Envelopes have a hand-written codec (envcodec.go), because the
 //     generated one was a fifth of the receiver's CPU. The encoder writes
 //     proto.Marshal's bytes, with headers in sorted key order (the order
