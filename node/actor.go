@@ -615,7 +615,7 @@ func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.MsgId = d.env.GetMsgId()
 	size := envBytes(d.env)
 	room := min(a.mb.Room(size), a.n.peerRoom(d.from, size))
-	r.Room = uint32(min(room, math.MaxUint32))
+	r.Room = uint32(min(uint64(max(room, 0)), math.MaxUint32)) // an int has 32 bits on some platforms
 	if st != nil {
 		r.Arrived = st.arrived.Load()
 		if digestSaid(r.GetCode()) {

@@ -3,6 +3,7 @@ package transport_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -238,7 +239,10 @@ func TestBreakerRetryAfterOverflow(t *testing.T) {
 func TestBreakerWriteRateOverflow(t *testing.T) {
 	ca := newCA(t)
 	tr := startNode(t, testConfig(t, ca, "a"), newResolver(), &recorder{})
-	const n = 2 << 30
+	n := 1 << 30 // 2 GiB on 64-bit platforms; an int has 32 bits on others
+	if math.MaxInt > 1<<32 {
+		n <<= 1
+	}
 	got := transport.RateAfter(tr.Transport, n, time.Second, 8)
 	if want := int64(n) * 8; got < want/2 {
 		t.Fatalf("rate after writing %d B in 1 s with 8 lanes writing = %d B/s, want ~%d B/s; RetryAfter for 1 MiB excess then = %v",
