@@ -667,6 +667,11 @@ func (ns *names) addOrigin(on *pb.OriginName) error {
 	}
 }
 
+// within reports whether ref is one of the n refs named (1 to n). A ref
+// is compared as it came, never as an int, which has 32 bits on some
+// platforms.
+func within(ref uint32, n int) bool { return ref >= 1 && uint64(ref) <= uint64(n) }
+
 // addSigner takes a SignerName frame: the next ref, a node and a
 // certificate within the bounds.
 func (ns *names) addSigner(sn *pb.SignerName) error {
@@ -692,7 +697,7 @@ func (ns *names) addSigner(sn *pb.SignerName) error {
 // signer: nothing writes into a receipt's signature.
 func (ns *names) applySigner(rc *pb.Receipt, ref uint32) error {
 	switch s := rc.GetSignature(); {
-	case int(ref) > len(ns.signers):
+	case !within(ref, len(ns.signers)):
 		return fmt.Errorf("receipt names signer %d, of %d named", ref, len(ns.signers))
 	case s == nil:
 		return fmt.Errorf("receipt names signer %d and has no signature", ref)
@@ -710,7 +715,7 @@ func (ns *names) applySigner(rc *pb.Receipt, ref uint32) error {
 // origin: nothing writes into an envelope's origin.
 func (ns *names) applyOrigin(env *pb.Envelope, ref uint32) error {
 	switch o := env.GetOrigin(); {
-	case int(ref) > len(ns.origins):
+	case !within(ref, len(ns.origins)):
 		return fmt.Errorf("envelope names origin %d, of %d named", ref, len(ns.origins))
 	case o == nil:
 		return fmt.Errorf("envelope names origin %d and has no origin", ref)
@@ -744,7 +749,7 @@ func (ns *names) add(tn *pb.TypeName) error {
 // apply puts the type that ref names back into env's body.
 func (ns *names) apply(env *pb.Envelope, ref uint32) error {
 	switch b := env.GetBody(); {
-	case int(ref) > len(ns.urls):
+	case !within(ref, len(ns.urls)):
 		return fmt.Errorf("envelope names body type %d, of %d named", ref, len(ns.urls))
 	case b == nil:
 		return fmt.Errorf("envelope names body type %d and has no body", ref)
@@ -778,7 +783,7 @@ func (ns *names) addRoute(rn *pb.RouteName) error {
 // applyRoute puts the sender and recipient that ref names into env.
 func (ns *names) applyRoute(env *pb.Envelope, ref uint32) error {
 	switch {
-	case int(ref) > len(ns.routes):
+	case !within(ref, len(ns.routes)):
 		return fmt.Errorf("envelope names route %d, of %d named", ref, len(ns.routes))
 	case env.GetSender() != "" || env.GetRecipient() != "":
 		return fmt.Errorf("envelope names route %d and carries a sender or recipient of its own", ref)

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -187,21 +189,30 @@ func SignOrigin(cert *tls.Certificate, node string, outboxID []byte, env *pb.Env
 	return dg, nil
 }
 
-// MaxSignedReceiptText is how much of a receipt's text SignReceipt keeps.
+// MaxSignedReceiptText is the most of a receipt's text SignReceipt keeps.
 // A signed receipt reaches the origin through a forwarder, whose frame
 // limit towards the origin the signer does not know, and a forwarder
 // cannot cut a signed text to fit without breaking the signature; so the
-// signer cuts it, to a size any frame limit with the certificate takes.
+// signer cuts it: to this, and further when the receipt, its certificate
+// and signature included, would not fit the smallest frame limit a node
+// takes (1 KiB) otherwise.
 const MaxSignedReceiptText = 512
 
 // SignReceipt signs rc as node's answer to the envelope whose digest is
-// envDigest, with cert's private key, its text cut to
-// MaxSignedReceiptText bytes first.
+// envDigest, with cert's private key, its text cut first (to
+// MaxSignedReceiptText bytes at most, to less where the signed receipt
+// would not fit a frame of the smallest limit).
 func SignReceipt(cert *tls.Certificate, node string, rc *pb.Receipt, envDigest [32]byte) error {
 	if cert == nil || len(cert.Certificate) == 0 {
 		return fmt.Errorf("transport: sign receipt: no certificate")
 	}
-	rc.Message = cutUTF8(rc.Message, MaxSignedReceiptText)
+	text := rc.Message
+	rc.Message = ""
+	rc.Signature = &pb.ReceiptSignature{Node: node, Certificate: cert.Certificate[0], Signature: make([]byte, maxSignatureLen(cert))}
+	// What the receipt takes in a frame without its text, and its text's
+	// tag and length (at most 3 bytes for what fits).
+	rest := protowire.SizeTag(frameFieldReceipt) + protowire.SizeBytes(proto.Size(rc)) + 3
+	rc.Message = cutUTF8(text, min(MaxSignedReceiptText, minFrameSize-rest))
 	rc.Signature = nil
 	sig, err := signDigest(cert, ReceiptDigest(rc, node, envDigest))
 	if err != nil {

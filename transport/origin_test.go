@@ -303,7 +303,9 @@ func FuzzVerifyOrigin(f *testing.F) {
 }
 
 // A signed receipt's text is cut before it is signed, so it verifies as
-// it arrives through a forwarder whose frames to the origin are small.
+// it arrives through a forwarder whose frames to the origin are small: to
+// MaxSignedReceiptText, or less where the receipt would not fit a frame
+// of the smallest limit (1 KiB) with the signer's certificate.
 func TestSignedReceiptTextIsCutBeforeSigning(t *testing.T) {
 	s := newSigners(t)
 	v := transport.NewVerifier(s.n1.Roots)
@@ -317,9 +319,20 @@ func TestSignedReceiptTextIsCutBeforeSigning(t *testing.T) {
 	if err := transport.SignReceipt(&s.n2.Cert, "n2", rc, dg); err != nil {
 		t.Fatal(err)
 	}
-	if m := rc.GetMessage(); len(m) > transport.MaxSignedReceiptText || len(m) < transport.MaxSignedReceiptText-1 || !utf8.ValidString(m) || !strings.HasPrefix(long, m) {
+	m := rc.GetMessage()
+	if len(m) > transport.MaxSignedReceiptText || !utf8.ValidString(m) || !strings.HasPrefix(long, m) {
 		t.Fatalf("signed text of %d bytes (valid UTF-8: %v), want a prefix of at most %d", len(m), utf8.ValidString(m), transport.MaxSignedReceiptText)
 	}
+	frame, err := transport.AppendReceiptFrame(nil, rc, 1<<10)
+	if err != nil {
+		t.Fatalf("a signed receipt of %d bytes of text: %v", len(m), err)
+	}
+	// As long as it could be: at the cap, or within a rune and the
+	// signature's slack of the smallest limit.
+	if len(m) < transport.MaxSignedReceiptText-1 && len(frame) < 1<<10-16 {
+		t.Fatalf("signed text cut to %d bytes, its frame %d bytes: longer would have fit", len(m), len(frame))
+	}
+	t.Logf("signed text of %d bytes, its frame %d bytes", len(m), len(frame))
 	if err := v.VerifyReceipt(rc, "n2", dg); err != nil {
 		t.Fatal(err)
 	}

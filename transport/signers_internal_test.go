@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"testing"
 
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // controlLane is a connection's control lane whose peer reads signer
@@ -170,4 +172,125 @@ func FuzzSignerNamesRoundTrip(f *testing.F) {
 			t.Fatal("signers named to a peer that does not read them")
 		}
 	})
+}
+
+// A ref past those named is refused by every kind of name, whatever an
+// int's size (where it has 32 bits, int(0xFFFFFFFF) is -1 and passed a
+// bound check of int(ref) > len, and the index panicked).
+func TestLargestRefsAreRefused(t *testing.T) {
+	var ns names
+	if err := ns.add(&pb.TypeName{Ref: 1, Url: "t/a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.addRoute(&pb.RouteName{Ref: 1, Sender: "s@a", Recipient: "r@b"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.addOrigin(&pb.OriginName{Ref: 1, Node: "o", Certificate: []byte("c")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.addSigner(&pb.SignerName{Ref: 1, Node: "s", Certificate: []byte("c")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range []uint32{2, 1 << 31, 0xFFFFFFFE, 0xFFFFFFFF} {
+		env := &pb.Envelope{Body: &anypb.Any{Value: []byte("v")}, Origin: &pb.Origin{Signature: []byte("s")}}
+		for what, err := range map[string]error{
+			"type":   ns.apply(env, ref),
+			"route":  ns.applyRoute(env, ref),
+			"origin": ns.applyOrigin(env, ref),
+			"signer": ns.applySigner(&pb.Receipt{Signature: &pb.ReceiptSignature{Signature: []byte("s")}}, ref),
+		} {
+			if err == nil {
+				t.Errorf("%s ref %d of 1 named: taken", what, ref)
+			}
+		}
+	}
+}
+
+// Edge shapes of signed receipts (no signature bytes, nothing but the
+// signer, a one-byte certificate, one certificate under two node names,
+// an unknown field in the signature) read back as sent through a control
+// lane that names signers, at frame limits down to where the naming
+// frame no longer fits.
+func TestSignerEdgeShapesRoundTrip(t *testing.T) {
+	cert := bytes.Repeat([]byte{3}, 450)
+	shapes := []*pb.Receipt{
+		{MsgId: "a", Signature: &pb.ReceiptSignature{Node: "n", Certificate: cert}},
+		{Signature: &pb.ReceiptSignature{Node: "n", Certificate: cert}},
+		{MsgId: "c", Code: pb.Receipt_REJECTED, Message: "é", Signature: &pb.ReceiptSignature{Node: "m", Certificate: cert, Signature: []byte{1}}},
+		{MsgId: "d", Signature: &pb.ReceiptSignature{Node: "n", Certificate: []byte{0}}},
+		{MsgId: "e", Signature: &pb.ReceiptSignature{Node: "n", Certificate: cert}},
+	}
+	uk := proto.CloneOf(shapes[0])
+	uk.MsgId = "f"
+	uk.Signature.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 7))
+	shapes = append(shapes, uk)
+	for _, limit := range []int{1 << 20, 1024, 470, 463, 462, 461, 460} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			l := controlLane(true, limit)
+			var want []*pb.Receipt
+			for i, rc := range shapes {
+				before := proto.CloneOf(rc)
+				if err := l.enqueueReceipt(rc); err != nil {
+					if !errors.Is(err, ErrFrameTooLarge) {
+						t.Fatalf("receipt %d: %v", i, err)
+					}
+					continue
+				}
+				want = append(want, before)
+			}
+			b := laneBytes(l)
+			if l.unwritten.Load() != int64(len(b)) {
+				t.Fatalf("lane counts %d bytes, queued %d", l.unwritten.Load(), len(b))
+			}
+			got := readReceipts(t, b)
+			if len(got) != len(want) {
+				t.Fatalf("%d receipts read, %d sent", len(got), len(want))
+			}
+			for i := range want {
+				if !proto.Equal(got[i], want[i]) {
+					t.Fatalf("receipt %d: read %v, sent %v", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}
+
+// Senders racing on one control lane with 20 signers: every receipt reads
+// back as sent, each sender's in its order (no receipt before the name it
+// uses).
+func TestSignersFromConcurrentSenders(t *testing.T) {
+	l := controlLane(true, 1<<20)
+	l.c.t.cfg.SendQueueBytes = 1 << 30
+	const senders, each = 8, 300
+	var wg sync.WaitGroup
+	for g := range senders {
+		wg.Go(func() {
+			for i := range each {
+				if err := l.enqueueReceipt(signedReceipt(g*each+i, (g*7+i)%20, 300+(g*13+i)%200)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	got := readReceipts(t, laneBytes(l))
+	if len(got) != senders*each {
+		t.Fatalf("%d receipts read, %d sent", len(got), senders*each)
+	}
+	next := make([]int, senders)
+	for _, rc := range got {
+		var k int
+		if _, err := fmt.Sscanf(rc.GetMsgId(), "m%d", &k); err != nil {
+			t.Fatal(err)
+		}
+		g, i := k/each, k%each
+		if i != next[g] {
+			t.Fatalf("sender %d: receipt %d where %d was next", g, i, next[g])
+		}
+		next[g]++
+		if want := signedReceipt(k, (g*7+i)%20, 300+(g*13+i)%200); !proto.Equal(rc, want) {
+			t.Fatalf("receipt %d: %v, want %v", k, rc, want)
+		}
+	}
 }

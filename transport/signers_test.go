@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,10 +17,12 @@ import (
 )
 
 // signingPair starts a and b, whose handler answers every request with a
-// receipt signed, in turn, by one of signers (identities of the cluster's
-// CA), as a node answers a forwarded message. a's Hello lists features
-// (nil: all of them). It returns a verifier of the cluster's CA.
-func signingPair(t *testing.T, features []string, signers int) (a, b *node, v *transport.Verifier) {
+// receipt of text signed, in turn, by one of signers (identities of the
+// cluster's CA), as a node answers a forwarded message, on a goroutine of
+// its own (so that replies race on the control lane). a's Hello lists
+// features (nil: all of them), and edit changes a's config. It returns a
+// verifier of the cluster's CA.
+func signingPair(t *testing.T, features []string, signers int, text string, edit func(*transport.Config)) (a, b *node, v *transport.Verifier) {
 	t.Helper()
 	ca, r := newCA(t), newResolver()
 	ids := make([]transport.Identity, signers)
@@ -33,16 +37,21 @@ func signingPair(t *testing.T, features []string, signers int) (a, b *node, v *t
 	if features != nil {
 		transport.SetHelloHook(&cfg, func(h *pb.Hello) { h.Features = features })
 	}
+	if edit != nil {
+		edit(&cfg)
+	}
 	a = startNode(t, cfg, r, &recorder{})
-	var answered int
+	var answered atomic.Int64
 	b = startNode(t, testConfig(t, ca, "b"), r, handlerFunc(func(_ transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
-		id := ids[answered%len(ids)] // one request at a time: no race
-		answered++
-		rc := &pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: env.GetSequence(), WatermarkDigest: env.GetSequence() * 31}
-		if err := transport.SignReceipt(&id.Cert, id.Name, rc, sha256.Sum256([]byte(env.GetMsgId()))); err != nil {
-			t.Error(err)
-		}
-		reply(rc)
+		id := ids[int(answered.Add(1)-1)%len(ids)]
+		go func() {
+			rc := &pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_PROCESSED, Message: text,
+				Watermark: env.GetSequence(), WatermarkDigest: env.GetSequence() * 31}
+			if err := transport.SignReceipt(&id.Cert, id.Name, rc, sha256.Sum256([]byte(env.GetMsgId()))); err != nil {
+				t.Error(err)
+			}
+			reply(rc)
+		}()
 	}))
 	return a, b, transport.NewVerifier(ids[0].Roots)
 }
@@ -59,18 +68,25 @@ func requestSigned(t *testing.T, a *node, v *transport.Verifier, n int) ([]*pb.R
 		env := envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED)
 		rc, err := a.Request(ctx, "b", env)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("request %d: %v", i, err)
 		}
-		s := rc.GetSignature()
-		if rc.GetCode() != pb.Receipt_PROCESSED || rc.GetWatermark() != env.GetSequence() || !strings.HasPrefix(s.GetNode(), "signer") {
-			t.Fatalf("receipt %d: %v", i, rc)
-		}
-		if err := v.VerifyReceipt(rc, s.GetNode(), sha256.Sum256([]byte(env.GetMsgId()))); err != nil {
-			t.Fatalf("receipt %d: %v", i, err)
-		}
+		checkSigned(t, v, env, rc)
 		rcs[i] = rc
 	}
 	return rcs, a.PeerStats()["b"].BytesIn - before
+}
+
+// checkSigned checks that rc is b's receipt for env, signed by one of the
+// signers, and verifies.
+func checkSigned(t *testing.T, v *transport.Verifier, env *pb.Envelope, rc *pb.Receipt) {
+	t.Helper()
+	s := rc.GetSignature()
+	if rc.GetCode() != pb.Receipt_PROCESSED || rc.GetWatermark() != env.GetSequence() || !strings.HasPrefix(s.GetNode(), "signer") {
+		t.Fatalf("receipt of %s: %v", env.GetMsgId(), rc)
+	}
+	if err := v.VerifyReceipt(rc, s.GetNode(), sha256.Sum256([]byte(env.GetMsgId()))); err != nil {
+		t.Fatalf("receipt of %s: %v", env.GetMsgId(), err)
+	}
 }
 
 // Receipts for forwarded messages carry their signer's node and
@@ -79,9 +95,9 @@ func requestSigned(t *testing.T, a *node, v *transport.Verifier, n int) ([]*pb.R
 // signer names reads them in full.
 func TestSignersNamedOncePerStream(t *testing.T) {
 	const n, signers = 90, 3
-	a, _, v := signingPair(t, nil, signers)
+	a, _, v := signingPair(t, nil, signers, "", nil)
 	rcs, named := requestSigned(t, a, v, n)
-	a2, _, v2 := signingPair(t, []string{transport.FeatureTypeNames, transport.FeatureRouteNames, transport.FeatureOriginNames}, signers)
+	a2, _, v2 := signingPair(t, []string{transport.FeatureTypeNames, transport.FeatureRouteNames, transport.FeatureOriginNames}, signers, "", nil)
 	_, full := requestSigned(t, a2, v2, n)
 	// Each receipt leaves out its signer's node and certificate (with
 	// their tags and lengths) and says a ref (2 bytes); each signer costs
@@ -97,8 +113,57 @@ func TestSignersNamedOncePerStream(t *testing.T) {
 // More signers than a control stream names, and signers past its bytes
 // bound, go in full and arrive as signed.
 func TestSignersPastTheBoundsGoInFull(t *testing.T) {
-	a, _, v := signingPair(t, nil, 25) // 25 certificates of about 400 bytes: past 16, and past 8 KiB
+	a, _, v := signingPair(t, nil, 25, "", nil) // 25 certificates of about 400 bytes: past 16, and past 8 KiB
 	requestSigned(t, a, v, 75)
+}
+
+// Batches answered in parallel by 25 signers (past the bounds), their
+// receipts racing on the control lane, across redials (names start again
+// on each new control stream): every receipt verifies, and no connection
+// is closed for bad input.
+func TestSignersAcrossBatchesAndRedials(t *testing.T) {
+	a, _, v := signingPair(t, nil, 25, "", nil)
+	for round := range 4 {
+		var wg sync.WaitGroup
+		for g := range 6 {
+			wg.Go(func() {
+				envs := make([]*pb.Envelope, 50)
+				for i := range envs {
+					envs[i] = envTo(t, fmt.Sprintf("r%d@b", g), pb.Envelope_RECEIPT_PROCESSED)
+				}
+				rcs, err := a.RequestBatch(ctxT(t, 10*time.Second), "b", envs)
+				if err != nil {
+					t.Errorf("round %d: %v", round, err)
+					return
+				}
+				for i, rc := range rcs {
+					checkSigned(t, v, envs[i], rc)
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		if err := a.Redial(ctxT(t, 5*time.Second), "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(a.logs.String(), "bad input from peer") {
+		t.Fatalf("a closed a connection on bad input:\n%s", a.logs.String())
+	}
+}
+
+// A signed receipt with the longest text SignReceipt keeps reaches a peer
+// of the smallest frame limit (1 KiB), named or in full: it is not
+// dropped, leaving its request to time out and its message to be sent
+// again and answered the same way.
+func TestSignedReceiptAtTheSmallestFrameLimit(t *testing.T) {
+	small := func(c *transport.Config) { c.MaxFrameSize = 1 << 10 }
+	for _, features := range [][]string{nil, {}} {
+		a, _, v := signingPair(t, features, 1, strings.Repeat("x", 2*transport.MaxSignedReceiptText), small)
+		requestSigned(t, a, v, 3)
+	}
 }
 
 // What a peer names as signers on its control stream is checked: a ref it
@@ -137,6 +202,9 @@ func TestBadSignerNamesCloseTheConnection(t *testing.T) {
 		{"a named receipt whose signature says its node", []*pb.Frame{name(1, "s", cert), receipt(1, &pb.ReceiptSignature{Node: "s", Signature: []byte("s")})}},
 		{"a named receipt whose signature says its certificate", []*pb.Frame{name(1, "s", cert), receipt(1, &pb.ReceiptSignature{Certificate: cert})}},
 		{"a signer without a receipt", []*pb.Frame{{Kind: &pb.Frame_SignerName{SignerName: &pb.SignerName{Ref: 1, Node: "s", Certificate: cert}}, Signer: 1}}},
+		// -1 as an int of 32 bits: on such platforms a bound check of
+		// int(ref) took it and the index panicked, ending the process.
+		{"the largest ref", []*pb.Frame{name(1, "s", cert), receipt(0xFFFFFFFF, sig)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ca, srv, good, _ := hostileSetup(t, nil)
