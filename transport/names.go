@@ -10,7 +10,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Body types, routes and origins named once per lane stream.
+// Body types, routes and origins named once per lane stream, and
+// receipts' signers once per control stream.
 //
 // An envelope's body is a google.protobuf.Any: its type URL
 // ("type.googleapis.com/google.protobuf.BytesValue", 48 bytes with its
