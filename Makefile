@@ -31,12 +31,14 @@ test: vet test-32bit
 	$(GO) test -race -shuffle=on -timeout 9m $(PKGS)
 
 # Edge devices run 32-bit ARM, where an int has 32 bits: every package
-# (tests included) must build there, and the decoders of network bytes must
-# refuse values past such an int rather than panic. 386 runs natively on
-# an amd64 host, so their tests run as a 32-bit program.
+# (tests included) must build there, and values from the network, the disk
+# and config files past such an int must be refused or bounded, never
+# wrapped. 386 runs natively on an amd64 host, so the decoders' tests and
+# those of such values run as a 32-bit program.
 test-32bit:
 	CGO_ENABLED=0 GOARCH=arm GOARM=7 $(GO) vet $(PKGS)
 	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'Name|Signer|Ref|Frame|Receipt|Decode|Fuzz' ./transport ./internal/envcodec ./mailbox/...
+	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'PastAnInt|PastThisBuild|UnboundedPeerBytes|RetryHint|HugeTTL' ./node ./partition ./outbox ./cmd/meshnode ./internal/storecheck
 
 test-short:
 	$(GO) test -short -race $(PKGS)

@@ -140,3 +140,6 @@ func (n *Node) DurableWatermark() uint64 {
 	}
 	return d
 }
+
+// EnvBytes is what the node charges env against its bounds (envBytes).
+func EnvBytes(env *pb.Envelope) int64 { return envBytes(env) }

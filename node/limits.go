@@ -87,7 +87,7 @@ func (n *Node) peerRoom(peer string, size int64) int {
 	if v, ok := n.charges.m.Load(peer); ok {
 		used = v.(*atomic.Int64).Load()
 	}
-	return int(max((n.cfg.PeerQueuedBytes-used)/size, 0))
+	return int(min(max((n.cfg.PeerQueuedBytes-used)/size, 0), math.MaxInt)) // an int may have 32 bits
 }
 
 // uncharge gives d's bytes back to its peer once it was handled or

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -114,7 +115,9 @@ func (m *Message) Headers() map[string]string { return m.env.GetHeaders() }
 // far as the sender knows: 1 on the first, one more after each handler
 // failure it was told of (0 for tell and ask). A run whose outcome never
 // reached the sender is not counted, so a redelivery may repeat a number.
-func (m *Message) Attempt() int { return int(m.env.GetAttempt()) }
+func (m *Message) Attempt() int {
+	return int(min(uint64(m.env.GetAttempt()), math.MaxInt)) // a peer's word, and an int may have 32 bits
+}
 
 // CreatedAt returns when the logical message was created.
 func (m *Message) CreatedAt() time.Time { return time.UnixMilli(m.env.GetCreatedAtUnixMs()) }

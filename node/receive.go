@@ -147,7 +147,9 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		d = &delivery{Message: Message{env: env, from: from.Name}, receipt: reply, remoteAsk: ask, ownsEnv: owned}
 	}
 	if t := env.GetTtlMs(); t > 0 {
-		d.deadlineMs = arrival + t
+		// A peer's word: a TTL past maxTTLMs is as good as none, and
+		// kept below it so that the deadline, in nanoseconds, is one.
+		d.deadlineMs = arrival + min(t, maxTTLMs)
 	}
 	var st *inStream
 	if stream {
@@ -260,6 +262,11 @@ func (n *Node) respond(to string, req *pb.Envelope, reply proto.Message, herr er
 // queue: a burst drains within it, and an asker that stops reading
 // cannot hold the actor longer (its own TTL could say hours).
 const respondWait = time.Second
+
+// maxTTLMs bounds the TTL a received message is held to: a century, so
+// that deadlines counted from it, in nanoseconds, fit an int64 (a TTL of
+// 2^58 ms, which a peer may send, would wrap into the past).
+const maxTTLMs = 100 * 365 * 24 * 3600 * 1000
 
 // respondUntil is respond for a request whose asker waits until
 // deadlineMs (the store's elapsed clock; 0: unknown): while the send

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -309,14 +310,16 @@ func (s *Store) applyFail(tx *bolt.Tx, b *batch, o *op) error {
 	sm.LastError = f.Reason
 	if f.Counts {
 		sm.Attempts++
-		if int(sm.Attempts) >= s.cfg.MaxAttempts {
-			o.dead, o.n = true, int(sm.Attempts)
+		// Compared as stored: an int may have 32 bits, a record's count
+		// 32 unsigned ones.
+		if uint64(sm.Attempts) >= uint64(s.cfg.MaxAttempts) {
+			o.dead, o.n = true, attemptsInt(sm.Attempts)
 			return s.deadLetter(tx, b, o.recipient, qb, seq, v, "max attempts: "+f.Reason, func(x *pb.StoredMessage) {
 				x.Attempts, x.LastError = sm.Attempts, f.Reason
 			})
 		}
 	}
-	o.n = int(sm.Attempts)
+	o.n = attemptsInt(sm.Attempts)
 	val, err := rewriteRecord(v, sm)
 	if err != nil {
 		return err
@@ -571,3 +574,7 @@ func (s *Store) Recipients(node string) []string {
 	}
 	return out
 }
+
+// attemptsInt is a record's attempts as an int, at most the most an int
+// holds (32 bits on some platforms).
+func attemptsInt(n uint32) int { return int(min(uint64(n), math.MaxInt)) }

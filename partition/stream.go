@@ -525,10 +525,27 @@ func (r *Relay) heard(st *stream, rc *pb.Receipt) {
 	st.mu.Unlock()
 }
 
+// maxRetryHint bounds the wait a receipt's retry_after_ms asks for. It is
+// the receiver's word: a hint of years would park the stream (its deferral
+// is stored) long after the receiver has room, and one past 2^63 ns would
+// wrap negative. A receiver that still has no room says so again.
+const maxRetryHint = time.Minute
+
+// retryHint is a receipt's retry_after_ms as a wait: 0 for none (or a
+// negative one), at most maxRetryHint.
+func retryHint(ms int64) time.Duration {
+	if ms <= 0 {
+		return 0
+	}
+	return time.Duration(min(ms, maxRetryHint.Milliseconds())) * time.Millisecond
+}
+
 // roomIn is the room rc says the receiver's mailbox had; said is false
 // when rc says nothing of it (an older receiver, a forwarder's receipt).
+// A room past what an int holds (32 bits on some platforms) is as good as
+// the most it holds.
 func roomIn(rc *pb.Receipt) (room int, said bool) {
-	return int(rc.GetRoom()), rc.GetRoom() != 0 || rc.GetArrived() != 0
+	return int(min(uint64(rc.GetRoom()), math.MaxInt)), rc.GetRoom() != 0 || rc.GetArrived() != 0
 }
 
 // worthEarly is n as the size of an emission sent early: 0 under an
@@ -1100,7 +1117,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 	// counts: a DUPLICATE receipt waits for a durable watermark, which may
 	// already cover later messages of the same emission.
 	restored := func() bool { return wentBack(rc.GetWatermark(), seen, sent) }
-	ra := time.Duration(rc.GetRetryAfterMs()) * time.Millisecond
+	ra := retryHint(rc.GetRetryAfterMs())
 	switch rc.GetCode() {
 	case pb.Receipt_PROCESSED:
 		if restored() {

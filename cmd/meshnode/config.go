@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -200,6 +201,23 @@ type setting struct {
 	strs    func(c *Config) *[]string // list fields
 }
 
+// intsFit refuses a config file whose int setting is past what an int
+// holds here: where an int has 32 bits (32-bit ARM boards), the TOML
+// decoder keeps the low 32 bits of one without a word (2^32 + 1 places
+// would be 1), where the environment and the flags refuse it.
+func intsFit(file string) error {
+	var raw map[string]any
+	if _, err := toml.DecodeFile(file, &raw); err != nil {
+		return fmt.Errorf("%w: config file %s: %w", errBadConfig, file, err)
+	}
+	for _, s := range settings {
+		if v, ok := raw[s.key].(int64); ok && s.num != nil && (v > math.MaxInt || v < math.MinInt) {
+			return fmt.Errorf("%w: config file %s: %s = %d is past the largest number this build takes (%d)", errBadConfig, file, s.key, v, math.MaxInt)
+		}
+	}
+	return nil
+}
+
 func (s setting) flag() string { return strings.ReplaceAll(s.key, "_", "-") }
 func (s setting) env() string  { return "MESHNODE_" + strings.ToUpper(s.key) }
 
@@ -301,6 +319,9 @@ func LoadConfig(fs *pflag.FlagSet, getenv func(string) (string, bool)) (Config, 
 				keys[i] = strconv.Quote(k.String())
 			}
 			return cfg, fmt.Errorf("%w: config file %s: unknown key %s (known keys: %s)", errBadConfig, file, strings.Join(keys, ", "), knownKeys())
+		}
+		if err := intsFit(file); err != nil {
+			return cfg, err
 		}
 	}
 	for _, s := range settings {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -275,6 +276,12 @@ func (w *walker) page(id uint64, where string) []byte {
 	}
 	if !w.mark(id, overflow) {
 		w.r.problem("%s: page %d is referenced twice", where, id)
+		return nil
+	}
+	if n := (uint64(overflow) + 1) * ps; n > math.MaxInt {
+		// Within the file, but past what this platform reads at once (an
+		// int of 32 bits): no healthy store has such a page.
+		w.r.problem("%s: page %d of %d bytes is larger than this platform can read", where, id, n)
 		return nil
 	}
 	b := make([]byte, (uint64(overflow)+1)*ps)
