@@ -25,6 +25,23 @@ var peerQ = transport.PeerInfo{Name: "q", BootID: "b", OutboxID: [16]byte{'q', 1
 // Repeated MaxAttempts times (a peer that keeps sending short-TTL
 // messages), m2 is dead-lettered.
 func TestBreakerBatchDeadlineOfAnotherMessageChargesHealthyOne(t *testing.T) {
+	// A commit that takes a while (a slow disk); q1 has 400 ms to live.
+	rs := batchBehindAnotherSendersTTL(t, 1500*time.Millisecond, 400)
+	if c := rs.code("m2"); c != pb.Receipt_PROCESSED {
+		rs.mu.Lock()
+		msg := rs.got["m2"].GetMessage()
+		rs.mu.Unlock()
+		t.Fatalf("m2 (no TTL, healthy handler) answered %v %q: charged an attempt because q1's TTL bounded its batch", c, msg)
+	}
+}
+
+// batchBehindAnotherSendersTTL runs a batch actor whose first batch (m1,
+// from p) holds until m2 (from p, no TTL) and q1 (from q, ttlMs to live)
+// wait behind it; its later batches take commit, a commit that honours
+// its context as any database call does. It returns the three receipts
+// once all are in.
+func batchBehindAnotherSendersTTL(t *testing.T, commit time.Duration, ttlMs int64) *receipts {
+	t.Helper()
 	n := startNode(t, "n1", t.TempDir())
 	hold, started := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -34,32 +51,24 @@ func TestBreakerBatchDeadlineOfAnotherMessageChargesHealthyOne(t *testing.T) {
 			<-hold
 			return len(msgs), nil
 		}
-		// A commit that takes a while (a slow disk) and honours ctx.
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
-		case <-time.After(1500 * time.Millisecond):
+		case <-time.After(commit):
 			return len(msgs), nil
 		}
 	}
 	if _, err := n.Spawn("a", noHandler, node.WithBatch(h, 0)); err != nil {
 		t.Fatal(err)
 	}
-	var rs receipts
-	m1 := streamEnv("a", "n1", 1, 0)
-	n.DeliverIncoming(peerP, m1, rs.reply("m1"))
+	rs := &receipts{}
+	n.DeliverIncoming(peerP, streamEnv("a", "n1", 1, 0), rs.reply("m1"))
 	<-started
-	m2 := streamEnv("a", "n1", 2, 1) // no TTL
-	n.DeliverIncoming(peerP, m2, rs.reply("m2"))
+	n.DeliverIncoming(peerP, streamEnv("a", "n1", 2, 1), rs.reply("m2"))
 	q1 := streamEnv("a", "n1", 1, 0)
-	q1.MsgId, q1.Sender, q1.TtlMs = "q1", "@q", 400 // another sender's message, 400 ms to live
+	q1.MsgId, q1.Sender, q1.TtlMs = "q1", "@q", ttlMs
 	n.DeliverIncoming(peerQ, q1, rs.reply("q1"))
 	close(hold)
 	testutil.WaitFor(t, 10*time.Second, "all receipts", func() bool { return rs.len() == 3 })
-	if c := rs.code("m2"); c != pb.Receipt_PROCESSED {
-		rs.mu.Lock()
-		msg := rs.got["m2"].GetMessage()
-		rs.mu.Unlock()
-		t.Fatalf("m2 (no TTL, healthy handler) answered %v %q: charged an attempt because q1's TTL bounded its batch", c, msg)
-	}
+	return rs
 }

@@ -4,12 +4,10 @@ import (
 	"context"
 	"math"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 	"google.golang.org/protobuf/proto"
@@ -30,36 +28,7 @@ import (
 // frame per batch from any member; MaxAttempts of them dead-letter m2.
 // A received TTL is now held to a century.
 func TestHugeTTLDoesNotEndItsBatchsDeadline(t *testing.T) {
-	n := startNode(t, "n1", t.TempDir())
-	hold, started := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	h := func(ctx context.Context, msgs []*node.Message) (int, error) {
-		if msgs[0].ID() == "m1" {
-			once.Do(func() { close(started) })
-			<-hold
-			return len(msgs), nil
-		}
-		// A short commit that honours ctx, as any database call does.
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-			return len(msgs), nil
-		}
-	}
-	if _, err := n.Spawn("a", noHandler, node.WithBatch(h, 0)); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
-	n.DeliverIncoming(peerP, streamEnv("a", "n1", 1, 0), rs.reply("m1"))
-	<-started
-	m2 := streamEnv("a", "n1", 2, 1) // no TTL
-	n.DeliverIncoming(peerP, m2, rs.reply("m2"))
-	q1 := streamEnv("a", "n1", 1, 0)
-	q1.MsgId, q1.Sender, q1.TtlMs = "q1", "@q", 1<<58 // "never expires", as far as the peer says
-	n.DeliverIncoming(peerQ, q1, rs.reply("q1"))
-	close(hold)
-	testutil.WaitFor(t, 10*time.Second, "all receipts", func() bool { return rs.len() == 3 })
+	rs := batchBehindAnotherSendersTTL(t, 50*time.Millisecond, 1<<58) // "never expires", as far as the peer says
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for _, id := range []string{"m2", "q1"} {

@@ -58,6 +58,25 @@ func readReceipts(t *testing.T, b []byte) []*pb.Receipt {
 	}
 }
 
+// readAsSent checks that what l queued (and counts) reads back as want,
+// in order.
+func readAsSent(t *testing.T, l *lane, want []*pb.Receipt) {
+	t.Helper()
+	b := laneBytes(l)
+	if got := l.unwritten.Load(); got != int64(len(b)) {
+		t.Fatalf("lane counts %d bytes, queued %d", got, len(b))
+	}
+	got := readReceipts(t, b)
+	if len(got) != len(want) {
+		t.Fatalf("%d receipts read, %d sent", len(got), len(want))
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Fatalf("receipt %d: read %v, sent %v", i, got[i], want[i])
+		}
+	}
+}
+
 // signedReceipt is a receipt signed by signer s, its certificate of
 // certLen bytes.
 func signedReceipt(i, s, certLen int) *pb.Receipt {
@@ -155,19 +174,7 @@ func FuzzSignerNamesRoundTrip(f *testing.F) {
 			}
 			want = append(want, before)
 		}
-		b := laneBytes(l)
-		if got := l.unwritten.Load(); got != int64(len(b)) {
-			t.Fatalf("lane counts %d bytes, queued %d", got, len(b))
-		}
-		got := readReceipts(t, b)
-		if len(got) != len(want) {
-			t.Fatalf("%d receipts read, %d sent", len(got), len(want))
-		}
-		for i := range want {
-			if !proto.Equal(got[i], want[i]) {
-				t.Fatalf("receipt %d: read %v, sent %v", i, got[i], want[i])
-			}
-		}
+		readAsSent(t, l, want)
 		if !signers && l.signers != nil {
 			t.Fatal("signers named to a peer that does not read them")
 		}
@@ -238,19 +245,7 @@ func TestSignerEdgeShapesRoundTrip(t *testing.T) {
 				}
 				want = append(want, before)
 			}
-			b := laneBytes(l)
-			if l.unwritten.Load() != int64(len(b)) {
-				t.Fatalf("lane counts %d bytes, queued %d", l.unwritten.Load(), len(b))
-			}
-			got := readReceipts(t, b)
-			if len(got) != len(want) {
-				t.Fatalf("%d receipts read, %d sent", len(got), len(want))
-			}
-			for i := range want {
-				if !proto.Equal(got[i], want[i]) {
-					t.Fatalf("receipt %d: read %v, sent %v", i, got[i], want[i])
-				}
-			}
+			readAsSent(t, l, want)
 		})
 	}
 }
