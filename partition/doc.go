@@ -131,7 +131,8 @@
 //     unresolved or deferred.
 //   - A peer that membership reports down is deferred by DownRecheck;
 //     NodeAlive makes its queues due at once. Other deferrals back off with
-//     full jitter (Backoff), at least retry_after when the receiver gave one;
+//     full jitter (Backoff), at least retry_after when the receiver gave one
+//     (a minute at most: the receiver's word, which must not park a stream);
 //     the first deferral after progress waits only the receiver's hint when
 //     it gave one (the AIMD limit has halved already).
 //   - AIMD slots are released when an emission's receipts are back, not

@@ -278,13 +278,14 @@ func (w *walker) page(id uint64, where string) []byte {
 		w.r.problem("%s: page %d is referenced twice", where, id)
 		return nil
 	}
-	if n := (uint64(overflow) + 1) * ps; n > math.MaxInt {
+	n := (uint64(overflow) + 1) * ps
+	if n > math.MaxInt {
 		// Within the file, but past what this platform reads at once (an
 		// int of 32 bits): no healthy store has such a page.
 		w.r.problem("%s: page %d of %d bytes is larger than this platform can read", where, id, n)
 		return nil
 	}
-	b := make([]byte, (uint64(overflow)+1)*ps)
+	b := make([]byte, n)
 	if _, err := w.f.ReadAt(b, int64(id*ps)); err != nil && !errors.Is(err, io.EOF) {
 		w.r.problem("%s: page %d cannot be read: %v", where, id, err)
 		return nil
