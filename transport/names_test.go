@@ -10,6 +10,7 @@ import (
 	"github.com/meshnode/meshnode/internal/rawpeer"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
+	"github.com/quic-go/quic-go"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -212,18 +213,23 @@ func TestBodyTypesPastTheNamesBoundGoInFull(t *testing.T) {
 // (CodeProtocol) and still serves another peer.
 func framesCloseTheConnection(t *testing.T, frames []*pb.Frame) {
 	t.Helper()
+	framesOnCloseTheConnection(t, func(p *rawpeer.Peer) *quic.SendStream { return p.Lane(t) }, frames)
+}
+
+// framesOnCloseTheConnection is framesCloseTheConnection for frames the
+// peer writes on the stream on gives (a lane, its control stream).
+func framesOnCloseTheConnection(t *testing.T, on func(*rawpeer.Peer) *quic.SendStream, frames []*pb.Frame) {
+	t.Helper()
 	ca, srv, good, _ := hostileSetup(t, nil)
 	evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-	_ = writeFrames(t, evil, frames) // a write may find the connection closed already
+	_ = writeFrames(t, on(evil), frames) // a write may find the connection closed already
 	assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
 	assertGoodPeerWorks(t, srv, good)
 }
 
-// writeFrames writes frames on a new lane stream of p, and says why a
-// write failed.
-func writeFrames(t *testing.T, p *rawpeer.Peer, frames []*pb.Frame) error {
+// writeFrames writes frames on s, and says why a write failed.
+func writeFrames(t *testing.T, s *quic.SendStream, frames []*pb.Frame) error {
 	t.Helper()
-	s := p.Lane(t)
 	for _, f := range frames {
 		b, err := transport.AppendFrame(nil, f)
 		if err != nil {
@@ -242,7 +248,7 @@ func writeFrames(t *testing.T, p *rawpeer.Peer, frames []*pb.Frame) error {
 func framesArrive(t *testing.T, frames []*pb.Frame, n int) []*pb.Envelope {
 	t.Helper()
 	ca, srv, _, rec := hostileSetup(t, nil)
-	if err := writeFrames(t, rawpeer.Dial(t, ca, "evil", targetOf(srv)), frames); err != nil {
+	if err := writeFrames(t, rawpeer.Dial(t, ca, "evil", targetOf(srv)).Lane(t), frames); err != nil {
 		t.Fatal(err)
 	}
 	waitCond(t, 5*time.Second, fmt.Sprintf("%d envelopes from evil", n), func() bool { return rec.count.Load() >= int64(n)+1 })

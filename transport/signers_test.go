@@ -206,36 +206,15 @@ func TestBadSignerNamesCloseTheConnection(t *testing.T) {
 		// int(ref) took it and the index panicked, ending the process.
 		{"the largest ref", []*pb.Frame{name(1, "s", cert), receipt(0xFFFFFFFF, sig)}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ca, srv, good, _ := hostileSetup(t, nil)
-			evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-			s := evil.Control()
-			for _, f := range tc.frames {
-				b, err := transport.AppendFrame(nil, f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Write(b); err != nil {
-					break // the connection may be closed already
-				}
-			}
-			assertClosedWith(t, evil, transport.CodeProtocol, 5*time.Second)
-			assertGoodPeerWorks(t, srv, good)
-		})
+		t.Run(tc.name, func(t *testing.T) { framesOnCloseTheConnection(t, (*rawpeer.Peer).Control, tc.frames) })
 	}
 	t.Run("as the rules say", func(t *testing.T) {
 		// Named as the rules say (a receipt without a waiter is only
 		// logged), the connection stays.
 		ca, srv, good, _ := hostileSetup(t, nil)
 		evil := rawpeer.Dial(t, ca, "evil", targetOf(srv))
-		for _, f := range []*pb.Frame{name(1, "s1", cert), name(2, "s2", []byte("other")), receipt(2, sig), receipt(1, proto.CloneOf(sig))} {
-			b, err := transport.AppendFrame(nil, f)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := evil.Control().Write(b); err != nil {
-				t.Fatal(err)
-			}
+		if err := writeFrames(t, evil.Control(), []*pb.Frame{name(1, "s1", cert), name(2, "s2", []byte("other")), receipt(2, sig), receipt(1, proto.CloneOf(sig))}); err != nil {
+			t.Fatal(err)
 		}
 		waitCond(t, 5*time.Second, "the receipts read", func() bool {
 			return srv.PeerStats()["evil"].FramesIn >= 4
