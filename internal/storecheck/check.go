@@ -285,12 +285,66 @@ func (w *walker) page(id uint64, where string) []byte {
 		w.r.problem("%s: page %d of %d bytes is larger than this platform can read", where, id, n)
 		return nil
 	}
+	if overflow > 0 {
+		// Read no more than the page's elements use: one damaged
+		// overflow count must not cost an allocation the size of the file
+		// (a small board checking a large store). A page whose elements
+		// run past its end is read whole, and refused as before.
+		n = w.extent(id, n)
+	}
 	b := make([]byte, n)
 	if _, err := w.f.ReadAt(b, int64(id*ps)); err != nil && !errors.Is(err, io.EOF) {
 		w.r.problem("%s: page %d cannot be read: %v", where, id, err)
 		return nil
 	}
 	return b
+}
+
+// extent returns how many bytes of page id (n in all, with its overflow)
+// hold its elements and their keys and values, or its free list's ids: n
+// when they claim more, or the page's type has neither. It reads the
+// page's header and element array; what it cannot read, page reports.
+func (w *walker) extent(id, n uint64) uint64 {
+	off := int64(id) * int64(w.meta.pageSize)
+	var h [pageHeaderSize + 8]byte
+	if _, err := w.f.ReadAt(h[:], off); err != nil {
+		return n
+	}
+	flags, count := order.Uint16(h[8:]), uint64(order.Uint16(h[10:]))
+	var end uint64
+	switch flags {
+	case flagFreelist:
+		idx := uint64(0)
+		if count == 0xFFFF {
+			idx, count = 1, order.Uint64(h[pageHeaderSize:])
+		}
+		if count > n/8 {
+			return n
+		}
+		end = pageHeaderSize + (idx+count)*8
+	case flagBranch, flagLeaf:
+		end = pageHeaderSize + count*elemSize
+		if end > n {
+			return n
+		}
+		es := make([]byte, end-pageHeaderSize)
+		if _, err := w.f.ReadAt(es, off+pageHeaderSize); err != nil {
+			return n
+		}
+		for i := uint64(0); i < count; i++ {
+			e := es[i*elemSize:]
+			var last uint64 // where the element's key, or key and value, end
+			if flags == flagBranch {
+				last = pageHeaderSize + i*elemSize + uint64(order.Uint32(e[0:])) + uint64(order.Uint32(e[4:]))
+			} else {
+				last = pageHeaderSize + i*elemSize + uint64(order.Uint32(e[4:])) + uint64(order.Uint32(e[8:])) + uint64(order.Uint32(e[12:]))
+			}
+			end = max(end, last)
+		}
+	default:
+		return n
+	}
+	return min(end, n)
 }
 
 // freelist checks a stored free list and returns its page ids.
