@@ -129,6 +129,18 @@ func testConfig(tb testing.TB, ca *transport.CA, name string) transport.Config {
 	return cfg
 }
 
+// bulkConfig is testConfig for tests that move tens of MiB both ways at
+// once: under the race detector, on a busy machine, a connection's loop can
+// go 2 s without reading a packet while it sends, and the idle timeout would
+// end a connection the test needs (its fire-and-forget frames then lost).
+func bulkConfig(tb testing.TB, ca *transport.CA, name string) transport.Config {
+	tb.Helper()
+	cfg := testConfig(tb, ca, name)
+	cfg.KeepAlivePeriod = time.Second
+	cfg.MaxIdleTimeout = 10 * time.Second
+	return cfg
+}
+
 // startNode starts a transport from cfg, registers it in r, and closes it at cleanup.
 func startNode(tb testing.TB, cfg transport.Config, r *fakeResolver, h transport.Handler) *node {
 	tb.Helper()

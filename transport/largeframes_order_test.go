@@ -17,8 +17,8 @@ func TestLargeFramesBothWaysOnEveryLane(t *testing.T) {
 	ca := newCA(t)
 	r := newResolver()
 	ra, rb := &recorder{}, &recorder{}
-	a := startNode(t, testConfig(t, ca, "a"), r, ra)
-	b := startNode(t, testConfig(t, ca, "b"), r, rb)
+	a := startNode(t, bulkConfig(t, ca, "a"), r, ra)
+	b := startNode(t, bulkConfig(t, ca, "b"), r, rb)
 	// One connection first: how the two settle on one connection is not
 	// what this test is about.
 	if _, err := a.Request(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_ACCEPTED)); err != nil {

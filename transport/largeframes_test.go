@@ -26,10 +26,12 @@ func TestLargeFramesOnEveryLaneArrive(t *testing.T) {
 	ca := newCA(t)
 	r := newResolver()
 	rec := &recorder{}
-	cfg := testConfig(t, ca, "srv")
-	cfg.FrameReadTimeout = 3 * time.Second // a stall fails fast
+	cfg := bulkConfig(t, ca, "srv")
+	// A stall loses the frames it holds when this runs out, well within
+	// the wait below.
+	cfg.FrameReadTimeout = 10 * time.Second
 	srv := startNode(t, cfg, r, rec)
-	good := startNode(t, testConfig(t, ca, "good"), r, &recorder{})
+	good := startNode(t, bulkConfig(t, ca, "good"), r, &recorder{})
 	// One recipient on each lane.
 	lanes := cfg.Lanes
 	recipients := make([]string, lanes)
