@@ -216,15 +216,18 @@
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".
-//   - Across a restart, a wall-clock difference counts as elapsed time only
-//     up to Outbox.MaxDowntime (a day by default), so that a clock stepped
-//     by years neither expires every message nor keeps them for ever: a
-//     node off for a week counts a day of it against its messages' TTLs
-//     (and logs a warning). If a sender really was off longer than
-//     MaxDowntime plus the outbox's RetentionMargin (8 days by default), a
-//     message it had sent just before it stopped, whose receipt was lost,
-//     may reach a receiver that has forgotten the stream (receivers forget
-//     a stream 30 days after its watermark last moved). The receiver keeps
+//   - A restart within one boot of the machine counts the time the node
+//     was stopped on the boot's clock (on Linux), whatever the wall clock
+//     did meanwhile. Across a reboot, a wall-clock difference counts as
+//     elapsed time only up to Outbox.MaxDowntime (a day by default), so
+//     that a clock stepped by years neither expires every message nor
+//     keeps them for ever: a device off for a week counts a day of it
+//     against its messages' TTLs (and logs a warning). If a sender really
+//     was off longer than MaxDowntime plus the outbox's RetentionMargin (8
+//     days by default), a message it had sent just before it stopped,
+//     whose receipt was lost, may reach a receiver that has forgotten the
+//     stream (receivers forget a stream 30 days after its watermark last
+//     moved). The receiver keeps
 //     the highest watermark it forgot per sender outbox and epoch and
 //     answers such a message FORGOTTEN instead of running it again; the
 //     sender dead-letters it with outbox.ReasonForgotten ("outcome

@@ -289,7 +289,7 @@ func (s *Store) commit(ops []*op) {
 			s.edits.Add(1)
 			b.editing = true
 		}
-		if err := tx.Bucket(bucketMeta).Put(keyClock, s.clock.checkpoint()); err != nil {
+		if err := putClock(tx.Bucket(bucketMeta), s.clock); err != nil {
 			return err
 		}
 		// Readers see the commit from when bbolt writes its meta page,

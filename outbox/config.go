@@ -27,9 +27,11 @@ type Config struct {
 	// measures the TTL on its own clock from the arrival of a copy.
 	MaxClockSkew time.Duration
 	// MaxDowntime bounds the wall-clock difference counted as elapsed time
-	// across a restart. The wall clock may step (a device without a
-	// real-time clock, a manual change); a step of years then neither
-	// expires every message nor stops ages from counting.
+	// across a reboot of the machine. The wall clock may step (a device
+	// without a real-time clock, a manual change); a step of years then
+	// neither expires every message nor stops ages from counting. A
+	// restart within one boot counts the time the store was closed on the
+	// boot's clock (Booted), exactly and without this bound.
 	MaxDowntime time.Duration
 	// CheckpointInterval: the elapsed clock is persisted with every commit
 	// and at least this often while the store is idle, so a crash loses

@@ -98,10 +98,16 @@
 //     callers to 64 recipients 2–3 times slower than to one.
 //   - Time: ages, TTLs, deferrals, the key window and stream retention are
 //     measured on an elapsed clock: the monotonic clock while the store is
-//     open, and across a restart the wall-clock difference clamped to
-//     [0, MaxDowntime]. A wall clock stepped by years neither expires every
-//     message nor stops ages from counting. It is checkpointed with every
-//     commit and every CheckpointInterval while idle.
+//     open; across a restart within one boot of the machine, the boot's
+//     clock (on Linux the kernel's boot id and uptime, kept with the
+//     checkpoint), which no wall-clock step moves; across a reboot, the
+//     wall-clock difference clamped to [0, MaxDowntime]. A wall clock
+//     stepped by years neither expires every message nor stops ages from
+//     counting, and one stepped while the node restarts (NTP on a device
+//     without a real-time clock) makes up no time: a day of made-up
+//     downtime would expire healthy messages and forget the idempotency
+//     keys of the last day. It is checkpointed with every commit and every
+//     CheckpointInterval while idle.
 //   - Expiry: a message whose TTL ran out and that was never on the wire
 //     (sequence above HeadRequest.EmittedHW) is given up at once; one that
 //     may have been is given up only after TTL + MaxClockSkew, since the

@@ -80,26 +80,35 @@ func FuzzDecodeOutStream(f *testing.F) {
 	})
 }
 
-// FuzzResume: the persisted elapsed-clock checkpoint may be anything; the
-// clock resumes without panicking, and for a sane checkpoint it counts the
-// downtime only within [0, MaxDowntime].
+// FuzzResume: the persisted elapsed-clock checkpoint and its boot record
+// may be anything; the clock resumes without panicking. For a sane
+// checkpoint it counts the downtime exactly when the boot record is of the
+// clock's boot and not ahead of its uptime, else within [0, MaxDowntime].
 func FuzzResume(f *testing.F) {
 	cp := func(last, wall int64) []byte {
 		return binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, uint64(last)), uint64(wall))
 	}
 	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-	f.Add(cp(1000, now.UnixMilli()-5000), int64(time.Hour))
-	f.Add(cp(0, now.UnixMilli()+5000), int64(time.Hour))
-	f.Add([]byte{1, 2, 3}, int64(0))
-	f.Fuzz(func(t *testing.T, checkpoint []byte, maxDown int64) {
+	f.Add(cp(1000, now.UnixMilli()-5000), int64(time.Hour), []byte(nil), false, int64(0))
+	f.Add(cp(0, now.UnixMilli()+5000), int64(time.Hour), binary.BigEndian.AppendUint64(nil, 500), true, int64(time.Minute))
+	f.Add(cp(7, now.UnixMilli()-int64(48*time.Hour/time.Millisecond)), int64(time.Hour), binary.BigEndian.AppendUint64(nil, 1<<62), true, int64(time.Second))
+	f.Add([]byte{1, 2, 3}, int64(0), []byte{9}, true, int64(0))
+	f.Fuzz(func(t *testing.T, checkpoint []byte, maxDown int64, boot []byte, sameBoot bool, uptime int64) {
 		if maxDown < 0 {
 			maxDown = -maxDown
 		}
+		uptime = max(0, uptime%int64(100*365*24*time.Hour))
 		clk := NewManualClock(now)
-		e, _ := resume(clk, checkpoint, time.Duration(maxDown))
+		clk.Advance(time.Duration(uptime))
+		clk.Step(-time.Duration(uptime)) // the wall clock reads now
+		id, _, _ := clk.Boot()
+		if sameBoot && len(boot) >= 8 {
+			boot = append(boot[:8:8], id...)
+		}
+		e, _, exact := resume(clk, checkpoint, boot, time.Duration(maxDown))
 		if len(checkpoint) != 16 {
-			if e.nowMs() != 0 {
-				t.Fatalf("no checkpoint: elapsed %d", e.nowMs())
+			if e.nowMs() != 0 || exact {
+				t.Fatalf("no checkpoint: elapsed %d, exact %v", e.nowMs(), exact)
 			}
 			return
 		}
@@ -108,7 +117,19 @@ func FuzzResume(f *testing.F) {
 			return // not a checkpoint this code writes
 		}
 		added := e.nowMs() - last
-		if added < 0 || added > time.Duration(maxDown).Milliseconds() {
+		then := int64(-1)
+		if sameBoot && len(boot) >= 8 {
+			then = int64(binary.BigEndian.Uint64(boot[:8]))
+		}
+		upMs := time.Duration(uptime).Milliseconds()
+		switch {
+		case then >= 0 && then <= upMs:
+			if !exact || added != upMs-then {
+				t.Fatalf("same boot, uptime %d ms then %d now: added %d ms (exact %v), want %d", then, upMs, added, exact, upMs-then)
+			}
+		case exact:
+			t.Fatalf("boot record %x counted as exact (uptime %d ms)", boot, upMs)
+		case added < 0 || added > time.Duration(maxDown).Milliseconds():
 			t.Fatalf("restart added %d ms, want within [0, %d]", added, time.Duration(maxDown).Milliseconds())
 		}
 	})

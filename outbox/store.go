@@ -43,6 +43,7 @@ var (
 	keySeqHigh  = []byte("seq")
 	keyOutboxID = []byte("outbox_id")
 	keyClock    = []byte("clock")
+	keyBoot     = []byte("boot") // the boot the clock's checkpoint was taken in
 )
 
 // formatVersion is the layout this code writes. Files without a format
@@ -263,8 +264,9 @@ func (s *Store) load() error {
 			return fmt.Errorf("create bucket meta: %w", err)
 		}
 		var down time.Duration
-		s.clock, down = resume(s.cfg.Clock, meta.Get(keyClock), s.cfg.MaxDowntime)
-		if down > s.cfg.MaxDowntime {
+		var exact bool
+		s.clock, down, exact = resume(s.cfg.Clock, meta.Get(keyClock), meta.Get(keyBoot), s.cfg.MaxDowntime)
+		if !exact && down > s.cfg.MaxDowntime {
 			// Either the wall clock stepped, or the node really was off
 			// that long: ages count only MaxDowntime of it. If it really
 			// was, a message sent before the stop whose receipt was lost
@@ -343,7 +345,7 @@ func (s *Store) load() error {
 		// reserved high-water: start above it.
 		s.nextSeq, s.reservedSeq = high+1, high
 		s.handedOut.Store(s.nextSeq)
-		return meta.Put(keyClock, s.clock.checkpoint())
+		return putClock(meta, s.clock)
 	})
 }
 
@@ -726,4 +728,16 @@ func (s *Store) submitAsync(o *op) {
 		return
 	}
 	s.ops <- o // the committer runs until s.closing, which needs asyncMu
+}
+
+// putClock writes the elapsed clock's checkpoint into meta.
+func putClock(meta *bolt.Bucket, e elapsed) error {
+	clock, boot := e.checkpoint()
+	if err := meta.Put(keyClock, clock); err != nil {
+		return err
+	}
+	if boot == nil {
+		return meta.Delete(keyBoot)
+	}
+	return meta.Put(keyBoot, boot)
 }
