@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,7 +36,7 @@ type Booted interface {
 }
 
 // SystemClock returns the system's wall and monotonic clocks; on Linux it
-// is also Booted (the kernel's boot id and /proc/uptime).
+// is also Booted (the kernel's boot id and CLOCK_BOOTTIME).
 func SystemClock() Clock { return systemClock{} }
 
 type systemClock struct{}
@@ -48,29 +47,31 @@ func (systemClock) Now() time.Time           { return time.Now().Round(0) }
 func (systemClock) Monotonic() time.Duration { return time.Since(processStart) }
 
 func (systemClock) Boot() (string, time.Duration, bool) {
-	id, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
+	id := systemBootID()
+	if id == "" {
 		return "", 0, false
 	}
-	up, err := os.ReadFile("/proc/uptime")
-	if err != nil {
-		return "", 0, false
-	}
-	return parseBoot(id, up)
+	up, ok := bootTime()
+	return id, up, ok
 }
 
-// parseBoot reads a boot id and /proc/uptime's text ("12345.67 2345.67").
-func parseBoot(id, uptime []byte) (string, time.Duration, bool) {
-	id = bytes.TrimSpace(id)
-	f := bytes.Fields(uptime)
-	if len(id) == 0 || len(id) > maxBootID || len(f) == 0 {
-		return "", 0, false
+// systemBootID is the kernel's id of this boot, read once: a process does
+// not outlive its boot. "" where there is none.
+var systemBootID = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
 	}
-	secs, err := strconv.ParseFloat(string(f[0]), 64)
-	if err != nil || !(secs >= 0 && secs <= 1e9) { // 30 years; NaN is neither
-		return "", 0, false
+	return parseBootID(b)
+})
+
+// parseBootID returns the boot id in b, or "" when b does not hold one.
+func parseBootID(b []byte) string {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || len(b) > maxBootID {
+		return ""
 	}
-	return string(id), time.Duration(secs * float64(time.Second)), true
+	return string(b)
 }
 
 // maxBootID bounds a boot id kept with the checkpoint (Linux's is 36
@@ -169,8 +170,8 @@ type elapsed struct {
 }
 
 // resume starts the elapsed clock from a checkpoint (elapsed ms and wall ms
-// persisted together) and the boot it was taken in (uptime ms and boot
-// id); a missing checkpoint starts it at zero. down is the time since the
+// persisted together) and the boot record written with it (see
+// checkpoint); a missing checkpoint starts it at zero. down is the time since the
 // checkpoint: exact when the boot is the same (exact is true, and all of
 // it is counted), else the wall-clock difference, of which only [0,
 // maxDowntime] was counted.
@@ -185,7 +186,7 @@ func resume(clock Clock, checkpoint, boot []byte, maxDowntime time.Duration) (e 
 		return e, 0, false
 	}
 	last := int64(binary.BigEndian.Uint64(checkpoint[:8]))
-	if e.boot != "" && len(boot) == 8+len(e.boot) && string(boot[8:]) == e.boot {
+	if e.boot != "" && len(boot) == 8+16+len(e.boot) && bytes.Equal(boot[8:24], checkpoint) && string(boot[24:]) == e.boot {
 		// Closed and opened within one boot: its clock does not step.
 		if then := int64(binary.BigEndian.Uint64(boot[:8])); then >= 0 && then <= e.bootOpen.Milliseconds() {
 			d := e.bootOpen.Milliseconds() - then
@@ -204,17 +205,29 @@ func (e elapsed) nowMs() int64 {
 	return e.base + (e.clock.Monotonic() - e.monoOpen).Milliseconds()
 }
 
-// checkpoint encodes the elapsed clock with the wall clock, and the boot's
-// uptime with its id (nil: the clock cannot tell), for resume.
+// checkpoint encodes the elapsed clock with the wall clock, and the boot
+// record (nil: the clock cannot tell): the boot's uptime, the clock's
+// checkpoint it goes with, and the boot's id. The uptime is read now, not
+// worked out from the monotonic clock, which stops while the machine is
+// suspended: a suspend during the run must not count again as downtime.
+// The checkpoint inside the record ties the two: a meshnode that does not
+// know the record writes a new checkpoint and leaves the record stale, and
+// a stale record is not believed.
 func (e elapsed) checkpoint() (clock, boot []byte) {
 	open := e.clock.Monotonic() - e.monoOpen
 	clock = make([]byte, 16)
 	binary.BigEndian.PutUint64(clock[:8], uint64(e.base+open.Milliseconds()))
 	binary.BigEndian.PutUint64(clock[8:], uint64(e.clock.Now().UnixMilli()))
 	if e.boot != "" {
-		boot = make([]byte, 8, 8+len(e.boot))
-		binary.BigEndian.PutUint64(boot, uint64((e.bootOpen + open).Milliseconds()))
-		boot = append(boot, e.boot...)
+		up := e.bootOpen + open
+		if b, ok := e.clock.(Booted); ok {
+			if id, u, ok := b.Boot(); ok && id == e.boot {
+				up = u
+			}
+		}
+		boot = make([]byte, 8, 8+len(clock)+len(e.boot))
+		binary.BigEndian.PutUint64(boot, uint64(up.Milliseconds()))
+		boot = append(append(boot, clock...), e.boot...)
 	}
 	return clock, boot
 }

@@ -103,7 +103,7 @@ func FuzzResume(f *testing.F) {
 		clk.Step(-time.Duration(uptime)) // the wall clock reads now
 		id, _, _ := clk.Boot()
 		if sameBoot && len(boot) >= 8 {
-			boot = append(boot[:8:8], id...)
+			boot = append(append(boot[:8:8], checkpoint...), id...)
 		}
 		e, _, exact := resume(clk, checkpoint, boot, time.Duration(maxDown))
 		if len(checkpoint) != 16 {
