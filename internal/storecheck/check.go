@@ -425,12 +425,21 @@ func (w *walker) elems(b []byte, id uint64, where string) ([]elem, bool) {
 				w.r.problem("%s: page %d element %d points outside the page", where, id, i)
 				return nil, false
 			}
+			if ksize == 0 {
+				w.r.problem("%s: page %d element %d has an empty key", where, id, i)
+				return nil, false
+			}
 			out[i] = elem{key: b[base+pos : base+pos+ksize], child: order.Uint64(e[8:])}
 			continue
 		}
 		pos, ksize, vsize := uint64(order.Uint32(e[4:])), uint64(order.Uint32(e[8:])), uint64(order.Uint32(e[12:]))
 		if base+pos+ksize+vsize > uint64(len(b)) {
 			w.r.problem("%s: page %d element %d points outside the page", where, id, i)
+			return nil, false
+		}
+		if ksize == 0 {
+			// bbolt never writes one, and asserts on one it reads for a write.
+			w.r.problem("%s: page %d element %d has an empty key", where, id, i)
 			return nil, false
 		}
 		k := b[base+pos : base+pos+ksize]

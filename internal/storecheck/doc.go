@@ -16,18 +16,21 @@
 //   - a page reachable from the root that is out of bounds, past the end
 //     of the file, not the page it claims to be, neither a branch nor a
 //     leaf, referenced twice, an empty branch, or whose elements point
-//     outside it; an inline bucket whose page does not fit its value; a
+//     outside it or have an empty key; an inline bucket whose page does
+//     not fit its value; a
 //     stored free list that is out of bounds, has duplicates or frees a
 //     reachable page;
 //   - with deep: keys out of order within a page or against the keys of
-//     its parent, as bbolt's own Tx.Check would report.
+//     its parent, as bbolt's own Tx.Check would report. Before always
+//     checks them: bbolt, opening a file without a stored free list (as the
+//     outbox does), panics on them while it rebuilds the list.
 //
 // The structural check costs about one read of the used part of the file,
 // as much as bbolt itself spends at open when it rebuilds the free list.
 //
 // Around it, Before and MarkClean keep a clean-shutdown marker (<file>.clean,
 // written after a clean close, removed at open: its absence means the last
-// run did not end cleanly, and the deep check runs too), and Identify keeps
+// run did not end cleanly, which the stores log), and Identify keeps
 // the store's identity in <file>.id, so a store that disappeared or was
 // emptied (ErrLost) or replaced by another one (ErrReplaced) is noticed
 // instead of starting empty. Salvage copies every readable bucket, key and

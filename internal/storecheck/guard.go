@@ -73,8 +73,10 @@ type Opened struct {
 //
 //   - a missing or empty file is a new store, unless the identity file
 //     says this data directory had one (ErrLost);
-//   - the structure is always checked, the key order too after a run that
-//     did not end cleanly; a damaged file is refused (ErrDamaged).
+//   - the structure and the key order are always checked (bbolt, opening a
+//     file without a stored free list as the outbox does, panics on keys
+//     out of order while it rebuilds the list); a damaged file is refused
+//     (ErrDamaged).
 //
 // It waits up to lockTimeout for another process that has the file open;
 // then it gives up with ErrBusy (bbolt's own open reports the lock).
@@ -102,7 +104,7 @@ func Before(path string, lockTimeout time.Duration) (Opened, error) {
 	}
 	_, cerr := os.Stat(CleanPath(path))
 	o.Clean = cerr == nil
-	o.Report, err = checkLocked(path, !o.Clean, lockTimeout)
+	o.Report, err = checkLocked(path, true, lockTimeout)
 	if err != nil {
 		return o, err
 	}
