@@ -25,10 +25,12 @@ type Clock interface {
 }
 
 // Booted is what a Clock may also tell: which boot of the machine the
-// process runs in, and how long that boot has lasted (time suspended
-// included). A store closed and opened again within one boot counts the
-// time between exactly, whatever the wall clock did meanwhile; only across
-// a reboot does it have to believe the wall clock, within MaxDowntime.
+// process runs in, and how long that boot has lasted on the clock
+// Monotonic follows (time suspended is left out, as it is while the store
+// runs). A store closed and opened again within one boot counts the time
+// between on it, whatever the wall clock did meanwhile, so a restart adds
+// just what the running store would have counted; only across a reboot
+// does it have to believe the wall clock, within MaxDowntime.
 type Booted interface {
 	// Boot returns the boot's id and its uptime; ok is false when the
 	// platform cannot tell.
@@ -36,7 +38,7 @@ type Booted interface {
 }
 
 // SystemClock returns the system's wall and monotonic clocks; on Linux it
-// is also Booted (the kernel's boot id and CLOCK_BOOTTIME).
+// is also Booted (the kernel's boot id and CLOCK_MONOTONIC).
 func SystemClock() Clock { return systemClock{} }
 
 type systemClock struct{}
@@ -207,26 +209,19 @@ func (e elapsed) nowMs() int64 {
 
 // checkpoint encodes the elapsed clock with the wall clock, and the boot
 // record (nil: the clock cannot tell): the boot's uptime, the clock's
-// checkpoint it goes with, and the boot's id. The uptime is read now, not
-// worked out from the monotonic clock, which stops while the machine is
-// suspended: a suspend during the run must not count again as downtime.
-// The checkpoint inside the record ties the two: a meshnode that does not
-// know the record writes a new checkpoint and leaves the record stale, and
-// a stale record is not believed.
+// checkpoint it goes with, and the boot's id. The uptime moves with the
+// monotonic clock, as the elapsed clock does. The checkpoint inside the
+// record ties the two: a meshnode that does not know the record writes a
+// new checkpoint and leaves the record stale, and a stale record is not
+// believed.
 func (e elapsed) checkpoint() (clock, boot []byte) {
 	open := e.clock.Monotonic() - e.monoOpen
 	clock = make([]byte, 16)
 	binary.BigEndian.PutUint64(clock[:8], uint64(e.base+open.Milliseconds()))
 	binary.BigEndian.PutUint64(clock[8:], uint64(e.clock.Now().UnixMilli()))
 	if e.boot != "" {
-		up := e.bootOpen + open
-		if b, ok := e.clock.(Booted); ok {
-			if id, u, ok := b.Boot(); ok && id == e.boot {
-				up = u
-			}
-		}
 		boot = make([]byte, 8, 8+len(clock)+len(e.boot))
-		binary.BigEndian.PutUint64(boot, uint64(up.Milliseconds()))
+		binary.BigEndian.PutUint64(boot, uint64((e.bootOpen + open).Milliseconds()))
 		boot = append(append(boot, clock...), e.boot...)
 	}
 	return clock, boot

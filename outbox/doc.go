@@ -98,9 +98,10 @@
 //     callers to 64 recipients 2–3 times slower than to one.
 //   - Time: ages, TTLs, deferrals, the key window and stream retention are
 //     measured on an elapsed clock: the monotonic clock while the store is
-//     open; across a restart within one boot of the machine, the boot's
-//     clock (on Linux the kernel's boot id and uptime, kept with the
-//     checkpoint), which no wall-clock step moves; across a reboot, the
+//     open; across a restart within one boot of the machine, the same
+//     clock (on Linux the kernel's boot id and CLOCK_MONOTONIC, kept with
+//     the checkpoint), which no wall-clock step moves and which leaves time
+//     suspended out, running or stopped; across a reboot, the
 //     wall-clock difference clamped to [0, MaxDowntime]. A wall clock
 //     stepped by years neither expires every message nor stops ages from
 //     counting, and one stepped while the node restarts (NTP on a device
