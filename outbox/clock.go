@@ -173,10 +173,10 @@ type elapsed struct {
 
 // resume starts the elapsed clock from a checkpoint (elapsed ms and wall ms
 // persisted together) and the boot record written with it (see
-// checkpoint); a missing checkpoint starts it at zero. down is the time since the
-// checkpoint: exact when the boot is the same (exact is true, and all of
-// it is counted), else the wall-clock difference, of which only [0,
-// maxDowntime] was counted.
+// checkpoint); a missing checkpoint starts it at zero. down is the time
+// since the checkpoint: exact when the boot is the same (exact is true, and
+// all of it is counted), else the wall-clock difference, of which only
+// [0, maxDowntime] was counted.
 func resume(clock Clock, checkpoint, boot []byte, maxDowntime time.Duration) (e elapsed, down time.Duration, exact bool) {
 	e = elapsed{clock: clock, monoOpen: clock.Monotonic()}
 	if b, ok := clock.(Booted); ok {
