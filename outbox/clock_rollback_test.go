@@ -16,12 +16,7 @@ import (
 // [elapsed ms, wall ms] under "clock", ignoring (so keeping) "boot".
 func olderMeshnodeRuns(tb testing.TB, path string, clk *outbox.ManualClock, d time.Duration) {
 	tb.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
+	updateFile(tb, path, func(tx *bolt.Tx) error {
 		meta := tx.Bucket([]byte("meta"))
 		cp := meta.Get([]byte("clock"))
 		last := int64(binary.BigEndian.Uint64(cp[:8]))
@@ -32,7 +27,18 @@ func olderMeshnodeRuns(tb testing.TB, path string, clk *outbox.ManualClock, d ti
 		out = binary.BigEndian.AppendUint64(out, uint64(clk.Now().UnixMilli()))
 		return meta.Put([]byte("clock"), out) // its last checkpoint
 	})
+}
+
+// updateFile runs fn in one bbolt write transaction on the store file at
+// path (closed), as another program writing the file would.
+func updateFile(tb testing.TB, path string, fn func(*bolt.Tx) error) {
+	tb.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
+		tb.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(fn); err != nil {
 		tb.Fatal(err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -78,12 +77,7 @@ func be(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 // "sender>actor" NUL key to an 8-byte wall ms.
 func writeV1(tb testing.TB, path string, queued, dead []v1Msg, coalesce map[string]uint64, dedupe map[string]int64, high uint64) {
 	tb.Helper()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer db.Close()
-	err = db.Update(func(tx *bolt.Tx) error {
+	updateFile(tb, path, func(tx *bolt.Tx) error {
 		bk := map[string]*bolt.Bucket{}
 		for _, n := range []string{"q", "coalesce", "dlq", "dedupe", "meta"} {
 			b, err := tx.CreateBucket([]byte(n))
@@ -124,9 +118,6 @@ func writeV1(tb testing.TB, path string, queued, dead []v1Msg, coalesce map[stri
 		}
 		return nil
 	})
-	if err != nil {
-		tb.Fatal(err)
-	}
 }
 
 // The first format's coalesce index also named newest versions already
