@@ -89,7 +89,7 @@ func sparseStoreWithHugePage(t *testing.T) string {
 // A page's overflow count is one field; damaged, it once made Check
 // allocate and read everything it claims, up to the whole file: 2 GiB
 // here, for an empty leaf of 16 bytes. A small 64-bit board checking its
-// store after a crash (every Open after an unclean stop does) would be
+// store at start (every Open checks the structure) would be
 // killed for memory instead of starting or being told the file is
 // damaged. Check now reads what a page's elements use.
 func TestDamagedOverflowCountCostsNoMemory(t *testing.T) {
