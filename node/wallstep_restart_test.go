@@ -54,12 +54,12 @@ func TestWallStepAtReceiverRestartKeepsIdempotencyKeys(t *testing.T) {
 	// sentinel on the same stream (it runs only after the retry is decided).
 	send("charge order-42", node.WithIdempotencyKey("order-42"))
 	send("sentinel")
-	got := s.waitLen(t, 2)
+	s.waitLen(t, 2)
 	testutil.WaitFor(t, 15*time.Second, "sentinel", func() bool {
 		v := s.values()
 		return v[len(v)-1] == "sentinel"
 	})
-	got = s.values()
+	got := s.values()
 	if n := strings.Count(strings.Join(got, "|"), "charge order-42"); n != 1 {
 		t.Fatalf("handler ran %v: the key order-42 ran %d times, seconds apart (a wall-clock step at the receiver's restart forgot the key window)", got, n)
 	}
