@@ -61,6 +61,8 @@ type Config struct {
 	helloHook func(*pb.Hello)
 	// maxReceipts overrides maxQueuedReceipts in tests; 0 = the default.
 	maxReceipts int
+	// largeStall overrides largeStall in tests; 0 = the default.
+	largeStall time.Duration
 }
 
 // DefaultConfig returns a Config with every field set except Identity,

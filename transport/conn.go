@@ -171,7 +171,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		born:     time.Now(),
 		peerGone: ph.GetGoneConnection(),
 	}
-	c.large = newLargeGate(largeSlots(t.cfg.MaxReadBytes, ph.GetMaxReadBytes(), c.maxFrame))
+	c.large = newLargeGate(largeSlots(t.cfg.MaxReadBytes, ph.GetMaxReadBytes(), c.maxFrame), t.cfg.largeStall)
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
 	for i := range c.lanes {
 		c.lanes[i] = &lane{c: c, wake: make(chan struct{}, 1)}

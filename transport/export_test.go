@@ -13,6 +13,10 @@ import (
 // receipts for its control lane's writer.
 func SetMaxQueuedReceipts(cfg *Config, n int) { cfg.maxReceipts = n }
 
+// SetLargeStall makes a transport built from cfg pass a large-frame slot
+// only from a lane whose write has not returned for d.
+func SetLargeStall(cfg *Config, d time.Duration) { cfg.largeStall = d }
+
 // SetHelloHook makes a transport built from cfg send the Hello that f edits.
 func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }
 

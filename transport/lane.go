@@ -292,7 +292,12 @@ func isLarge(n int) bool { return n > readBufSize }
 
 // largeStall: a lane holding a large-frame slot whose last write has not
 // returned for this long is stalled (its recipient's handler is slow, so
-// its stream is not read), and a waiting lane takes its slot.
+// its stream is not read), and a waiting lane takes its slot. The rule
+// cannot tell such a lane from one that is merely slow: on a machine or a
+// link so slow that a 64 KiB write takes longer, slots pass between lanes
+// that are all writing, more large frames are in flight than the peer's
+// read budget holds, and the connection can stall until the frame read
+// timeout.
 const largeStall = time.Second
 
 // largeGate hands out a connection's large-frame slots. A lane blocked in
@@ -306,10 +311,14 @@ type largeGate struct {
 	free    int
 	holders map[*lane]struct{}
 	freed   chan struct{} // closed and replaced when a slot is freed
+	stall   time.Duration // largeStall, unless a test set another
 }
 
-func newLargeGate(slots int) *largeGate {
-	return &largeGate{free: slots, holders: make(map[*lane]struct{}), freed: make(chan struct{})}
+func newLargeGate(slots int, stall time.Duration) *largeGate {
+	if stall <= 0 {
+		stall = largeStall
+	}
+	return &largeGate{free: slots, holders: make(map[*lane]struct{}), freed: make(chan struct{}), stall: stall}
 }
 
 // take waits for a slot for l; false means done closed first.
@@ -329,7 +338,7 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 			return true
 		}
 		for h := range g.holders {
-			if now-h.writing.Load() >= int64(largeStall) {
+			if now-h.writing.Load() >= int64(g.stall) {
 				delete(g.holders, h) // h's release is now a no-op
 				g.hold(l, now)
 				return true
@@ -338,9 +347,9 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 		freed := g.freed
 		g.mu.Unlock()
 		if t == nil {
-			t = time.NewTimer(largeStall)
+			t = time.NewTimer(g.stall)
 		} else {
-			t.Reset(largeStall)
+			t.Reset(g.stall)
 		}
 		select {
 		case <-freed:
