@@ -119,7 +119,7 @@ func doctor(path string, sf storeFile, salvage, forget bool) DoctorResult {
 		r.State, r.Note = "forgotten", "the node starts with an empty store"
 		return r
 	}
-	rep, err := storecheck.Check(path, true)
+	rep, err := storecheck.Check(path)
 	r.Pages, r.Keys, r.Problems = rep.Pages, rep.Keys, rep.Problems
 	if rep.More > 0 {
 		r.Problems = append(r.Problems, fmt.Sprintf("... and %d more", rep.More))

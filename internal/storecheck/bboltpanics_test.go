@@ -49,10 +49,8 @@ func TestEmptyKeyIsDamage(t *testing.T) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, deep := range []bool{false, true} {
-		if _, err := storecheck.Check(path, deep); !errors.Is(err, storecheck.ErrDamaged) {
-			t.Fatalf("Check (deep %v) of a root leaf with an empty key: %v, want ErrDamaged", deep, err)
-		}
+	if _, err := storecheck.Check(path); !errors.Is(err, storecheck.ErrDamaged) {
+		t.Fatalf("Check of a root leaf with an empty key: %v, want ErrDamaged", err)
 	}
 }
 
@@ -74,7 +72,7 @@ func TestCleanStoreWithKeysOutOfOrderIsRefused(t *testing.T) {
 		if err := os.WriteFile(path, c, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := storecheck.Check(path, true)
+		_, err := storecheck.Check(path)
 		found = err != nil // a page in use
 	}
 	if !found {

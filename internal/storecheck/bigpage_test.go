@@ -97,7 +97,7 @@ func TestDamagedOverflowCountCostsNoMemory(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	_, err := storecheck.Check(path, true)
+	_, err := storecheck.Check(path)
 	runtime.ReadMemStats(&after)
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 64<<20 {
 		t.Fatalf("Check allocated %d MiB for a file whose only page holds 16 bytes (err %v)", grew>>20, err)

@@ -79,17 +79,17 @@ func (r *Report) Err() error {
 	return fmt.Errorf("%w: %s", ErrDamaged, msg)
 }
 
-// Check reads the bbolt file at path and verifies what bbolt would trust
-// (see the package doc); deep adds the key order. It never writes and never
+// Check reads the bbolt file at path and verifies what bbolt would trust,
+// the key order included (see the package doc). It never writes and never
 // panics. The error is an I/O error or Report.Err().
-func Check(path string, deep bool) (Report, error) {
-	return checkLocked(path, deep, 0)
+func Check(path string) (Report, error) {
+	return checkLocked(path, 0)
 }
 
 // checkLocked is Check under a shared lock of the file, so that a process
 // writing it meanwhile is not mistaken for damage: ErrBusy when the lock
 // cannot be had within timeout.
-func checkLocked(path string, deep bool, timeout time.Duration) (Report, error) {
+func checkLocked(path string, timeout time.Duration) (Report, error) {
 	var r Report
 	f, err := os.Open(path)
 	if err != nil {
@@ -103,7 +103,7 @@ func checkLocked(path string, deep bool, timeout time.Duration) (Report, error) 
 	if err != nil {
 		return r, err
 	}
-	w.deep = deep
+	w.deep = true
 	w.walk()
 	return r, r.Err()
 }
@@ -112,7 +112,7 @@ func checkLocked(path string, deep bool, timeout time.Duration) (Report, error) 
 type walker struct {
 	f     io.ReaderAt
 	r     *Report
-	deep  bool
+	deep  bool // check the key order (Check; Salvage copies in any order)
 	meta  meta
 	reach []uint64 // bitset of reachable pages, HighWater bits
 	// budget is how many more elements the walk may decode. Every element
@@ -529,7 +529,7 @@ func (w *walker) leaf(es []elem, id uint64, path [][]byte, depth int, lo, hi []b
 }
 
 // order checks the i-th key of a page against the one before (prev) and
-// the upper bound of its parent (hi), when deep.
+// the upper bound of its parent (hi), when the walk checks the order.
 func (w *walker) order(where string, id uint64, i int, key, prev, hi []byte) {
 	if !w.deep {
 		return

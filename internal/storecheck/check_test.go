@@ -119,7 +119,7 @@ func TestHealthyFilesPass(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
 			makeFile(t, path, opts)
-			r, err := storecheck.Check(path, true)
+			r, err := storecheck.Check(path)
 			if err != nil {
 				t.Fatalf("a healthy file: %v", err)
 			}
@@ -225,7 +225,7 @@ func TestCorruptFilesNeverCrash(t *testing.T) {
 				if err := os.WriteFile(path, c.f(b), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := storecheck.Check(path, true); err != nil {
+				if _, err := storecheck.Check(path); err != nil {
 					t.Logf("refused: %v", err)
 					if !errors.Is(err, storecheck.ErrDamaged) {
 						t.Fatalf("Check = %v, want ErrDamaged", err)
@@ -234,7 +234,7 @@ func TestCorruptFilesNeverCrash(t *testing.T) {
 					// opens and Check passes.
 					out := filepath.Join(t.TempDir(), "salvaged.db")
 					if _, err := storecheck.Salvage(path, out); err == nil {
-						if _, err := storecheck.Check(out, true); err != nil {
+						if _, err := storecheck.Check(out); err != nil {
 							t.Fatalf("salvaged file: %v", err)
 						}
 					}
@@ -377,7 +377,7 @@ func FuzzCheck(f *testing.F) {
 			t.Fatal(err)
 		}
 		_, _ = storecheck.Salvage(path, filepath.Join(t.TempDir(), "out.db"))
-		if _, err := storecheck.Check(path, true); err != nil {
+		if _, err := storecheck.Check(path); err != nil {
 			return
 		}
 		opts := &bolt.Options{Timeout: time.Second}
@@ -458,7 +458,7 @@ func TestInlineBucketsPointingAtEachOther(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, f := range []func() error{
-		func() error { _, err := storecheck.Check(path, true); return err },
+		func() error { _, err := storecheck.Check(path); return err },
 		func() error { _, err := storecheck.Salvage(path, filepath.Join(t.TempDir(), "out.db")); return err },
 	} {
 		done := make(chan error, 1)
@@ -470,7 +470,7 @@ func TestInlineBucketsPointingAtEachOther(t *testing.T) {
 			t.Fatal("the walk did not finish: it is exponential")
 		}
 	}
-	if _, err := storecheck.Check(path, true); !errors.Is(err, storecheck.ErrDamaged) {
+	if _, err := storecheck.Check(path); !errors.Is(err, storecheck.ErrDamaged) {
 		t.Fatalf("Check = %v, want ErrDamaged", err)
 	}
 }

@@ -20,10 +20,10 @@
 //     not fit its value; a
 //     stored free list that is out of bounds, has duplicates or frees a
 //     reachable page;
-//   - with deep: keys out of order within a page or against the keys of
-//     its parent, as bbolt's own Tx.Check would report. Before always
-//     checks them: bbolt, opening a file without a stored free list (as the
-//     outbox does), panics on them while it rebuilds the list.
+//   - keys out of order within a page or against the keys of its parent,
+//     as bbolt's own Tx.Check would report: bbolt, opening a file without a
+//     stored free list (as the outbox does), panics on them while it
+//     rebuilds the list. (Salvage copies what it can read, in any order.)
 //
 // The structural check costs about one read of the used part of the file,
 // as much as bbolt itself spends at open when it rebuilds the free list.

@@ -104,7 +104,7 @@ func Before(path string, lockTimeout time.Duration) (Opened, error) {
 	}
 	_, cerr := os.Stat(CleanPath(path))
 	o.Clean = cerr == nil
-	o.Report, err = checkLocked(path, true, lockTimeout)
+	o.Report, err = checkLocked(path, lockTimeout)
 	if err != nil {
 		return o, err
 	}
