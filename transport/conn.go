@@ -175,6 +175,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 	c.lanes = make([]*lane, t.cfg.Lanes+1)
 	for i := range c.lanes {
 		c.lanes[i] = &lane{c: c, wake: make(chan struct{}, 1)}
+		c.lanes[i].packed = c.lanes[i].pack
 	}
 	c.lanes[t.cfg.Lanes].stream = ctrl
 	c.lanes[t.cfg.Lanes].control = true

@@ -31,9 +31,13 @@ type lane struct {
 	// stream is owned by run; set before run starts for the control lane.
 	stream *quic.SendStream
 
-	// writing is when run's last Write began (unix ns): how long a lane
-	// holding a large-frame slot has been blocked (largeGate).
-	writing atomic.Int64
+	// sent is when QUIC last put bytes of this lane's stream into a packet
+	// while the lane held a large-frame slot, or when it took the slot
+	// (unix ns): how long a holder has been blocked (largeGate).
+	sent atomic.Int64
+	// packed is the limiter a slot holder writes with, which sets sent; made
+	// once, so a write allocates no closure.
+	packed func(maxBytes int) int
 	// unwritten counts the control lane's receipt bytes queued or being
 	// written, until each chunk's Write returns (maxQueuedReceipts).
 	unwritten atomic.Int64
@@ -290,14 +294,24 @@ func (l *lane) push(a, b []byte, k int64, large int) error {
 // without budget, so they keep flowing around the large ones.
 func isLarge(n int) bool { return n > readBufSize }
 
-// largeStall: a lane holding a large-frame slot whose last write has not
-// returned for this long is stalled (its recipient's handler is slow, so
-// its stream is not read), and a waiting lane takes its slot. The rule
-// cannot tell such a lane from one that is merely slow: on a machine or a
-// link so slow that a 64 KiB write takes longer, slots pass between lanes
-// that are all writing, more large frames are in flight than the peer's
-// read budget holds, and the connection can stall until the frame read
-// timeout.
+// largeStall: a lane holding a large-frame slot none of whose bytes QUIC
+// has put into a packet for this long is stalled, and a waiting lane takes
+// its slot. Its stream is not being read (the recipient's handler is slow),
+// so it has used up the stream's flow-control window, and the frame it is
+// in the middle of holds none of the peer's read budget: the reader takes
+// budget only once it is back from the handler.
+//
+// The rule watches packets, not writes: on a slow machine or link a 64 KiB
+// write of a lane that is merely slow can take seconds, but QUIC sends the
+// writing lanes' bytes in turns, a packet at a time, so such a lane is
+// never silent for long. Passing its slot would put more large frames in
+// progress than the peer's read budget holds; the frames waiting for
+// budget would fill the connection's receive window and starve those
+// holding it, until the frame read timeout ended the connection.
+//
+// What it cannot tell apart: a connection on which nothing at all is sent
+// for this long (the peer reads none of its streams, its window is full)
+// passes the slots of all its holders.
 const largeStall = time.Second
 
 // largeGate hands out a connection's large-frame slots. A lane blocked in
@@ -338,7 +352,7 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 			return true
 		}
 		for h := range g.holders {
-			if now-h.writing.Load() >= int64(g.stall) {
+			if now-h.sent.Load() >= int64(g.stall) {
 				delete(g.holders, h) // h's release is now a no-op
 				g.hold(l, now)
 				return true
@@ -360,10 +374,10 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 	}
 }
 
-// hold gives l a slot and unlocks g. l counts as writing from now, or a
+// hold gives l a slot and unlocks g. l counts as sending from now, or a
 // timestamp of its last batch would make it look stalled at once.
 func (g *largeGate) hold(l *lane, now int64) {
-	l.writing.Store(now)
+	l.sent.Store(now)
 	g.holders[l] = struct{}{}
 	g.mu.Unlock()
 }
@@ -504,6 +518,13 @@ func (l *lane) appendLocked(b []byte) {
 	}
 }
 
+// pack is l.packed: QUIC calls it as it puts up to maxBytes of l's stream
+// into a packet, and sends them all.
+func (l *lane) pack(maxBytes int) int {
+	l.sent.Store(time.Now().UnixNano())
+	return maxBytes
+}
+
 func (l *lane) signal() {
 	select {
 	case l.wake <- struct{}{}:
@@ -542,12 +563,15 @@ func (l *lane) run() {
 				l.closeFinished()
 				return
 			}
+			// A slot holder's bytes are watched as QUIC packs them.
+			var limit func(int) int
+			if large > 0 {
+				limit = l.packed
+			}
 			bytes, began, writers := 0, time.Now(), c.writers.Add(1)
 			for i, ch := range out {
-				now := time.Now().UnixNano()
-				l.writing.Store(now)
-				c.progress.Store(now)
-				if _, err := l.stream.Write(*ch); err != nil {
+				c.progress.Store(time.Now().UnixNano())
+				if _, err := l.stream.WriteWithLimit(*ch, limit); err != nil {
 					c.writers.Add(-1)
 					if large > 0 {
 						c.large.release(l)

@@ -64,9 +64,10 @@ type stalled struct {
 	release   func()
 }
 
-// With oneSlot the good peer's read budget holds one frame of the largest
-// size, so it writes one large frame at a time: the stalled lane holds the
-// only slot until a waiting lane takes it over.
+// With oneSlot the server's read budget, which it announces, holds one
+// frame of the largest size, so the good peer writes one large frame at a
+// time: the stalled lane holds the only slot until a waiting lane takes it
+// over.
 func setupStalled(t *testing.T, oneSlot bool) *stalled {
 	t.Helper()
 	ca := newCA(t)
@@ -85,7 +86,12 @@ func setupStalled(t *testing.T, oneSlot bool) *stalled {
 		}
 		rec.HandleEnvelope(from, env, reply)
 	})
-	srv := startNode(t, testConfig(t, ca, "srv"), r, h)
+	scfg := testConfig(t, ca, "srv")
+	if oneSlot {
+		// The reader's budget sizes the writer's slots (it announces it).
+		scfg.MaxReadBytes = scfg.MaxFrameSize
+	}
+	srv := startNode(t, scfg, r, h)
 	released := false
 	rel := func() {
 		if !released {
@@ -94,11 +100,7 @@ func setupStalled(t *testing.T, oneSlot bool) *stalled {
 		}
 	}
 	t.Cleanup(rel) // runs before srv.Close, which waits for handlers
-	gcfg := testConfig(t, ca, "good")
-	if oneSlot {
-		gcfg.MaxReadBytes = gcfg.MaxFrameSize
-	}
-	good := startNode(t, gcfg, r, &recorder{})
+	good := startNode(t, testConfig(t, ca, "good"), r, &recorder{})
 	payload := largeBody(t, 1<<20)
 	// 12 MiB for the slow recipient: more than its stream's receive window
 	// (at most 6 MiB), less than the connection's (15 MiB) and the send

@@ -200,6 +200,12 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 			MaxConnectionReceiveWindow: 15 << 20,
 		},
 	}
+	if cfg.streamWindow > 0 {
+		t.qconf.InitialStreamReceiveWindow, t.qconf.MaxStreamReceiveWindow = cfg.streamWindow, cfg.streamWindow
+	}
+	if cfg.connWindow > 0 {
+		t.qconf.InitialConnectionReceiveWindow, t.qconf.MaxConnectionReceiveWindow = cfg.connWindow, cfg.connWindow
+	}
 	t.certs = NewCertificateSource(cfg.Identity)
 	// The client's certificate is required and verified against the
 	// cluster CA by verifyClient, not by crypto/tls, so that a refused one
