@@ -56,7 +56,9 @@ func TestBreaker2LargeMessageBlocksForwardedStream(t *testing.T) {
 		t.Fatal("A lost C from membership: this is not a partial partition")
 	}
 	if err := c.WaitDrained(20 * time.Second); err != nil {
-		t.Fatalf("with a forwarder available, A's queued messages to C were not delivered: %v (A forward stats %+v, routes %+v)",
-			err, c.Node(a).Stats().Forward, c.Node(a).Routes())
+		// B's side says why it did not carry them (its refusals are the
+		// unsigned receipts A counts).
+		t.Fatalf("with a forwarder available, A's queued messages to C were not delivered: %v (A forward stats %+v, routes %+v; B forward stats %+v, B sees C %v; C forward stats %+v)",
+			err, c.Node(a).Stats().Forward, c.Node(a).Routes(), c.Node(b).Stats().Forward, c.Sees(b, cc), c.Node(cc).Stats().Forward)
 	}
 }
