@@ -1,6 +1,7 @@
 package partition_test
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -86,6 +87,20 @@ func TestWatermarkHeldForAnotherRecipientIsARestore(t *testing.T) {
 	rg.fake.set(func(f *fake) {
 		k := "a@n1\x000"
 		f.wm[k], f.digest[k] = at, pb.StreamDigest(&pb.Envelope{Type: "before the restore", Sequence: at})
+		// The evidence is the other recipient's message in the outbox: it
+		// stays there until a@n1's stream is through (were it delivered
+		// and gone first, nothing would show the restore, and a@n1's first
+		// messages would be taken for copies).
+		f.intercept = func(_ context.Context, _ int, envs []*pb.Envelope) ([]*pb.Receipt, error, bool) {
+			if envs[0].GetRecipient() != "b@n1" || slices.Contains(rg.fake.ranTypes("a@n1"), "m002") {
+				return nil, nil, false
+			}
+			rcs := make([]*pb.Receipt, len(envs))
+			for i, e := range envs {
+				rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_CAPACITY, RetryAfterMs: 20}
+			}
+			return rcs, nil, true
+		}
 	})
 	rg.restartRelay(t, rcfg)
 	testutil.WaitFor(t, wait, "delivered", func() bool { return rg.store.Stats().Depth == 0 })
