@@ -63,9 +63,8 @@ type Config struct {
 	maxReceipts int
 	// largeStall overrides largeStall in tests; 0 = the default.
 	largeStall time.Duration
-	// streamWindow and connWindow, when set, bound quic-go's receive
-	// windows in tests (both the initial and the auto-tuned ones).
-	streamWindow, connWindow uint64
+	// streamWindow overrides streamWindow in tests; 0 = the default.
+	streamWindow uint64
 }
 
 // DefaultConfig returns a Config with every field set except Identity,

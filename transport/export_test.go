@@ -17,12 +17,10 @@ func SetMaxQueuedReceipts(cfg *Config, n int) { cfg.maxReceipts = n }
 // only from a lane none of whose bytes were sent for d.
 func SetLargeStall(cfg *Config, d time.Duration) { cfg.largeStall = d }
 
-// SetReceiveWindows makes a transport built from cfg let a peer send at
-// most stream bytes ahead of what it read on one stream, and conn on the
-// whole connection.
-func SetReceiveWindows(cfg *Config, stream, conn uint64) {
-	cfg.streamWindow, cfg.connWindow = stream, conn
-}
+// SetStreamWindow makes a transport built from cfg let a peer send at most
+// n bytes ahead of what it read on one stream (and Lanes+1 times that on a
+// connection).
+func SetStreamWindow(cfg *Config, n uint64) { cfg.streamWindow = n }
 
 // SetHelloHook makes a transport built from cfg send the Hello that f edits.
 func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }

@@ -52,24 +52,16 @@ func (s *slowLink) WriteTo(p []byte, addr net.Addr) (int, error) {
 // bytes: the connection would end in the frame read timeout, and these
 // fire-and-forget frames with it.
 func TestLargeFramesOverASlowLink(t *testing.T) {
+	// Most of its time is the paced link's: it runs beside the others.
+	t.Parallel()
 	ca := newCA(t)
 	r := newResolver()
 	rec := &recorder{}
-	// A read budget of two frames of the largest size (two slots), and a
-	// receive window of a few frames, so an over-committed budget stalls
-	// the connection within seconds rather than after 15 MiB.
-	small := func(cfg *transport.Config) {
-		cfg.MaxFrameSize = 256 << 10
-		cfg.MaxReadBytes = 512 << 10
-		cfg.FrameReadTimeout = 10 * time.Second
-		transport.SetReceiveWindows(cfg, 256<<10, 1<<20)
-		transport.SetLargeStall(cfg, 100*time.Millisecond)
-	}
 	scfg := bulkConfig(t, ca, "srv")
-	small(&scfg)
+	smallWindows(&scfg)
 	startNode(t, scfg, r, rec)
 	gcfg := bulkConfig(t, ca, "good")
-	small(&gcfg)
+	smallWindows(&gcfg)
 	// 1 MiB/s: two lanes writing share it, so each 64 KiB write of theirs
 	// takes about 125 ms, longer than the 100 ms stall limit above.
 	gcfg.WrapPacketConn = slowLinkOf(1 << 20)

@@ -103,8 +103,7 @@ func setupStalled(t *testing.T, oneSlot bool) *stalled {
 	good := startNode(t, testConfig(t, ca, "good"), r, &recorder{})
 	payload := largeBody(t, 1<<20)
 	// 12 MiB for the slow recipient: more than its stream's receive window
-	// (at most 6 MiB), less than the connection's (15 MiB) and the send
-	// queue's byte bound (64 MiB).
+	// (512 KiB) and less than the send queue's byte bound (64 MiB).
 	for i := 0; i < 12; i++ {
 		env := envTo(t, slowRecipient, pb.Envelope_RECEIPT_NONE)
 		env.Body = payload

@@ -193,19 +193,9 @@ func New(cfg Config, r Resolver, h Handler) (*Transport, error) {
 			KeepAlivePeriod:       cfg.KeepAlivePeriod,
 			MaxIncomingStreams:    -1,              // only unidirectional streams are used
 			MaxIncomingUniStreams: 2*maxLanes + 16, // a peer's lanes + control, whatever its Lanes setting
-			// What quic-go buffers of a peer's data that this node has not
-			// read yet: part of the per-connection bound (readlimit.go).
-			// quic-go's defaults, set here so that they stay what is documented.
-			MaxStreamReceiveWindow:     6 << 20,
-			MaxConnectionReceiveWindow: 15 << 20,
 		},
 	}
-	if cfg.streamWindow > 0 {
-		t.qconf.InitialStreamReceiveWindow, t.qconf.MaxStreamReceiveWindow = cfg.streamWindow, cfg.streamWindow
-	}
-	if cfg.connWindow > 0 {
-		t.qconf.InitialConnectionReceiveWindow, t.qconf.MaxConnectionReceiveWindow = cfg.connWindow, cfg.connWindow
-	}
+	setReceiveWindows(t.qconf, cfg)
 	t.certs = NewCertificateSource(cfg.Identity)
 	// The client's certificate is required and verified against the
 	// cluster CA by verifyClient, not by crypto/tls, so that a refused one
@@ -445,6 +435,34 @@ func unsendableErr(e *EncodeError) error {
 		return nil
 	}
 	return e
+}
+
+// streamWindow is how far a peer may send ahead of what this node has read
+// on one stream.
+const streamWindow = 512 << 10
+
+// setReceiveWindows sets what quic-go buffers of a peer's data that this
+// node has not read yet, part of the per-connection bound (readlimit.go).
+//
+// Streams that are not being read (a lane whose recipient's handler is
+// slow, a large frame waiting for the read budget) must never use up the
+// connection's window, or a stream being read gets no bytes: a few of them
+// stalled every lane of the connection, and frames waiting for budget
+// starved those holding it until the frame read timeout ended the
+// connection. Each holds at most its stream's window; a peer has one
+// stream for each lane and one for control (a cluster shares its Lanes
+// setting). quic-go opens more of the connection's window only once a
+// quarter of it has been read, so at worst three quarters of it is open:
+// the connection's window is twice its streams' windows together, and
+// fixed (quic-go would otherwise start it smaller and tune it up).
+func setReceiveWindows(q *quic.Config, cfg Config) {
+	sw := uint64(streamWindow)
+	if cfg.streamWindow > 0 {
+		sw = cfg.streamWindow
+	}
+	q.InitialStreamReceiveWindow, q.MaxStreamReceiveWindow = sw, sw
+	cw := 2 * uint64(cfg.Lanes+1) * sw
+	q.InitialConnectionReceiveWindow, q.MaxConnectionReceiveWindow = cw, cw
 }
 
 // emissionSlack is room for the fields a reliable envelope gets each time
