@@ -310,8 +310,17 @@ func isLarge(n int) bool { return n > readBufSize }
 // holding it, until the frame read timeout ended the connection.
 //
 // What it cannot tell apart: a connection on which nothing at all is sent
-// for this long (the peer reads none of its streams, its window is full)
-// passes the slots of all its holders.
+// for this long (the peer reads none of its streams, or the link is down)
+// passes the slots of all its holders. More frames than the budget holds
+// then wait for it at the peer; they cannot starve those holding it, whose
+// streams always get their bytes (setReceiveWindows), but each must be
+// complete within the peer's FrameReadTimeout.
+//
+// A lane holds its slot for a whole batch (what its writer took from the
+// queue at once), not for each large frame: a lane whose recipient's
+// handler is steadily slow, not stalled, reads a frame now and then, so its
+// bytes keep going out and it keeps the slot for as long as its batch
+// takes, while other lanes' large frames wait.
 const largeStall = time.Second
 
 // largeGate hands out a connection's large-frame slots. A lane blocked in
