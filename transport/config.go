@@ -20,6 +20,9 @@ const (
 // maxLanes bounds Config.Lanes; the QUIC stream limit is derived from it.
 const maxLanes = 256
 
+// defaultLanes is Config.Lanes by default.
+const defaultLanes = 16
+
 // Config configures a Transport. Start from DefaultConfig.
 type Config struct {
 	NodeName string // this node's name; must equal Identity.Name
@@ -41,7 +44,7 @@ type Config struct {
 	MaxFrameSize   int
 	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull (a batch of any count fits an empty queue)
 	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
-	Lanes          int // unidirectional envelope streams per connection and direction
+	Lanes          int // unidirectional envelope streams per connection and direction; a cluster shares it (a node sizes its receive window for peers with as many, at least 16)
 
 	// What one peer may make this node hold while reading (see readlimit.go).
 	MaxReadBytes     int           // bytes of frames being read on one connection at once, over all its streams
@@ -81,7 +84,7 @@ func DefaultConfig(nodeName string) Config {
 		MaxFrameSize:     4 << 20,              // 4 MiB: big enough for documents, small enough to bound memory per read
 		SendQueueSize:    8192,                 // ~1 MiB of 128-byte messages per peer
 		SendQueueBytes:   64 << 20,             // large messages are bounded by bytes: 16 frames of the 4 MiB maximum
-		Lanes:            16,                   // 16 recipients can progress independently per peer
+		Lanes:            defaultLanes,         // 16 recipients can progress independently per peer
 		MaxReadBytes:     8 << 20,              // two frames of the 4 MiB maximum in progress per connection
 		FrameReadTimeout: 30 * time.Second,     // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
 		MaxHeaders:       64,                   // application headers are few and short

@@ -451,17 +451,19 @@ const streamWindow = 512 << 10
 // starved those holding it until the frame read timeout ended the
 // connection. Each holds at most its stream's window; a peer has one
 // stream for each lane and one for control (a cluster shares its Lanes
-// setting). quic-go opens more of the connection's window only once a
-// quarter of it has been read, so at worst three quarters of it is open:
-// the connection's window is twice its streams' windows together, and
-// fixed (quic-go would otherwise start it smaller and tune it up).
+// setting; a node with fewer lanes than the default still makes room for
+// a peer with the default). quic-go opens more of the connection's window
+// only once a quarter of it has been read, so at worst three quarters of
+// it is open: the connection's window is twice its streams' windows
+// together, and fixed (quic-go would otherwise start it smaller and tune
+// it up).
 func setReceiveWindows(q *quic.Config, cfg Config) {
 	sw := uint64(streamWindow)
 	if cfg.streamWindow > 0 {
 		sw = cfg.streamWindow
 	}
 	q.InitialStreamReceiveWindow, q.MaxStreamReceiveWindow = sw, sw
-	cw := 2 * uint64(cfg.Lanes+1) * sw
+	cw := 2 * uint64(max(cfg.Lanes, defaultLanes)+1) * sw
 	q.InitialConnectionReceiveWindow, q.MaxConnectionReceiveWindow = cw, cw
 }
 
