@@ -148,38 +148,14 @@ func (d *dropoutLink) WriteTo(p []byte, addr net.Addr) (int, error) {
 func TestLargeFramesOverASlowLinkThatDropsOut(t *testing.T) {
 	// Most of its time is the paced link's: it runs beside the others.
 	t.Parallel()
-	ca := newCA(t)
-	r := newResolver()
-	rec := &recorder{}
-	scfg := bulkConfig(t, ca, "srv")
-	smallWindows(&scfg)
-	startNode(t, scfg, r, rec)
-	gcfg := bulkConfig(t, ca, "good")
-	smallWindows(&gcfg)
 	var link *dropoutLink
-	gcfg.WrapPacketConn = func(pc net.PacketConn) net.PacketConn {
+	o := startOverALink(t, func(pc net.PacketConn) net.PacketConn {
 		link = &dropoutLink{slowLink: slowLink{PacketConn: pc, rate: 1 << 20}}
 		return link
-	}
-	good := startNode(t, gcfg, r, &recorder{})
-	if _, err := good.Request(ctxT(t, 10*time.Second), "srv", envTo(t, "x@srv", pb.Envelope_RECEIPT_ACCEPTED)); err != nil {
-		t.Fatal(err)
-	}
-	id := transport.ConnID(good.Transport, "srv")
-	rec.count.Store(0)
-	lanes := gcfg.Lanes
-	payload := largeBody(t, 200<<10)
-	for _, name := range oneRecipientPerLane("r", lanes) {
-		env := envTo(t, name, pb.Envelope_RECEIPT_NONE)
-		env.Body = payload
-		if err := good.Send(ctxT(t, 10*time.Second), "srv", env); err != nil {
-			t.Fatalf("send %s: %v", name, err)
-		}
-	}
-	start := time.Now()
+	})
 	// Some frames through, then the link drops out for a second.
 	testutil.WaitFor(t, 20*time.Second, "a first large frame over the slow link", func() bool {
-		return rec.count.Load() >= 1
+		return o.rec.count.Load() >= 1
 	})
 	link.off.Store(true)
 	out := time.Now()
@@ -187,17 +163,7 @@ func TestLargeFramesOverASlowLinkThatDropsOut(t *testing.T) {
 		return time.Since(out) >= time.Second
 	})
 	link.off.Store(false)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("after %v: srv got %d of %d; %d datagrams dropped; conn id %d now %d; good's logs:\n%s", time.Since(start), rec.count.Load(), lanes, link.dropped.Load(), id, transport.ConnID(good.Transport, "srv"), good.logs.String())
-		}
-	})
-	testutil.WaitFor(t, 40*time.Second, "every lane's large frame after the dropout", func() bool {
-		return rec.count.Load() == int64(lanes)
-	})
-	if now := transport.ConnID(good.Transport, "srv"); now != id {
-		t.Fatalf("the connection was replaced (%d, now %d)", id, now)
-	}
+	o.waitAll(t, "after the dropout", func() string { return fmt.Sprintf("%d datagrams dropped", link.dropped.Load()) })
 }
 
 // lossyLink is slowLink that loses one datagram in every `every`.
@@ -223,52 +189,12 @@ func (d *lossyLink) WriteTo(p []byte, addr net.Addr) (int, error) {
 func TestLargeFramesOverASlowLossyLink(t *testing.T) {
 	// Most of its time is the paced link's: it runs beside the others.
 	t.Parallel()
-	ca := newCA(t)
-	r := newResolver()
-	rec := &recorder{}
-	scfg := bulkConfig(t, ca, "srv")
-	smallWindows(&scfg)
-	startNode(t, scfg, r, rec)
-	gcfg := bulkConfig(t, ca, "good")
-	smallWindows(&gcfg)
 	var link *lossyLink
-	gcfg.WrapPacketConn = func(pc net.PacketConn) net.PacketConn {
+	o := startOverALink(t, func(pc net.PacketConn) net.PacketConn {
 		link = &lossyLink{slowLink: slowLink{PacketConn: pc, rate: 1 << 20}, every: 4}
 		return link
-	}
-	good := startNode(t, gcfg, r, &recorder{})
-	var err error
-	for i := 0; i < 5; i++ { // the handshake may lose a datagram too
-		if _, err = good.Request(ctxT(t, 10*time.Second), "srv", envTo(t, "x@srv", pb.Envelope_RECEIPT_ACCEPTED)); err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := transport.ConnID(good.Transport, "srv")
-	rec.count.Store(0)
-	lanes := gcfg.Lanes
-	payload := largeBody(t, 200<<10)
-	for _, name := range oneRecipientPerLane("r", lanes) {
-		env := envTo(t, name, pb.Envelope_RECEIPT_NONE)
-		env.Body = payload
-		if err := good.Send(ctxT(t, 10*time.Second), "srv", env); err != nil {
-			t.Fatalf("send %s: %v", name, err)
-		}
-	}
-	start := time.Now()
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("after %v: srv got %d of %d; %d datagrams dropped; conn id %d now %d; good's logs:\n%s", time.Since(start), rec.count.Load(), lanes, link.dropped.Load(), id, transport.ConnID(good.Transport, "srv"), good.logs.String())
-		}
 	})
-	testutil.WaitFor(t, 40*time.Second, "every lane's large frame over the lossy link", func() bool {
-		return rec.count.Load() == int64(lanes)
-	})
-	if now := transport.ConnID(good.Transport, "srv"); now != id {
-		t.Fatalf("the connection was replaced (%d, now %d)", id, now)
-	}
+	o.waitAll(t, "over the lossy link", func() string { return fmt.Sprintf("%d datagrams dropped", link.dropped.Load()) })
 }
 
 // TestSeveralSlowRecipientsDoNotHoldBackOtherLanes: the stalled-handler
