@@ -219,9 +219,10 @@
 //     size, both as its Hello announced them, or ours for a peer that
 //     announced none; two by default), so they never wait on each other
 //     for budget at the receiver; smaller frames flow around them. A lane
-//     none of whose bytes QUIC has sent for a second, in the middle of a
-//     large frame (its recipient's handler is slow, so its stream is not
-//     read), gives its place to a waiting lane; a lane merely slow (a slow
-//     link or machine) keeps it, as its bytes keep going out.
+//     takes a place for each large frame, in turn with the lanes waiting
+//     for one. A lane none of whose bytes QUIC has sent for a second, in
+//     the middle of a large frame (its recipient's handler is slow, so its
+//     stream is not read), gives its place to a waiting lane; a lane merely
+//     slow (a slow link or machine) keeps it, as its bytes keep going out.
 //   - A reply after its connection is gone is dropped with a log.
 package transport

@@ -53,11 +53,15 @@ type lane struct {
 	signers     map[string]uint32 // receipts' signers named on the control stream, by their identity's bytes
 	signerBytes int               // their identities' length together
 	chunks      []*[]byte         // encoded frames not yet taken by the writer, in chunkSize pieces
+	size        int64             // their bytes
 	n           int               // envelope (or receipt) frames in chunks
 	named       int               // naming frames (types, routes, origins, signers) in chunks (names.go)
-	large       int               // of them, frames too large for the peer's stream buffer (isLarge)
+	large       []span            // where frames too large for the peer's stream buffer (isLarge) lie in chunks
 	finished    chan struct{}     // set by finish; closed by run after the last write
 }
+
+// span is where a frame lies in a lane's queue: its bytes from, up to to.
+type span struct{ from, to int64 }
 
 // encBuf is a scratch buffer in which senders encode their frames before
 // taking the lane lock, so concurrent senders marshal in parallel and the
@@ -134,7 +138,8 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 		eb.b = out
 		return l.pushEnvelopes(out, run)
 	}
-	large := 0
+	var one [1]span
+	large := one[:0]
 	for _, env := range envs {
 		var err error
 		at := len(out)
@@ -144,7 +149,7 @@ func (l *lane) enqueueEnvelopes(envs []*pb.Envelope) error {
 			return fmt.Errorf("envelope %q: %w", env.GetMsgId(), err)
 		}
 		if isLarge(len(out) - at) {
-			large++
+			large = append(large, span{int64(at), int64(len(out))})
 		}
 	}
 	eb.b = out
@@ -216,9 +221,9 @@ func (l *lane) enqueueEncoded(env []byte, body Body) error {
 	head := protowire.AppendVarint(hb[:0], uint64(inner))
 	head = protowire.AppendTag(head, frameFieldEnvelope, protowire.BytesType)
 	head = protowire.AppendVarint(head, uint64(len(env)))
-	large := 0
-	if isLarge(len(head) + len(env)) {
-		large = 1
+	var large []span
+	if n := len(head) + len(env); isLarge(n) {
+		large = []span{{0, int64(n)}}
 	}
 	return l.push(head, env, 1, large)
 }
@@ -243,9 +248,10 @@ func (l *lane) reserve(k int64) error {
 }
 
 // push queues the encoded frames a then b (b may be empty), k of them,
-// large of them large, whose room reserve took: it gives the room back
-// when the byte bound or a closed connection refuses them.
-func (l *lane) push(a, b []byte, k int64, large int) error {
+// whose room reserve took: it gives the room back when the byte bound or a
+// closed connection refuses them. large says where the large ones lie,
+// from the start of a.
+func (l *lane) push(a, b []byte, k int64, large []span) error {
 	c := l.c
 	size := int64(len(a) + len(b))
 	cur, max := c.qbytes.Add(size), int64(c.t.cfg.SendQueueBytes)
@@ -269,10 +275,12 @@ func (l *lane) push(a, b []byte, k int64, large int) error {
 		c.noteQueue()
 		return fmt.Errorf("%w: connection to %s closed", ErrConnLost, c.peer.Name)
 	}
+	for _, sp := range large {
+		l.large = append(l.large, span{l.size + sp.from, l.size + sp.to})
+	}
 	l.appendLocked(a)
 	l.appendLocked(b)
 	l.n += int(k)
-	l.large += large
 	l.mu.Unlock()
 	l.signal()
 	return nil
@@ -316,11 +324,12 @@ func isLarge(n int) bool { return n > readBufSize }
 // streams always get their bytes (setReceiveWindows), but each must be
 // complete within the peer's FrameReadTimeout.
 //
-// A lane holds its slot for a whole batch (what its writer took from the
-// queue at once), not for each large frame: a lane whose recipient's
-// handler is steadily slow, not stalled, reads a frame now and then, so its
-// bytes keep going out and it keeps the slot for as long as its batch
-// takes, while other lanes' large frames wait.
+// A lane holds a slot for one large frame, from its first byte to its
+// last, and lanes get slots in the order they asked (largeGate.take): a
+// lane whose recipient's handler is steadily slow, not stalled, reads a
+// frame now and then, so its bytes keep going out and no rule would call
+// it stalled; it gives its slot to a waiting lane after each frame, not
+// only once its whole batch is out.
 const largeStall = time.Second
 
 // largeGate hands out a connection's large-frame slots. A lane blocked in
@@ -333,6 +342,7 @@ type largeGate struct {
 	mu      sync.Mutex
 	free    int
 	holders map[*lane]struct{}
+	waiting []*lane       // lanes waiting for a slot, in the order they came: the first takes the next
 	freed   chan struct{} // closed and replaced when a slot is freed
 	stall   time.Duration // largeStall, unless a test set another
 }
@@ -344,7 +354,9 @@ func newLargeGate(slots int, stall time.Duration) *largeGate {
 	return &largeGate{free: slots, holders: make(map[*lane]struct{}), freed: make(chan struct{}), stall: stall}
 }
 
-// take waits for a slot for l; false means done closed first.
+// take waits for a slot for l; false means done closed first. Lanes get
+// slots in the order they asked: a lane that has just written a large
+// frame and has another waits behind those already waiting.
 func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 	var t *time.Timer
 	defer func() {
@@ -355,17 +367,22 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 	for {
 		g.mu.Lock()
 		now := time.Now().UnixNano()
-		if g.free > 0 {
-			g.free--
-			g.hold(l, now)
-			return true
-		}
-		for h := range g.holders {
-			if now-h.sent.Load() >= int64(g.stall) {
-				delete(g.holders, h) // h's release is now a no-op
+		if len(g.waiting) == 0 || g.waiting[0] == l {
+			if g.free > 0 {
+				g.free--
 				g.hold(l, now)
 				return true
 			}
+			for h := range g.holders {
+				if now-h.sent.Load() >= int64(g.stall) {
+					delete(g.holders, h) // h's release is now a no-op
+					g.hold(l, now)
+					return true
+				}
+			}
+		}
+		if !slices.Contains(g.waiting, l) {
+			g.waiting = append(g.waiting, l)
 		}
 		freed := g.freed
 		g.mu.Unlock()
@@ -378,6 +395,12 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 		case <-freed:
 		case <-t.C:
 		case <-done:
+			g.mu.Lock()
+			if g.unwait(l) {
+				close(g.freed) // the next in line may take a free slot
+				g.freed = make(chan struct{})
+			}
+			g.mu.Unlock()
 			return false
 		}
 	}
@@ -388,7 +411,22 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 func (g *largeGate) hold(l *lane, now int64) {
 	l.sent.Store(now)
 	g.holders[l] = struct{}{}
+	if g.unwait(l) {
+		// The next in line may take a slot still free.
+		close(g.freed)
+		g.freed = make(chan struct{})
+	}
 	g.mu.Unlock()
+}
+
+// unwait takes l out of the waiting lanes, and reports whether it was in.
+func (g *largeGate) unwait(l *lane) bool {
+	i := slices.Index(g.waiting, l)
+	if i < 0 {
+		return false
+	}
+	g.waiting = slices.Delete(g.waiting, i, i+1)
+	return true
 }
 
 // release gives back l's slot, unless a waiting lane took it over.
@@ -512,6 +550,7 @@ var chunks = sync.Pool{New: func() any { b := make([]byte, 0, chunkSize); return
 
 // appendLocked copies encoded frames into the lane's chunks. l.mu must be held.
 func (l *lane) appendLocked(b []byte) {
+	l.size += int64(len(b))
 	for len(b) > 0 {
 		var last *[]byte
 		if k := len(l.chunks); k > 0 && len(*l.chunks[k-1]) < chunkSize {
@@ -547,6 +586,7 @@ func (l *lane) run() {
 	c := l.c
 	defer c.t.wg.Done()
 	var spare []*[]byte
+	var spareLarge []span
 	for {
 		select {
 		case <-l.wake:
@@ -556,7 +596,7 @@ func (l *lane) run() {
 		}
 		l.mu.Lock()
 		out, n, named, large, fin := l.chunks, l.n, l.named, l.large, l.finished
-		l.chunks, l.n, l.named, l.large = spare[:0], 0, 0, 0
+		l.chunks, l.n, l.named, l.large, l.size = spare[:0], 0, 0, spareLarge[:0], 0
 		l.mu.Unlock()
 		if n > 0 {
 			if l.stream == nil {
@@ -568,25 +608,18 @@ func (l *lane) run() {
 				}
 				l.stream = s
 			}
-			if large > 0 && !c.large.take(l, c.done) {
-				l.closeFinished()
-				return
-			}
-			// A slot holder's bytes are watched as QUIC packs them.
-			var limit func(int) int
-			if large > 0 {
-				limit = l.packed
-			}
 			bytes, began, writers := 0, time.Now(), c.writers.Add(1)
+			w := batchWriter{l: l, large: large}
 			for i, ch := range out {
-				c.progress.Store(time.Now().UnixNano())
-				if _, err := l.stream.WriteWithLimit(*ch, limit); err != nil {
+				if err := w.write(*ch); err != nil {
 					c.writers.Add(-1)
-					if large > 0 {
+					if w.holding {
 						c.large.release(l)
 					}
 					l.closeFinished()
-					c.lost(err)
+					if !errors.Is(err, errClosing) {
+						c.lost(err)
+					}
 					return
 				}
 				bytes += len(*ch)
@@ -604,9 +637,6 @@ func (l *lane) run() {
 				out[i] = nil
 			}
 			c.writers.Add(-1)
-			if large > 0 {
-				c.large.release(l)
-			}
 			if !l.control {
 				c.queued.Add(-int64(n))
 				c.noteRate(bytes, time.Since(began), writers)
@@ -621,7 +651,7 @@ func (l *lane) run() {
 				out[i] = nil
 			}
 		}
-		spare = out
+		spare, spareLarge = out, large
 		if n > 0 {
 			// Let the goroutines this write's wake-up queued behind us run
 			// before we wait again. A sender's signal makes this goroutine
@@ -647,6 +677,59 @@ func (l *lane) run() {
 			}
 		}
 	}
+}
+
+// errClosing: the connection ended while a lane waited for a large-frame
+// slot.
+var errClosing = errors.New("transport: connection closing")
+
+// batchWriter writes one batch of a lane's queue, a chunk at a time, and
+// holds a large-frame slot for each large frame in it, from its first byte
+// to its last: a lane whose recipient reads slowly gives its slot to a
+// waiting lane between its frames, not only once its whole batch is out.
+type batchWriter struct {
+	l       *lane
+	large   []span // the batch's large frames, in order
+	at      int64  // offset of the next byte to write
+	holding bool   // a slot, for large[0]
+}
+
+// write writes chunk, the batch's next bytes, cut where a large frame
+// begins or ends.
+func (w *batchWriter) write(chunk []byte) error {
+	l, c := w.l, w.l.c
+	for len(chunk) > 0 {
+		n := len(chunk)
+		var limit func(int) int
+		if len(w.large) > 0 {
+			sp := w.large[0]
+			if !w.holding && w.at == sp.from {
+				if !c.large.take(l, c.done) {
+					return errClosing
+				}
+				w.holding = true
+			}
+			if w.holding {
+				n = min(n, int(sp.to-w.at))
+				// A slot holder's bytes are watched as QUIC packs them.
+				limit = l.packed
+			} else {
+				n = min(n, int(sp.from-w.at))
+			}
+		}
+		c.progress.Store(time.Now().UnixNano())
+		if _, err := l.stream.WriteWithLimit(chunk[:n], limit); err != nil {
+			return err
+		}
+		chunk = chunk[n:]
+		w.at += int64(n)
+		if w.holding && w.at == w.large[0].to {
+			c.large.release(l)
+			w.holding = false
+			w.large = w.large[1:]
+		}
+	}
+	return nil
 }
 
 // closeFinished releases a Close waiting in finish.

@@ -268,3 +268,57 @@ func TestSeveralSlowRecipientsDoNotHoldBackOtherLanes(t *testing.T) {
 		t.Errorf("1 MiB request to %s while %d lanes are slow, after %v: %v", other, len(names), time.Since(start), err)
 	}
 }
+
+// TestSteadilySlowRecipientDoesNotHoldTheOnlySlot: the recipient's handler
+// is not stopped but slow, 400 ms per 1 MiB message, and its lane has 20
+// of them queued in one batch (RequestBatch, as the reliable relay
+// pipelines a window). Its reader takes read budget only while it reads a
+// frame, a few milliseconds of each 400, but each frame it reads opens
+// its stream's window again, so QUIC packs some of the lane's bytes often
+// enough that the stall rule (no byte packed for a second) never calls it
+// stalled. A large Request on another lane must get the slot after the
+// slow lane's current frame, not after its whole batch (8 s; the deadline
+// below is 6 s, the answer comes in about 0.4 s).
+func TestSteadilySlowRecipientDoesNotHoldTheOnlySlot(t *testing.T) {
+	ca := newCA(t)
+	r := newResolver()
+	rec := &recorder{}
+	var slowGot atomic.Int64
+	h := handlerFunc(func(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
+		if env.GetRecipient() == slowRecipient {
+			slowGot.Add(1)
+			// A slow recipient: this models its work, it waits for no state.
+			time.Sleep(400 * time.Millisecond)
+			return
+		}
+		rec.HandleEnvelope(from, env, reply)
+	})
+	scfg := testConfig(t, ca, "srv")
+	scfg.MaxReadBytes = scfg.MaxFrameSize // one slot
+	startNode(t, scfg, r, h)
+	good := startNode(t, testConfig(t, ca, "good"), r, &recorder{})
+	payload := largeBody(t, 1<<20)
+	// One batch, contiguous in the lane, as the reliable relay pipelines
+	// a window of messages: the writer takes it in one go.
+	var batch []*pb.Envelope
+	for i := 0; i < 20; i++ {
+		env := envTo(t, slowRecipient, pb.Envelope_RECEIPT_ACCEPTED)
+		env.Body = payload
+		batch = append(batch, env)
+	}
+	batchDone := make(chan struct{})
+	go func() {
+		defer close(batchDone)
+		_, _ = good.RequestBatch(ctxT(t, 30*time.Second), "srv", batch)
+	}()
+	t.Cleanup(func() { _ = good.Close(); <-batchDone })
+	testutil.WaitFor(t, 10*time.Second, "the slow recipient's first message", func() bool { return slowGot.Load() >= 1 })
+	to := otherLaneRecipient(t, "fast", slowRecipient, good.cfg.Lanes)
+	big := envTo(t, to, pb.Envelope_RECEIPT_ACCEPTED)
+	big.Body = payload
+	start := time.Now()
+	if _, err := good.Request(ctxT(t, 6*time.Second), "srv", big); err != nil {
+		t.Fatalf("1 MiB request to %s while %s is slow (it got %d of 20), after %v: %v", to, slowRecipient, slowGot.Load(), time.Since(start), err)
+	}
+	t.Logf("answered after %v; the slow recipient got %d of 20", time.Since(start), slowGot.Load())
+}

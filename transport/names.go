@@ -408,14 +408,13 @@ func (l *lane) unname(e *encodedEnv, env []byte) {
 func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 	var hb [32]byte
 	if !e.named() {
+		at := l.size
 		inner := protowire.SizeTag(frameFieldEnvelope) + protowire.SizeBytes(len(env))
 		h := protowire.AppendVarint(hb[:0], uint64(inner))
 		h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
 		l.appendLocked(protowire.AppendVarint(h, uint64(len(env))))
 		l.appendLocked(env)
-		if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
-			l.large++
-		}
+		l.noteLarge(at)
 		return
 	}
 	if e.fresh {
@@ -433,6 +432,7 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		l.appendLocked(env[e.rFrom:e.rTo]) // the origin's 1 to 3, then field 5
 		l.appendLocked(appendRef(hb[:0], originNameFieldRef, e.origin))
 	}
+	frameAt := l.size // the envelope's frame, after the frames naming its parts
 	inner := e.namedInner(len(env))
 	h := protowire.AppendVarint(hb[:0], uint64(inner))
 	h = protowire.AppendTag(h, frameFieldEnvelope, protowire.BytesType)
@@ -446,9 +446,7 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		l.appendLocked(env[e.rTo:])
 		o = protowire.AppendTag(hb[:0], frameFieldOrigin, protowire.VarintType)
 		l.appendLocked(protowire.AppendVarint(o, uint64(e.origin)))
-		if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
-			l.large++
-		}
+		l.noteLarge(frameAt)
 		return
 	}
 	// The envelope, without the parts it names: the route's fields come
@@ -472,8 +470,14 @@ func (l *lane) appendFrameLocked(e *encodedEnv, env []byte) {
 		t = protowire.AppendVarint(t, uint64(e.route))
 	}
 	l.appendLocked(t)
-	if isLarge(protowire.SizeVarint(uint64(inner)) + inner) {
-		l.large++
+	l.noteLarge(frameAt)
+}
+
+// noteLarge notes the frame appended from offset at of the lane's queue to
+// its end as large, if it is. Called with l.mu held.
+func (l *lane) noteLarge(at int64) {
+	if isLarge(int(l.size - at)) {
+		l.large = append(l.large, span{at, l.size})
 	}
 }
 
