@@ -639,7 +639,7 @@ func (l *lane) run() {
 			c.writers.Add(-1)
 			if !l.control {
 				c.queued.Add(-int64(n))
-				c.noteRate(bytes, time.Since(began), writers)
+				c.noteRate(bytes, time.Since(began)-w.waited, writers)
 			}
 			c.stats.framesOut.Add(uint64(n + named))
 			c.stats.bytesOut.Add(uint64(bytes))
@@ -689,9 +689,10 @@ var errClosing = errors.New("transport: connection closing")
 // waiting lane between its frames, not only once its whole batch is out.
 type batchWriter struct {
 	l       *lane
-	large   []span // the batch's large frames, in order
-	at      int64  // offset of the next byte to write
-	holding bool   // a slot, for large[0]
+	large   []span        // the batch's large frames, in order
+	at      int64         // offset of the next byte to write
+	holding bool          // a slot, for large[0]
+	waited  time.Duration // waiting for slots, which is not writing (noteRate)
 }
 
 // write writes chunk, the batch's next bytes, cut where a large frame
@@ -704,9 +705,11 @@ func (w *batchWriter) write(chunk []byte) error {
 		if len(w.large) > 0 {
 			sp := w.large[0]
 			if !w.holding && w.at == sp.from {
+				t := time.Now()
 				if !c.large.take(l, c.done) {
 					return errClosing
 				}
+				w.waited += time.Since(t)
 				w.holding = true
 			}
 			if w.holding {
