@@ -45,6 +45,7 @@ type conn struct {
 	writers  atomic.Int32           // lanes in their Writes now
 	progress atomic.Int64           // unix ns a lane last began or finished a Write; 0 before any
 	lanes    []*lane                // Lanes envelope lanes, then the control lane (receipts, GoAway)
+	nlanes   int                    // of them, those used: ours, or the peer's announced lanes if fewer (laneFor)
 	names    bool                   // the peer's Hello lists FeatureTypeNames: lanes may name body types (names.go)
 	routes   bool                   // the peer's Hello lists FeatureRouteNames: lanes may name routes (names.go)
 	origins  bool                   // the peer's Hello lists FeatureOriginNames: lanes may name forwarded envelopes' origins (names.go)
@@ -164,6 +165,7 @@ func (t *Transport) setup(ctx context.Context, qc *quic.Conn, dialed bool, expec
 		waiters: make(map[string]*waiter),
 
 		maxFrame: frameLimit(t.cfg.MaxFrameSize, ph.GetMaxFrameSize()),
+		nlanes:   lanesTo(t.cfg.Lanes, ph.GetLanes()),
 		names:    slices.Contains(ph.GetFeatures(), FeatureTypeNames),
 		routes:   slices.Contains(ph.GetFeatures(), FeatureRouteNames),
 		origins:  slices.Contains(ph.GetFeatures(), FeatureOriginNames),
@@ -216,6 +218,22 @@ func frameLimit(own int, announced uint32) int {
 	return min(own, max(int(min(announced, maxFrameSize)), minFrameSize))
 }
 
+// lanesTo is how many of its lanes a node with own lanes writes to a peer
+// that announced its receive window is sized for announced (0: none
+// announced): more would let the peer's stalled lanes use up its window
+// (setReceiveWindows).
+func lanesTo(own int, announced uint32) int {
+	if announced == 0 {
+		return own
+	}
+	return int(min(uint32(own), announced))
+}
+
+// laneFor is the lane that carries recipient's envelopes on c.
+func (c *conn) laneFor(recipient string) *lane {
+	return c.lanes[laneOf(recipient, c.nlanes)]
+}
+
 // largeSlots is how many large frames may be written to a peer at once:
 // as many of the largest frame sent to it as its read budget holds (its
 // announced MaxReadBytes, or ours if it announced none), at least one. A
@@ -256,6 +274,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
+		Lanes:            uint32(max(t.cfg.Lanes, defaultLanes)), // what setReceiveWindows sizes for
 		Features:         []string{FeatureTypeNames, FeatureRouteNames, FeatureOriginNames, FeatureSignerNames},
 	}
 	if t.cfg.helloHook != nil {

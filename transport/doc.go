@@ -16,9 +16,11 @@
 //     certificate is verified by the transport (refusals.go), not inside
 //     crypto/tls, which would refuse it without a word.
 //   - At most one connection per peer pair. Envelopes for one recipient
-//     always use the same lane (FNV-1a of the recipient modulo Lanes), one
-//     unidirectional stream per direction, so order per (sender node,
-//     recipient) holds and a slow recipient does not block others.
+//     always use the same lane (FNV-1a of the recipient modulo Lanes, or
+//     modulo the lanes the peer's Hello says its receive window is sized
+//     for, if fewer), one unidirectional stream per direction, so order
+//     per (sender node, recipient) holds and a slow recipient does not
+//     block others.
 //   - Every queue is bounded: Send returns ErrQueueFull instead of blocking,
 //     and frames above MaxFrameSize are refused, on send and before
 //     allocating on receive. Each side announces its MaxFrameSize in its

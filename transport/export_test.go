@@ -177,3 +177,22 @@ func Queued(t *Transport, node string) (frames, bytes int64) {
 	}
 	return 0, 0
 }
+
+// LargeGate reports the large-frame gate of t's connection to node: free
+// slots, lanes holding one, lanes waiting (ok false without a connection).
+func LargeGate(t *Transport, node string) (ok bool, free, held, waiting int) {
+	t.mu.Lock()
+	p := t.peers[node]
+	var c *conn
+	if p != nil {
+		c = p.conn
+	}
+	t.mu.Unlock()
+	if c == nil || c.large == nil {
+		return false, 0, 0, 0
+	}
+	g := c.large
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return true, g.free, len(g.holders), len(g.waiting)
+}

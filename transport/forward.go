@@ -46,7 +46,7 @@ func (t *Transport) Forward(node string, env *pb.Envelope, timeout time.Duration
 	if err := c.addWaiters(envs, ws); err != nil {
 		return fmt.Errorf("transport: forward to %s: %w", node, err)
 	}
-	if err := c.lanes[laneOf(env.GetRecipient(), t.cfg.Lanes)].enqueueEnvelopes(envs); err != nil {
+	if err := c.laneFor(env.GetRecipient()).enqueueEnvelopes(envs); err != nil {
 		c.removeWaiters(envs, ws)
 		return fmt.Errorf("transport: forward to %s: %w", node, err)
 	}

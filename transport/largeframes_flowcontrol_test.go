@@ -54,6 +54,22 @@ func oneRecipientPerLane(prefix string, lanes int) []string {
 // from the two holding it (when they could, those never completed and the
 // frame read timeout ended the connection).
 func TestLargeFramesAfterEveryHandlerPausedAtOnce(t *testing.T) {
+	largeFramesAfterEveryHandlerPausedAtOnce(t, 0)
+}
+
+// TestLargeFramesAfterEveryHandlerPausedAtOnceFromAPeerWithMoreLanes: the
+// same from a peer with twice the server's lanes (a cluster changing its
+// Lanes setting, node by node). The server sizes its connection window for
+// its own lanes, so the peer's 32 stalled streams could take the whole of
+// it; the server's Hello says how many lanes it is sized for, and the peer
+// writes to it on no more.
+func TestLargeFramesAfterEveryHandlerPausedAtOnceFromAPeerWithMoreLanes(t *testing.T) {
+	largeFramesAfterEveryHandlerPausedAtOnce(t, 32)
+}
+
+// largeFramesAfterEveryHandlerPausedAtOnce runs the paused-handler test
+// with the peer's Lanes set to lanes (0: the default).
+func largeFramesAfterEveryHandlerPausedAtOnce(t *testing.T, lanes int) {
 	ca := newCA(t)
 	r := newResolver()
 	rec := &recorder{}
@@ -76,6 +92,9 @@ func TestLargeFramesAfterEveryHandlerPausedAtOnce(t *testing.T) {
 	startNode(t, scfg, r, h)
 	gcfg := bulkConfig(t, ca, "good")
 	smallWindows(&gcfg)
+	if lanes > 0 {
+		gcfg.Lanes = lanes
+	}
 	good := startNode(t, gcfg, r, &recorder{})
 	t.Cleanup(resume) // before the nodes' Close, which waits for handlers
 	if _, err := good.Request(ctxT(t, 10*time.Second), "srv", envTo(t, "x@srv", pb.Envelope_RECEIPT_ACCEPTED)); err != nil {
@@ -83,7 +102,7 @@ func TestLargeFramesAfterEveryHandlerPausedAtOnce(t *testing.T) {
 	}
 	id := transport.ConnID(good.Transport, "srv")
 	rec.count.Store(0)
-	lanes := gcfg.Lanes
+	lanes = gcfg.Lanes
 	payload := largeBody(t, 200<<10)
 	for _, name := range oneRecipientPerLane("r", lanes) {
 		for k := 0; k < 2; k++ {

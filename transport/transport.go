@@ -560,7 +560,7 @@ func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelop
 				return err
 			}
 		}
-		if err := c.lanes[laneOf(envs[0].GetRecipient(), t.cfg.Lanes)].enqueueEnvelopes(envs); err != nil {
+		if err := c.laneFor(envs[0].GetRecipient()).enqueueEnvelopes(envs); err != nil {
 			if reg != nil {
 				c.removeWaitersSilently(envs)
 			}
@@ -578,7 +578,7 @@ func (t *Transport) enqueue(ctx context.Context, node string, envs []*pb.Envelop
 // envelope (names.go); the zero Body sends env as it is.
 func (t *Transport) SendEncoded(ctx context.Context, node, recipient string, env []byte, body Body) error {
 	return t.onConn(ctx, node, func(c *conn) error {
-		if err := c.lanes[laneOf(recipient, t.cfg.Lanes)].enqueueEncoded(env, body); err != nil {
+		if err := c.laneFor(recipient).enqueueEncoded(env, body); err != nil {
 			return sendErr(node, err)
 		}
 		return nil

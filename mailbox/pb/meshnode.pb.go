@@ -893,8 +893,12 @@ type Hello struct {
 	// id is dead, whatever the simultaneous-dial tie-break would keep. A
 	// connection's id is 8 bytes of its TLS exporter, the same at both ends.
 	GoneConnection uint64 `protobuf:"fixed64,9,opt,name=gone_connection,json=goneConnection,proto3" json:"gone_connection,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The lane streams the node's receive window is sized for: a peer writes
+	// to it on at most this many lanes (its own Lanes setting, if smaller).
+	// 0 (not announced): the writer's own.
+	Lanes         uint32 `protobuf:"varint,10,opt,name=lanes,proto3" json:"lanes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Hello) Reset() {
@@ -986,6 +990,13 @@ func (x *Hello) GetMaxReadBytes() uint64 {
 func (x *Hello) GetGoneConnection() uint64 {
 	if x != nil {
 		return x.GoneConnection
+	}
+	return 0
+}
+
+func (x *Hello) GetLanes() uint32 {
+	if x != nil {
+		return x.Lanes
 	}
 	return 0
 }
@@ -1867,7 +1878,7 @@ const file_meshnode_proto_rawDesc = "" +
 	"\x10ReceiptSignature\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12 \n" +
 	"\vcertificate\x18\x02 \x01(\fR\vcertificate\x12\x1c\n" +
-	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xb2\x02\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\"\xc8\x02\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12\x17\n" +
 	"\aboot_id\x18\x02 \x01(\tR\x06bootId\x12+\n" +
@@ -1877,7 +1888,9 @@ const file_meshnode_proto_rawDesc = "" +
 	"\bfeatures\x18\x06 \x03(\tR\bfeatures\x12$\n" +
 	"\x0emax_frame_size\x18\a \x01(\rR\fmaxFrameSize\x12$\n" +
 	"\x0emax_read_bytes\x18\b \x01(\x04R\fmaxReadBytes\x12'\n" +
-	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\"4\n" +
+	"\x0fgone_connection\x18\t \x01(\x06R\x0egoneConnection\x12\x14\n" +
+	"\x05lanes\x18\n" +
+	" \x01(\rR\x05lanes\"4\n" +
 	"\x06GoAway\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x9b\x04\n" +
