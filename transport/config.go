@@ -44,7 +44,7 @@ type Config struct {
 	MaxFrameSize   int
 	SendQueueSize  int // envelopes queued per peer before Send returns ErrQueueFull (a batch of any count fits an empty queue)
 	SendQueueBytes int // encoded bytes queued per peer before Send returns ErrQueueFull
-	Lanes          int // unidirectional envelope streams per connection and direction; a cluster shares it (a node sizes its receive window for peers with as many, at least 16)
+	Lanes          int // unidirectional envelope streams per connection and direction; to a peer that announces fewer in its Hello (what its receive window is sized for), that many
 
 	// What one peer may make this node hold while reading (see readlimit.go).
 	MaxReadBytes     int           // bytes of frames being read on one connection at once, over all its streams

@@ -450,13 +450,14 @@ const streamWindow = 512 << 10
 // stalled every lane of the connection, and frames waiting for budget
 // starved those holding it until the frame read timeout ended the
 // connection. Each holds at most its stream's window; a peer has one
-// stream for each lane and one for control (a cluster shares its Lanes
-// setting; a node with fewer lanes than the default still makes room for
-// a peer with the default). quic-go opens more of the connection's window
-// only once a quarter of it has been read, so at worst three quarters of
-// it is open: the connection's window is twice its streams' windows
-// together, and fixed (quic-go would otherwise start it smaller and tune
-// it up).
+// stream for each lane and one for control, and writes on no more lanes
+// than this node's Hello says its window is sized for (its Lanes, at
+// least the default; a peer of an earlier release reads no such field,
+// and a cluster upgrades before it raises Lanes). quic-go opens more of
+// the connection's window only once a quarter of it has been read, so at
+// worst three quarters of it is open: the connection's window is twice
+// its streams' windows together, and fixed (quic-go would otherwise start
+// it smaller and tune it up).
 func setReceiveWindows(q *quic.Config, cfg Config) {
 	sw := uint64(streamWindow)
 	if cfg.streamWindow > 0 {
