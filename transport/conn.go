@@ -274,7 +274,7 @@ func (t *Transport) hello(peer string) *pb.Hello {
 		MaxFrameSize:     uint32(t.cfg.MaxFrameSize),
 		MaxReadBytes:     uint64(t.cfg.MaxReadBytes),
 		GoneConnection:   t.goneFor(peer),
-		Lanes:            uint32(max(t.cfg.Lanes, defaultLanes)), // what setReceiveWindows sizes for
+		Lanes:            uint32(windowLanes(t.cfg)),
 		Features:         []string{FeatureTypeNames, FeatureRouteNames, FeatureOriginNames, FeatureSignerNames},
 	}
 	if t.cfg.helloHook != nil {

@@ -40,7 +40,7 @@ func TestLargeGateKeepsItsSlotsThroughTakeoversAndReleases(t *testing.T) {
 					return
 				}
 				switch rng.Intn(4) {
-				case 0: // stalled: nothing packed for longer than the stall
+				case 0: // stalled: nothing packed for longer than the stall (the time passing is what is tested)
 					time.Sleep(8 * time.Millisecond)
 				case 1: // steadily sending
 					for k := 0; k < 3; k++ {
@@ -195,7 +195,7 @@ func TestLargeGateTakeoverGoesToTheFirstInLine(t *testing.T) {
 			t.Fatal("b took a sending holder's slot")
 		default:
 		}
-		time.Sleep(stall / 6)
+		time.Sleep(stall / 6) // a holder sending now and then: the time passing is what is tested
 	}
 	g.release(a)
 	select {

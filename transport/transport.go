@@ -441,6 +441,10 @@ func unsendableErr(e *EncodeError) error {
 // on one stream.
 const streamWindow = 512 << 10
 
+// windowLanes is how many of a peer's lanes the receive window is sized
+// for, which this node's Hello announces: its own, at least the default.
+func windowLanes(cfg Config) int { return max(cfg.Lanes, defaultLanes) }
+
 // setReceiveWindows sets what quic-go buffers of a peer's data that this
 // node has not read yet, part of the per-connection bound (readlimit.go).
 //
@@ -464,7 +468,7 @@ func setReceiveWindows(q *quic.Config, cfg Config) {
 		sw = cfg.streamWindow
 	}
 	q.InitialStreamReceiveWindow, q.MaxStreamReceiveWindow = sw, sw
-	cw := 2 * uint64(max(cfg.Lanes, defaultLanes)+1) * sw
+	cw := 2 * uint64(windowLanes(cfg)+1) * sw
 	q.InitialConnectionReceiveWindow, q.MaxConnectionReceiveWindow = cw, cw
 }
 
