@@ -34,7 +34,10 @@ func (t *Transport) Forward(node string, env *pb.Envelope, timeout time.Duration
 	if env.GetMsgId() == "" || env.GetReceipt() == pb.Envelope_RECEIPT_NONE {
 		return fmt.Errorf("transport: forward to %s: %w: no msg id or no receipt asked", node, ErrBadEnvelope)
 	}
-	if err := t.CheckSize(env); err != nil {
+	// env goes exactly as it is: its sender added what each sending adds
+	// (and kept room for it when it accepted the message), so no room is
+	// kept here; that would refuse the largest messages a sender accepts.
+	if err := t.CheckSendTo(env, node); err != nil {
 		return fmt.Errorf("transport: forward to %s: %w", node, err)
 	}
 	c, err := t.connNow(node)

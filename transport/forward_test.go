@@ -9,6 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/transport"
@@ -157,5 +161,55 @@ func TestRedialProbesThePath(t *testing.T) {
 	rc, err := a.Request(ctxT(t, 5*time.Second), "b", envTo(t, "x@b", pb.Envelope_RECEIPT_PROCESSED))
 	if err != nil || rc.GetCode() != pb.Receipt_PROCESSED {
 		t.Fatal(fmt.Errorf("request after the heal: %v %w", rc, err))
+	}
+}
+
+// A forwarder carries an envelope exactly as its sender sent it, so one
+// that fills the frame limit to the byte goes on: the sender kept room for
+// what each sending adds when it accepted the message, and a forwarder
+// that kept that room again refused the largest messages senders accept.
+func TestForwardCarriesAnEnvelopeThatFillsTheFrame(t *testing.T) {
+	const frame = 8192
+	ca := newCA(t)
+	r := newResolver()
+	small := func(name string) transport.Config {
+		cfg := testConfig(t, ca, name)
+		cfg.MaxFrameSize = frame
+		return cfg
+	}
+	rec := &recorder{}
+	startNode(t, small("c"), r, rec)
+	fw := &forwarder{to: "c"}
+	b := startNode(t, small("b"), r, fw)
+	fw.n.Store(b)
+	a := startNode(t, small("a"), r, &recorder{})
+	// The first forward finds no connection to c and starts the dial.
+	if _, err := a.Request(ctxT(t, 5*time.Second), "b", envTo(t, "sink@c", pb.Envelope_RECEIPT_PROCESSED)); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "b connected to c", func() bool { ok, _ := transport.ConnInfo(b.Transport, "c"); return ok })
+
+	env := envTo(t, "sink@c", pb.Envelope_RECEIPT_PROCESSED)
+	var fits *pb.Envelope
+	for pad := frame - 256; pad < frame; pad++ {
+		body, err := anypb.New(wrapperspb.Bytes(make([]byte, pad)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		env.Body = body
+		if a.CheckSendTo(env, "b") != nil {
+			break
+		}
+		fits = proto.CloneOf(env)
+	}
+	if fits == nil || a.CheckSendTo(env, "b") == nil {
+		t.Fatal("found no envelope that fills the frame to the byte")
+	}
+	rc, err := a.Request(ctxT(t, 5*time.Second), "b", fits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.GetCode() != pb.Receipt_PROCESSED || rc.GetMessage() != "sink@c" {
+		t.Fatalf("an envelope of %d bytes, the frame limit's largest: %v, want PROCESSED by c", proto.Size(fits), rc)
 	}
 }
