@@ -461,7 +461,8 @@ func copyDir(tb testing.TB, from, to string) {
 // starts a new epoch of the stream and its messages run, none lost.
 func TestRestoredSenderStartsANewEpoch(t *testing.T) {
 	dir := t.TempDir()
-	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 4 }
+	clk := clockNotSet() // with a clock, no sequence would go back
+	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 4; c.Outbox.Clock = clk }
 	n2 := startNode(t, "n2", filepath.Join(dir, "n2"))
 	var s sink
 	if _, err := n2.Spawn("sink", s.handler); err != nil {

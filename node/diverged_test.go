@@ -34,6 +34,7 @@ import (
 // the restore away (DIVERGED). The stream starts a new epoch and every new
 // message runs, in order; none is taken for a copy.
 func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		spawn func(n *node.Node, s *sink) error
@@ -88,7 +89,8 @@ func restoredBurst(t *testing.T, edit func(*node.Config), spawn func(*node.Node)
 	t.Helper()
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
-	cfg := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; edit(c) }
+	clk := clockNotSet()
+	cfg := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; c.Outbox.Clock = clk; edit(c) }
 	n2 := newNode(t, "n2", d2, func(*node.Config) {})
 	if err := spawn(n2); err != nil {
 		t.Fatal(err)
@@ -254,39 +256,86 @@ func TestCopyAtADigestlessDurableWatermarkWhileTheStoreIsStopped(t *testing.T) {
 // writes to another actor may give the sequence of the sink's watermark to
 // that actor's message: the sink's burst then skips the watermark's
 // sequence, and no digest can tell its messages below the watermark from
-// copies. When only outbox.db was restored from the backup (the data
-// directory's other files kept, as after losing that one file), the
-// sequence high-water recorded beside it keeps the restored outbox from
-// handing out sequences again. When the whole data directory was restored,
-// that record went back too: the receipts give the restore away, since
-// the watermark they carry lies between two messages of the emission,
-// above anything the stream sent before it, and is none of them. Either
-// way every message runs, once, in order.
+// copies. A sequence block starts no lower than the wall clock (in
+// microseconds), so with a clock that moved on since the backup the
+// restored outbox hands out no sequence again at all: the burst lies above
+// the watermark, also when the other actor's message is delivered and gone
+// before the sink's stream goes (nothing would show a reuse then). With a
+// clock that tells nothing (before 1970, as on a device that has not set
+// its clock), the sequences are the outbox's counter alone: when only
+// outbox.db was restored from the backup (the data directory's other files
+// kept, as after losing that one file), the sequence high-water recorded
+// beside it keeps the restored outbox from handing out sequences again;
+// when the whole data directory was restored, that record went back too,
+// and the receipts give the restore away, since the watermark they carry
+// lies between two messages of the emission, above anything the stream
+// sent before it, and is none of them. Either way every message runs,
+// once, in order.
 func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
-	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, false, false) })
-	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true, false) })
+	t.Parallel()
+	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{}) })
+	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true}) })
 	// The receiver comes back before its actor does: the first emission
 	// is refused (no such actor yet) and only the next one runs, which
 	// must still give the restore away.
-	t.Run("whole data directory, the actor back after a refusal", func(t *testing.T) { restoredBurstAroundTheWatermark(t, true, true) })
+	t.Run("whole data directory, the actor back after a refusal", func(t *testing.T) {
+		restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true, lateActor: true})
+	})
+	t.Run("whole data directory, the clock moved on", func(t *testing.T) {
+		restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true, clockSet: true})
+	})
+	t.Run("whole data directory, the clock moved on, the other actor's message gone first", func(t *testing.T) {
+		restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true, clockSet: true, otherFirst: true})
+	})
 }
 
-func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
+// clockNotSet returns a clock whose wall clock reads before 1970, as a
+// device's may before it first sets its clock: it puts no floor under the
+// outbox's sequences, which are then its counter alone, so a sender
+// restored from a backup of its whole data directory hands out sequences
+// its receivers have seen.
+func clockNotSet() *outbox.AdjustableClock {
+	clk := outbox.NewAdjustableClock()
+	clk.Step(-time.Since(time.Unix(0, 0)) - time.Hour)
+	return clk
+}
+
+type backupCase struct {
+	wholeDir   bool // the data directory restored whole (else outbox.db alone)
+	lateActor  bool // the sink's first emission refused: no such actor yet
+	clockSet   bool // the system clock (else one before 1970: no floor under the sequences)
+	otherFirst bool // the other actor's message delivered (and gone) before the sink is back
+}
+
+func restoredBurstAroundTheWatermark(t *testing.T, c backupCase) {
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
-	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1 }
-	var s, o sink
-	spawn := func(n *node.Node) {
-		t.Helper()
-		if _, err := n.Spawn("sink", s.handler); err != nil {
-			t.Fatal(err)
+	clk := outbox.NewAdjustableClock()
+	if !c.clockSet {
+		clk = clockNotSet()
+	}
+	edit := func(cfg *node.Config) {
+		fastRetries(cfg)
+		cfg.Outbox.SequenceBlock, cfg.Outbox.Clock = 1, clk
+		if c.otherFirst {
+			cfg.Relay.BatchSize = 1 // w goes alone: its emission stops below the watermark
 		}
-		if _, err := n.Spawn("other", o.handler); err != nil {
-			t.Fatal(err)
+	}
+	var s, o sink
+	spawn := func(n *node.Node, names ...string) {
+		t.Helper()
+		for _, name := range names {
+			h := s.handler
+			if name == "other" {
+				h = o.handler
+			}
+			if _, err := n.Spawn(name, h); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	n2 := newNode(t, "n2", d2, func(*node.Config) {})
-	spawn(n2)
+	spawn(n2, "sink", "other")
 	n1 := newNode(t, "n1", d1, edit, n2.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
 	send := func(to, v string) node.Outcome {
@@ -304,7 +353,7 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 	}
 	ob := filepath.Join(d1, "outbox.db")
 	backup := filepath.Join(dir, "backup")
-	if wholeDir {
+	if c.wholeDir {
 		copyDir(t, d1, backup)
 	} else {
 		testutil.CopyFile(t, ob, backup)
@@ -320,7 +369,7 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 			t.Fatal(err)
 		}
 	}
-	if wholeDir {
+	if c.wholeDir {
 		if err := os.RemoveAll(d1); err != nil {
 			t.Fatal(err)
 		}
@@ -330,18 +379,35 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 	}
 
 	n1 = newNode(t, "n1", d1, edit)
-	// Restored whole, the outbox hands out b's sequence to w and c's (the
-	// watermark's) to o: the sink's burst is [w, x, y] around it.
+	// Restored whole, with a clock that tells nothing, the outbox hands out b's sequence to w
+	// and c's (the watermark's) to o: the sink's burst is [w, x, y] around
+	// it.
 	for _, m := range []struct{ to, v string }{{"sink", "w"}, {"other", "o"}, {"sink", "x"}, {"sink", "y"}} {
 		if out := send(m.to, m.v); out != node.Queued {
 			t.Fatalf("%s with its receiver down: %v, want Queued", m.v, out)
 		}
 	}
-	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
-	if lateActor {
-		testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+	if c.otherFirst {
+		// A restart counts everything stored as sent: the watermark lies
+		// below what the sink's stream sent, and gives nothing away.
+		if err := n1.Close(); err != nil {
+			t.Fatal(err)
+		}
+		n1 = newNode(t, "n1", d1, edit)
 	}
-	spawn(n2)
+	n2 = newNode(t, "n2", d2, func(*node.Config) {}, n1.GossipAddr())
+	switch {
+	case c.lateActor:
+		testutil.WaitFor(t, 15*time.Second, "the burst refused: no such actor yet", func() bool { return n2.Stats().NoSuchActor > 0 })
+		spawn(n2, "sink", "other")
+	case c.otherFirst:
+		spawn(n2, "other")
+		o.waitLen(t, 1)
+		testutil.WaitFor(t, 10*time.Second, "o acked and gone from the outbox", func() bool { return n1.Outbox().Stats().Depth == 3 })
+		spawn(n2, "sink")
+	default:
+		spawn(n2, "sink", "other")
+	}
 	testutil.WaitFor(t, 15*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
 	if got, want := s.values(), []string{"a", "b", "c", "w", "x", "y"}; !slices.Equal(got, want) {
 		t.Fatalf("sink ran %v, want %v", got, want)
@@ -349,9 +415,10 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 	if got := o.values(); !slices.Equal(got, []string{"o"}) {
 		t.Fatalf("other ran %v, want [o]", got)
 	}
-	// Restored alone, the outbox reused no sequence: nothing to find out.
+	// Restored alone, or with a clock, the outbox reused no sequence:
+	// nothing to find out.
 	want := uint64(0)
-	if wholeDir {
+	if c.wholeDir && !c.clockSet {
 		want = 1
 	}
 	if got := n1.Outbox().Stats().Restores; got != want {
@@ -370,6 +437,7 @@ func restoredBurstAroundTheWatermark(t *testing.T, wholeDir, lateActor bool) {
 // move the watermark) is committed by the retry, and the stream stays
 // cached until then.
 func TestDivergedMarkOutlivesTheStreamsEviction(t *testing.T) {
+	t.Parallel()
 	for _, refuse := range []bool{false, true} {
 		name := "evicted"
 		if refuse {

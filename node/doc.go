@@ -180,9 +180,15 @@
 //   - A sender whose outbox.db alone was restored from a backup hands out no
 //     sequence again: outbox.db.seq beside the file records the highest one
 //     reserved, and the restored file continues above it; messages queued in
-//     the backup and delivered after it may run again. A sender restored
-//     with an older outbox.db.seq (the whole data directory from a backup)
-//     reuses sequences. It finds out from the receiver and starts a new
+//     the backup and delivered after it may run again. Each block of
+//     sequences also starts no lower than the wall clock in microseconds
+//     (an outbox hands out far fewer than a million a second, so its
+//     sequences stay below the clock): a sender restored with an older
+//     outbox.db.seq too (the whole data directory from a backup) hands out
+//     no sequence again either, when its clock is later than when it last
+//     ran. Only one whose clock is behind (a device without a
+//     battery-backed clock, before its first time sync) reuses sequences
+//     in such a restore. It finds out from the receiver and starts a new
 //     epoch of the stream (messages it had sent after the backup and that
 //     ran are unknown to it, and anything still queued in the backup runs
 //     again). The receiver keeps a digest of the message at its watermark
@@ -210,9 +216,10 @@
 //     tells. A first emission refused as full is found out from its
 //     refusals (CAPACITY for room carries the stream's watermark), one
 //     refused because the actor was not back yet (NO_SUCH_ACTOR) from the
-//     next emission. So restore outbox.db alone, keeping outbox.db.seq, or
-//     start the node with an empty outbox: a new outbox id begins new
-//     streams at every peer, and nothing is mistaken for a duplicate.
+//     next emission. So on such a device restore outbox.db alone, keeping
+//     outbox.db.seq, or start the node with an empty outbox: a new outbox
+//     id begins new streams at every peer, and nothing is mistaken for a
+//     duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
 //     unknown".

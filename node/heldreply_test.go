@@ -151,7 +151,8 @@ func (l *heldLog) rx(_ context.Context, m *node.Message) (proto.Message, error) 
 // reply to a request the restored requester never sent in its place).
 func TestKeptReplyIsNotGivenToAnotherRequestAtItsSequence(t *testing.T) {
 	dir := t.TempDir()
-	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 4 }
+	clk := clockNotSet() // with a clock, no sequence would go back
+	edit := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 4; c.Outbox.Clock = clk }
 	var l heldLog
 	n2 := startNode(t, "n2", filepath.Join(dir, "n2"))
 	if _, err := n2.Spawn("svc", l.svc); err != nil {

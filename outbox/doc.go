@@ -26,6 +26,12 @@
 //     from a backup continues above what it handed out since, as long as
 //     that record was kept: no sequence peers may have run goes to
 //     another message. A record the disk refuses is logged, not fatal.
+//     Each block also starts no lower than the wall clock in microseconds
+//     since 1970: far fewer than a million sequences go out a second, so
+//     they stay below the clock, and a file restored together with that
+//     record, at a later time than it last ran, still continues above
+//     what it handed out. A clock before 1970 (one that was never set)
+//     puts no floor under them.
 //   - A message is stored at its envelope's sequence and never renumbered;
 //     a queue is ordered by sequence, also when a lower sequence is stored
 //     after a higher one. It leaves its queue only by Ack, by replacement

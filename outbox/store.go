@@ -491,6 +491,16 @@ func (s *Store) shut(clean bool) error {
 // it, unless the disk refused that write, which is logged) before it is
 // returned (reserved in blocks of Config.SequenceBlock, so one fsync
 // serves many calls).
+//
+// A block starts no lower than the wall clock in microseconds since 1970
+// (clockFloor). An outbox hands out far fewer than a million sequences a
+// second, so its sequences stay below the clock: one restored from a
+// backup together with the record beside it, at a later time than it last
+// ran, still hands out sequences above every one handed out before the
+// restore, and its new messages are never taken by their receivers for
+// copies of messages that ran. A clock that is behind (a device without a
+// battery-backed clock, before its first time sync) leaves the counter as
+// it is.
 func (s *Store) ReserveSequence() (uint64, error) {
 	if err := s.usableErr(); err != nil {
 		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
@@ -498,6 +508,7 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	s.seqMu.Lock()
 	defer s.seqMu.Unlock()
 	if s.nextSeq > s.reservedSeq {
+		s.nextSeq = max(s.nextSeq, clockFloor(s.cfg.Clock))
 		o := &op{kind: opReserve, seq: s.nextSeq + s.cfg.SequenceBlock - 1}
 		// Beside the file first: a high-water recorded there and not in
 		// the file only skips a block. A record that cannot be written
@@ -519,6 +530,22 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	s.nextSeq++
 	s.handedOut.Store(s.nextSeq)
 	return seq, nil
+}
+
+// maxClockFloor bounds clockFloor: a wall clock set absurdly far ahead
+// (past the year 70,000) starts no block near MaxSequence, so such a
+// clock cannot use up the sequences.
+const maxClockFloor = MaxSequence / 4
+
+// clockFloor returns the wall clock in microseconds since 1970, the
+// lowest sequence a newly reserved block starts at; 0 (no floor) for a
+// clock before 1970 or past maxClockFloor.
+func clockFloor(c Clock) uint64 {
+	us := c.Now().UnixMicro()
+	if us <= 0 || uint64(us) > maxClockFloor {
+		return 0
+	}
+	return uint64(us)
 }
 
 // SetOnEnqueue installs the relay's wake-up hook. It is called from the

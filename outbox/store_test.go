@@ -282,12 +282,14 @@ func TestSequencesAboveEverythingHandedOut(t *testing.T) {
 	}
 
 	// A stored sequence above the reserved high-water (a message enqueued
-	// with a sequence from elsewhere) also raises it.
-	e.put(t, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: 1_000_000}})
+	// with a sequence from elsewhere; far above the clock's microseconds)
+	// also raises it.
+	high := uint64(epoch0.UnixMicro()) + 1<<40
+	e.put(t, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: high}})
 	e.reopen(t, func(c *outbox.ManualClock) { c.Step(-10 * 365 * 24 * time.Hour) })
 	s, err = e.ReserveSequence()
-	if err != nil || s <= 1_000_000 {
-		t.Fatalf("after reopen with the wall clock 10 years back: %d (%v), want above 1000000", s, err)
+	if err != nil || s <= high {
+		t.Fatalf("after reopen with the wall clock 10 years back: %d (%v), want above %d", s, err, high)
 	}
 }
 

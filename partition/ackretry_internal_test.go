@@ -338,7 +338,7 @@ func (p *restoredPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope)
 	for i, e := range envs {
 		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_PROCESSED, Watermark: e.GetSequence()}
 		if e.GetStreamEpoch() == 0 {
-			rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: 1 << 40}
+			rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: pb.Receipt_DUPLICATE, Watermark: 1 << 60}
 		}
 	}
 	return rcs, nil

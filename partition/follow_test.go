@@ -175,7 +175,7 @@ func TestNextEmissionAfterAFailureIsSentAgain(t *testing.T) {
 func TestNextEmissionAfterARestoreIsSentAgain(t *testing.T) {
 	rg := laneRig(t)
 	holdUntilFollowed(t, rg, func(f *fake, envs []*pb.Envelope) []*pb.Receipt {
-		rcs, _ := every(pb.Receipt_DUPLICATE, 0, 1<<40)(context.Background(), envs)
+		rcs, _ := every(pb.Receipt_DUPLICATE, 0, 1<<60)(context.Background(), envs)
 		return rcs
 	})
 	also(rg, held+1, func(ctx context.Context, envs []*pb.Envelope) ([]*pb.Receipt, error) {

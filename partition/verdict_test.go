@@ -271,7 +271,7 @@ func TestRestoredSenderStartsNewEpoch(t *testing.T) {
 					// anything sent (a backup of the sender was restored).
 					rcs := []*pb.Receipt{f.receive(envs[0])}
 					for _, e := range envs[1:] {
-						rcs = append(rcs, &pb.Receipt{MsgId: e.GetMsgId(), Code: c, Watermark: 1 << 40})
+						rcs = append(rcs, &pb.Receipt{MsgId: e.GetMsgId(), Code: c, Watermark: 1 << 60})
 					}
 					rcs[3] = &pb.Receipt{MsgId: envs[3].GetMsgId(), Code: pb.Receipt_PROCESSED} // not acked either
 					return rcs, nil, true
@@ -296,7 +296,7 @@ func TestRestoredSenderStartsNewEpoch(t *testing.T) {
 				return nil, nil, false
 			}
 			refused[envs[0].GetRecipient()] = true
-			rcs, err := every(pb.Receipt_DUPLICATE, 0, 1<<40)(ctx, envs)
+			rcs, err := every(pb.Receipt_DUPLICATE, 0, 1<<60)(ctx, envs)
 			return rcs, err, true
 		}
 	})
@@ -377,7 +377,7 @@ func TestForgottenNeverSentStartsNewEpoch(t *testing.T) {
 			if envs[0].GetStreamEpoch() != 0 {
 				return nil, nil, false
 			}
-			rcs, err := every(pb.Receipt_FORGOTTEN, 0, 1<<40)(context.Background(), envs)
+			rcs, err := every(pb.Receipt_FORGOTTEN, 0, 1<<60)(context.Background(), envs)
 			return rcs, err, true
 		}
 	})

@@ -37,13 +37,16 @@ func drainedTags(t *testing.T, c *ProcCluster, i int, box string) []string {
 // The daemon's outbox.db is lost and restored from a backup together with
 // outbox.db.seq (the whole store as it was; restoring outbox.db alone, as
 // its open error says, hands out no sequence again); inbox.db was not lost
-// and is kept. The outbox's sequences go back to the backup's, and so does the watermark of
-// the node's stream to its own inbox (both live in outbox.db). New local
-// sends reuse sequences the inbox stored; taken for copies, they were told
-// Delivered and stored nowhere. The inbox's record of what it stored is
-// part of the stream's watermark when the node loads it, so the sender
-// finds out its state went back and starts a new epoch: every message
-// arrives.
+// and is kept. The watermark of the node's stream to its own inbox goes
+// back to the backup's (it lives in outbox.db), and so would the outbox's
+// sequences but for the wall clock under each block of them: new local
+// sends get sequences above every one handed out before the restore. (On a
+// device whose clock tells nothing they reuse sequences the inbox stored,
+// and taken for copies they would be told Delivered and stored nowhere:
+// the inbox's record of what it stored is part of the stream's watermark
+// when the node loads it, so the sender finds out its state went back and
+// starts a new epoch; the node's tests cover that with such a clock.)
+// Every message arrives.
 func TestInboxTakesNewMessagesAfterTheOutboxIsRestored(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real meshnode daemon; runs without -short")
@@ -138,14 +141,13 @@ func TestInboxTakesNewMessagesAfterTheOutboxIsForgotten(t *testing.T) {
 // down (killed) and go out in one emission that reaches past n1's
 // watermark. Restored alone, the outbox continues above the sequence
 // record beside it, and its new messages have sequences of their own.
-// Restored with that record's backup too, they reuse the sequences of
-// messages n1 stored after the backup, and the watermark alone does not
-// give the restore away: the message under the watermark's sequence does
-// (other contents than the one stored there), and the sender starts a new
-// epoch. When n0 gave the watermark's sequence to a message for another
-// inbox, box's burst skips it: the watermark, between two of its messages
-// and none of them, gives the restore away. Every message is stored once,
-// in order.
+// Restored with that record's backup too, they still do, since each block
+// of sequences starts no lower than the wall clock, which moved on since
+// the backup. (With a clock that tells nothing, they would reuse the
+// sequences of messages n1 stored after the backup, and the message under
+// the watermark's sequence, or the watermark between two messages of the
+// burst, gives the restore away; the node's tests cover that with such a
+// clock.) Every message is stored once, in order.
 func TestInboxTakesARestoredSendersBurstPastItsWatermark(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real daemons")
@@ -221,7 +223,8 @@ func restoredBurst(t *testing.T, bin string, withRecord, other bool) {
 	}
 	for i := 1; i <= 6; i++ {
 		if other && i == 3 {
-			// With the record restored, this takes a5's sequence.
+			// With the record restored and a clock that tells nothing,
+			// this would take a5's sequence.
 			t.Logf("o: %s", sendTo("box2@"+c.Name(1), "o"))
 		}
 		t.Logf("b%d: %s", i, send(fmt.Sprint("b", i)))
