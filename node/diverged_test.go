@@ -287,6 +287,12 @@ func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
 	t.Run("whole data directory, the clock moved on, the other actor's message gone first", func(t *testing.T) {
 		restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true, clockSet: true, otherFirst: true})
 	})
+	// The restart between the backup and the restore skips the rest of a
+	// block: with the clock set, a block is short whatever SequenceBlock
+	// says, so that skip stays within milliseconds of the clock.
+	t.Run("whole data directory, the clock moved on, the other actor's message gone first, blocks of 2^32", func(t *testing.T) {
+		restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true, clockSet: true, otherFirst: true, block: 1 << 32})
+	})
 }
 
 // clockNotSet returns a clock whose wall clock reads before 1970, as a
@@ -301,10 +307,11 @@ func clockNotSet() *outbox.AdjustableClock {
 }
 
 type backupCase struct {
-	wholeDir   bool // the data directory restored whole (else outbox.db alone)
-	lateActor  bool // the sink's first emission refused: no such actor yet
-	clockSet   bool // the system clock (else one before 1970: no floor under the sequences)
-	otherFirst bool // the other actor's message delivered (and gone) before the sink is back
+	wholeDir   bool   // the data directory restored whole (else outbox.db alone)
+	lateActor  bool   // the sink's first emission refused: no such actor yet
+	clockSet   bool   // the system clock (else one before 1970: no floor under the sequences)
+	otherFirst bool   // the other actor's message delivered (and gone) before the sink is back
+	block      uint64 // Outbox.SequenceBlock (0: 1)
 }
 
 func restoredBurstAroundTheWatermark(t *testing.T, c backupCase) {
@@ -316,7 +323,7 @@ func restoredBurstAroundTheWatermark(t *testing.T, c backupCase) {
 	}
 	edit := func(cfg *node.Config) {
 		fastRetries(cfg)
-		cfg.Outbox.SequenceBlock, cfg.Outbox.Clock = 1, clk
+		cfg.Outbox.SequenceBlock, cfg.Outbox.Clock = max(c.block, 1), clk
 		if c.otherFirst {
 			cfg.Relay.BatchSize = 1 // w goes alone: its emission stops below the watermark
 		}

@@ -183,12 +183,13 @@
 //     the backup and delivered after it may run again. Each block of
 //     sequences also starts no lower than the wall clock in microseconds
 //     (an outbox hands out far fewer than a million a second, so its
-//     sequences stay below the clock): a sender restored with an older
+//     sequences stay below the clock, but for the rest of a block, at
+//     most 65 ms, that each start skips): a sender restored with an older
 //     outbox.db.seq too (the whole data directory from a backup) hands out
-//     no sequence again either, when its clock is later than when it last
-//     ran. Only one whose clock is behind (a device without a
-//     battery-backed clock, before its first time sync) reuses sequences
-//     in such a restore. It finds out from the receiver and starts a new
+//     no sequence again either, when its clock is later than it read when
+//     the sender last ran. Only one whose clock is behind (a device without
+//     a battery-backed clock, before its first time sync, or a clock that
+//     ran fast and was set back) reuses sequences in such a restore. It finds out from the receiver and starts a new
 //     epoch of the stream (messages it had sent after the backup and that
 //     ran are unknown to it, and anything still queued in the backup runs
 //     again). The receiver keeps a digest of the message at its watermark

@@ -42,7 +42,7 @@ type Config struct {
 	MaxBatchBytes int           // max message bytes per group-commit transaction
 	QueueSize     int           // bound of the committer's input queue
 	CommitLinger  time.Duration // max wait for the callers of the last commit to come back before the next one (0 = none)
-	SequenceBlock uint64        // sequences reserved per durable write of the high-water
+	SequenceBlock uint64        // sequences reserved per durable write of the high-water (at most 65,536 while the wall clock is set: each block starts at the clock)
 
 	Clock  Clock        // wall and monotonic time; tests replace it
 	Logger *slog.Logger // logs under component=outbox; nil discards them

@@ -27,11 +27,15 @@
 //     that record was kept: no sequence peers may have run goes to
 //     another message. A record the disk refuses is logged, not fatal.
 //     Each block also starts no lower than the wall clock in microseconds
-//     since 1970: far fewer than a million sequences go out a second, so
-//     they stay below the clock, and a file restored together with that
-//     record, at a later time than it last ran, still continues above
-//     what it handed out. A clock before 1970 (one that was never set)
-//     puts no floor under them.
+//     since 1970, and is at most 65,536 long while the clock is set: far
+//     fewer than a million sequences go out a second, so they stay below
+//     the clock but for the rest of a block each start skips (at most
+//     65 ms ahead of it, for each start sooner than that after the one
+//     before), and a file restored together with that record, once the
+//     clock is later than it read while the file was last open, still
+//     continues above what it handed out. A clock before 1970 (one that
+//     was never set) puts no floor under them; one that ran fast and was
+//     set back is behind as far.
 //   - A message is stored at its envelope's sequence and never renumbered;
 //     a queue is ordered by sequence, also when a lower sequence is stored
 //     after a higher one. It leaves its queue only by Ack, by replacement

@@ -493,14 +493,18 @@ func (s *Store) shut(clean bool) error {
 // serves many calls).
 //
 // A block starts no lower than the wall clock in microseconds since 1970
-// (clockFloor). An outbox hands out far fewer than a million sequences a
-// second, so its sequences stay below the clock: one restored from a
-// backup together with the record beside it, at a later time than it last
-// ran, still hands out sequences above every one handed out before the
-// restore, and its new messages are never taken by their receivers for
-// copies of messages that ran. A clock that is behind (a device without a
-// battery-backed clock, before its first time sync) leaves the counter as
-// it is.
+// (clockFloor), and with the clock set it is at most maxClockBlock long.
+// An outbox hands out far fewer than a million sequences a second, so its
+// sequences stay below the clock but for what a start skips (the rest of
+// the block reserved before it: at most maxClockBlock microseconds ahead,
+// for each start less than that after the one before). So one restored
+// from a backup together with the record beside it, once the clock is
+// later than it read while the outbox last ran (by that skip), still hands
+// out sequences above every one handed out before the restore, and its new
+// messages are never taken by their receivers for copies of messages that
+// ran. A clock that is behind (a device without a battery-backed clock,
+// before its first time sync, or one that ran fast and was set back)
+// leaves the counter as it is.
 func (s *Store) ReserveSequence() (uint64, error) {
 	if err := s.usableErr(); err != nil {
 		return 0, fmt.Errorf("outbox: reserve sequences: %w", err)
@@ -508,8 +512,12 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	s.seqMu.Lock()
 	defer s.seqMu.Unlock()
 	if s.nextSeq > s.reservedSeq {
-		s.nextSeq = max(s.nextSeq, clockFloor(s.cfg.Clock))
-		o := &op{kind: opReserve, seq: s.nextSeq + s.cfg.SequenceBlock - 1}
+		block := s.cfg.SequenceBlock
+		if f := clockFloor(s.cfg.Clock); f > 0 {
+			s.nextSeq = max(s.nextSeq, f)
+			block = min(block, maxClockBlock)
+		}
+		o := &op{kind: opReserve, seq: s.nextSeq + block - 1}
 		// Beside the file first: a high-water recorded there and not in
 		// the file only skips a block. A record that cannot be written
 		// (a full disk can refuse a new file where bbolt still finds free
@@ -536,6 +544,11 @@ func (s *Store) ReserveSequence() (uint64, error) {
 // (past the year 70,000) starts no block near MaxSequence, so such a
 // clock cannot use up the sequences.
 const maxClockFloor = MaxSequence / 4
+
+// maxClockBlock bounds a block reserved with the clock set: about 65 ms of
+// microseconds, so a restart skips at most that far ahead of the clock (a
+// larger Config.SequenceBlock only saves fsyncs with the clock not set).
+const maxClockBlock = 1 << 16
 
 // clockFloor returns the wall clock in microseconds since 1970, the
 // lowest sequence a newly reserved block starts at; 0 (no floor) for a
