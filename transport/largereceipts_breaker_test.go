@@ -27,7 +27,10 @@ func TestLargeFramesArriveBesideAStreamOfLargeReceipts(t *testing.T) {
 	scfg := bulkConfig(t, ca, "srv")
 	scfg.MaxFrameSize = 1 << 20
 	scfg.MaxReadBytes = scfg.MaxFrameSize // one slot
-	scfg.FrameReadTimeout = 3 * time.Second
+	// Short enough that a frame starved of read budget ends the
+	// connection within the test's wait, long enough for a 1 MiB frame
+	// under the race detector on a busy machine (3 s was not, once).
+	scfg.FrameReadTimeout = 8 * time.Second
 	srv := startNode(t, scfg, r, srvH)
 	long := strings.Repeat("e", 200<<10)
 	goodH := handlerFunc(func(from transport.PeerInfo, env *pb.Envelope, reply func(*pb.Receipt)) {
