@@ -21,7 +21,6 @@ import (
 // taken as the watermark (taken, the copy was answered DUPLICATE and the
 // reply never sent).
 func TestKeptReplyOfAnInboxRequestSurvivesEviction(t *testing.T) {
-	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "n1")
 	n := startNode(t, "n1", dir)
 	st := openBox(t, filepath.Join(t.TempDir(), "inbox.db"))

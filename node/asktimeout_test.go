@@ -20,7 +20,6 @@ import (
 // timer when AskTimeout is at least twice the transport's
 // HandshakeTimeout) each get their own reply.
 func TestRemoteAskWithoutDeadline(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name      string
 		handshake time.Duration

@@ -150,7 +150,6 @@ func TestBatchHandlerPanicRejectsOnlyItsMessage(t *testing.T) {
 // End to end: a backlog drained into a batch actor arrives complete, in
 // order, once each; tell and ask still reach the Handler.
 func TestBatchHandlerDrainsBacklog(t *testing.T) {
-	t.Parallel()
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
 	peer := stopPeer(t, nodes[0], nodes[1])

@@ -25,7 +25,6 @@ var peerQ = transport.PeerInfo{Name: "q", BootID: "b", OutboxID: [16]byte{'q', 1
 // Repeated MaxAttempts times (a peer that keeps sending short-TTL
 // messages), m2 is dead-lettered.
 func TestBreakerBatchDeadlineOfAnotherMessageChargesHealthyOne(t *testing.T) {
-	t.Parallel()
 	// A commit that takes a while (a slow disk); q1 has 400 ms to live.
 	rs := batchBehindAnotherSendersTTL(t, 1500*time.Millisecond, 400)
 	if c := rs.code("m2"); c != pb.Receipt_PROCESSED {

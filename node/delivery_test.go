@@ -161,7 +161,6 @@ func TestFullSendQueueNeverCharged(t *testing.T) {
 // A Tell flood filling the send queue to a healthy peer never costs a
 // reliable message an attempt.
 func TestTellFloodNeverDeadLettersReliable(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
 		fastRetries(c)
@@ -209,7 +208,6 @@ func TestTellFloodNeverDeadLettersReliable(t *testing.T) {
 // An application that spawns its actor late loses nothing within the
 // receiver's SpawnGrace; past it, NO_SUCH_ACTOR counts.
 func TestLateSpawn(t *testing.T) {
-	t.Parallel()
 	t.Run("within grace", func(t *testing.T) {
 		dir := t.TempDir()
 		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
@@ -329,7 +327,6 @@ func TestTTLWhilePeerDownReplayAndDrop(t *testing.T) {
 // A simulated crash (Kill) during delivery charges nothing: the relay stops
 // before the connections, as in a real crash where nothing is recorded.
 func TestKillChargesNoAttempts(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	// One attempt: anything charged would go straight to the DLQ.
 	oneAttempt := func(c *node.Config) { fastRetries(c); c.Outbox.MaxAttempts = 1 }

@@ -19,8 +19,6 @@ import (
 // firing, when the receiver closes (gracefully or as a crash): Close must
 // return promptly, race-clean and leak-free.
 func TestCloseWithManyCommitRetriesPending(t *testing.T) {
-	// Not in parallel: its messages live 500 ms, and on a busy machine too
-	// few of them reached the receiver in that time to start the retries.
 	for _, kill := range []bool{false, true} {
 		t.Run(fmt.Sprint("kill=", kill), func(t *testing.T) {
 			dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}

@@ -25,7 +25,6 @@ import (
 // Once the disk takes writes again, the message is delivered and nothing
 // is in the dead-letter queue.
 func TestReceiverDiskFullDoesNotDeadLetterHealthyMessages(t *testing.T) {
-	t.Parallel()
 	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
 	n0 := startNodeWith(t, "n0", dirs[0], func(cfg *node.Config) {
 		cfg.Outbox.MaxAttempts = 2 // two counted failures and the message is poison
@@ -183,7 +182,6 @@ func diskFullKeyScenario(t *testing.T, late bool, spawn func(n *node.Node, k *ke
 
 // The retry arrives while the receiver's disk still refuses writes.
 func TestKeyOfAnUnrecordedMessageRunsOnce(t *testing.T) {
-	t.Parallel()
 	diskFullKeyScenario(t, false, func(n *node.Node, k *keyRuns) (node.Address, error) {
 		return n.Spawn("w", k.handler())
 	})
@@ -191,7 +189,6 @@ func TestKeyOfAnUnrecordedMessageRunsOnce(t *testing.T) {
 
 // The same through a WithBatch actor (answerBatch's advance).
 func TestKeyOfAnUnrecordedBatchMessageRunsOnce(t *testing.T) {
-	t.Parallel()
 	diskFullKeyScenario(t, false, func(n *node.Node, k *keyRuns) (node.Address, error) {
 		return n.Spawn("w", k.handler(), node.WithBatch(k.batchHandler(), 16))
 	})
@@ -200,7 +197,6 @@ func TestKeyOfAnUnrecordedBatchMessageRunsOnce(t *testing.T) {
 // The retry arrives after the disk recovered and the first message was
 // acknowledged: its watermark is on disk, its key is not.
 func TestKeyOfAnUnrecordedMessageIsRecordedWhenTheDiskRecovers(t *testing.T) {
-	t.Parallel()
 	diskFullKeyScenario(t, true, func(n *node.Node, k *keyRuns) (node.Address, error) {
 		return n.Spawn("w", k.handler())
 	})
@@ -215,7 +211,6 @@ func TestKeyOfAnUnrecordedMessageIsRecordedWhenTheDiskRecovers(t *testing.T) {
 // Past the key window, K is a new request and runs; held in memory for
 // good, it would be answered DUPLICATE and lost.
 func TestRefusedCommitIsRetriedWithoutACopy(t *testing.T) {
-	t.Parallel()
 	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
 	clk := outbox.NewManualClock(time.Now())
 	n0 := startNodeWith(t, "n0", dirs[0], func(cfg *node.Config) { cfg.Outbox.MaxClockSkew = 0 })

@@ -34,7 +34,6 @@ import (
 // the restore away (DIVERGED). The stream starts a new epoch and every new
 // message runs, in order; none is taken for a copy.
 func TestRestoredSendersBurstPastTheWatermarkRuns(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		spawn func(n *node.Node, s *sink) error
@@ -272,7 +271,6 @@ func TestCopyAtADigestlessDurableWatermarkWhileTheStoreIsStopped(t *testing.T) {
 // sent before it, and is none of them. Either way every message runs,
 // once, in order.
 func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
-	t.Parallel()
 	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{}) })
 	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true}) })
 	// The receiver comes back before its actor does: the first emission
@@ -444,7 +442,6 @@ func restoredBurstAroundTheWatermark(t *testing.T, c backupCase) {
 // move the watermark) is committed by the retry, and the stream stays
 // cached until then.
 func TestDivergedMarkOutlivesTheStreamsEviction(t *testing.T) {
-	t.Parallel()
 	for _, refuse := range []bool{false, true} {
 		name := "evicted"
 		if refuse {

@@ -57,7 +57,6 @@ func waitEvent(t *testing.T, l *eventLog, who, s string) {
 // application's own Config.Mesh.OnEvent callback and a MemberEvents
 // subscriber, with the member's tags.
 func TestMemberEvents(t *testing.T) {
-	t.Parallel()
 	var callback, channel eventLog
 	n1 := startNodeWith(t, "n1", t.TempDir(), func(cfg *node.Config) {
 		cfg.Mesh.OnEvent = func(ev mesh.Event) { callback.add(ev.Kind, ev.Member.Name) }
@@ -109,7 +108,6 @@ func TestMemberEvents(t *testing.T) {
 // returns stops neither the node's own reaction to membership (a dead
 // peer's ask fails at once) nor subscribers, and it does not hang Close.
 func TestStuckMemberCallbackBreaksNothing(t *testing.T) {
-	t.Parallel()
 	release := make(chan struct{})
 	defer close(release)
 	n1 := startNodeWith(t, "n1", t.TempDir(), func(cfg *node.Config) {

@@ -24,7 +24,6 @@ import (
 // order, while the flood goes on. The flood's senders retry as soon as
 // their hint allows, so every slot the handler frees would go to a tell.
 func TestTellFloodDoesNotStarveReliable(t *testing.T) {
-	t.Parallel()
 	for _, o := range []mailbox.Overflow{mailbox.Reject, mailbox.DropOldest} {
 		t.Run(o.String(), func(t *testing.T) { tellFloodWithReliable(t, o) })
 	}
@@ -85,7 +84,6 @@ func tellFloodWithReliable(t *testing.T, overflow mailbox.Overflow) {
 // reach it: the tells of a modest flood (a few hundred a second against a
 // handler of 2.5 a second) do not evict it again.
 func TestSlowDropOldestActorKeepsReliable(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
 	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())

@@ -43,7 +43,6 @@ import (
 // MESHNODE_HOSTILE=30s runs it for that long at full strength (run it
 // without -race) and logs the figures quoted in docs/threat-model.md.
 func TestMemoryUnderAttack(t *testing.T) {
-	t.Parallel()
 	// The small version shrinks the member's share of the mailboxes, so
 	// that filling it takes little time under -race; the bound follows.
 	hold, strangerStreams := 2*time.Second, 8

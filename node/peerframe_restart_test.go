@@ -99,7 +99,6 @@ func (b *crashHole) ReadFrom(p []byte) (int, net.Addr, error) {
 // not dead-lettered for the limit the dead process announced: it waits,
 // uncounted, until the keep-alives replace that connection.
 func TestHealthyMessageAfterRestartInPlaceWithOneAttempt(t *testing.T) {
-	t.Parallel()
 	restartInPlace(t, func(c *node.Config) {
 		c.Outbox.MaxAttempts = 1
 		c.Transport.KeepAlivePeriod, c.Transport.MaxIdleTimeout = 10*time.Second, 30*time.Second // fails with the 1 s default too, racing the keepalive
@@ -109,7 +108,6 @@ func TestHealthyMessageAfterRestartInPlaceWithOneAttempt(t *testing.T) {
 // The same with MaxAttempts 3 and fast retries: many sends of the lone
 // message within the keep-alive period spend no attempt.
 func TestHealthyMessageAfterRestartInPlaceFastRetries(t *testing.T) {
-	t.Parallel()
 	restartInPlace(t, func(c *node.Config) {
 		fastRetries(c)
 		c.Transport.KeepAlivePeriod, c.Transport.MaxIdleTimeout = 10*time.Second, 30*time.Second

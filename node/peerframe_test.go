@@ -22,7 +22,6 @@ import (
 // it fails with ErrTooLarge. Before, it was sent, the recipient closed the
 // connection, and the stream stopped behind it for good.
 func TestMessageTooLargeForTheRecipientsNode(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
 		fastRetries(c)
@@ -71,7 +70,6 @@ func TestMessageTooLargeForTheRecipientsNode(t *testing.T) {
 // has outlived MaxIdleTimeout since (keep-alives would have replaced it),
 // and is then dead-lettered; the messages behind it go on.
 func TestMessageTooLargeOnAnOlderConnectionIsConfirmedFirst(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
 		c.Outbox.MaxAttempts = 1 // an attempt counted would dead-letter it at once

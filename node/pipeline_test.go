@@ -18,7 +18,6 @@ import (
 // says when it put an emission in the mailbox): each message runs once,
 // in order.
 func TestLocalBacklogDrainsPipelinedInOrder(t *testing.T) {
-	t.Parallel()
 	n := startNode(t, "n1", t.TempDir())
 	const total = 3000
 	entered, release := make(chan struct{}), make(chan struct{})

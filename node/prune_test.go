@@ -18,7 +18,6 @@ import (
 // queued for them, every per-peer entry is dropped; the one peer that
 // still has a message queued keeps its state.
 func TestDepartedPeersArePruned(t *testing.T) {
-	t.Parallel()
 	n := startNodeWith(t, "n1", t.TempDir(), func(*node.Config) {})
 	const peers = 1000
 	var to []node.Address

@@ -17,7 +17,6 @@ import (
 // send queue is crowded Admit (and the lane's early check) refuse it as a
 // *CapacityError: "retry after", for a message no retry can ever send.
 func TestBreakerOversizedTellIsCapacityWhileCrowded(t *testing.T) {
-	t.Parallel()
 	const size = 200 << 10
 	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
 		if i == 0 {

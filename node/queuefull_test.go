@@ -20,7 +20,6 @@ import (
 // will (not a fixed guess), and senders that wait it out deliver
 // everything.
 func TestTellIntoFullSendQueueSaysWhenToRetry(t *testing.T) {
-	t.Parallel()
 	const (
 		size    = 200 << 10
 		senders = 8

@@ -153,7 +153,6 @@ func (s *orderSink) result() (string, map[[2]int]int) {
 // Store and Reserve): each producer's messages must run once each, in the
 // order of its calls.
 func TestConcurrentSendersOneStream(t *testing.T) {
-	t.Parallel()
 	concurrentSenders(t, &orderSink{}, node.WithMailbox(1<<16, mailbox.Reject), 1<<30)
 }
 
@@ -161,7 +160,6 @@ func TestConcurrentSendersOneStream(t *testing.T) {
 // while later copies and chained successors wait) and a handler that fails
 // the first run of every fifth message.
 func TestConcurrentSendersDropOldestFailures(t *testing.T) {
-	t.Parallel()
 	concurrentSenders(t, &orderSink{failEvery: 5}, node.WithMailbox(2, mailbox.DropOldest), 100)
 }
 
@@ -282,7 +280,6 @@ func (s *seqSink) orderViolation() string {
 // hits it with a chance of a few percent on a 2-core machine, so the test
 // makes up to 1000 rounds within 90 s and stops at the first loss.
 func TestForgottenStreamIsNeverUsed(t *testing.T) {
-	t.Parallel()
 	n := startNodeWith(t, "n1", t.TempDir(), fastRetries)
 	var s seqSink
 	if _, err := n.Spawn("a", s.handler); err != nil {
@@ -392,7 +389,6 @@ func (s *versionSink) values() []string {
 // refused on its direct attempt (never queued), and refused by the relay
 // (queued first).
 func TestReplayRefusesOlderThanDirectNewerVersion(t *testing.T) {
-	t.Parallel()
 	for _, queuedFirst := range []bool{false, true} {
 		t.Run(fmt.Sprintf("v1 queued first %v", queuedFirst), func(t *testing.T) {
 			n1 := startNodeWith(t, "n1", t.TempDir(), fastRetries)

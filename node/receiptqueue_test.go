@@ -23,7 +23,6 @@ import (
 // the peer's slots, and the drain stalled (thousands of messages still
 // queued after 10 s; about 0.4 s with every receipt kept).
 func TestSmallSendQueueDrainsManyStreams(t *testing.T) {
-	t.Parallel()
 	const actors, per = 32, 200
 	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
 		cfg.Transport.SendQueueSize = 16

@@ -155,7 +155,6 @@ func TestRemoteAskErrors(t *testing.T) {
 }
 
 func TestRemoteUnreachableAfterKill(t *testing.T) {
-	t.Parallel()
 	nodes := cluster(t, 3)
 	ctx := ctxT(t)
 	victim := nodes[2]
@@ -216,7 +215,6 @@ var _ = fmt.Sprint
 // its own reply, and each that fails fails by its deadline (an asker's
 // response channel is reused only once its response was received).
 func TestAsksAtTheirDeadlineGetOnlyTheirOwnReply(t *testing.T) {
-	t.Parallel()
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
 	nodes[1].Spawn("late", func(ctx context.Context, m *node.Message) (proto.Message, error) {
@@ -305,7 +303,6 @@ func mixedReply(q string) (proto.Message, error) {
 // response envelope while tells with headers go the other way through the
 // same pool; every asker gets exactly its own outcome.
 func TestPooledResponsesOfEveryKindAlternate(t *testing.T) {
-	t.Parallel()
 	nodes := cluster(t, 2)
 	ctx := ctxT(t)
 	for _, n := range nodes {
@@ -432,7 +429,6 @@ func TestBothSidesAskingAtOnceLoseNoAsk(t *testing.T) {
 // being dropped: no ask waits out its deadline; what fails, fails at once
 // with a retry hint (the asker's own queue full).
 func TestResponsesWaitForRoomInAFullSendQueue(t *testing.T) {
-	t.Parallel()
 	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
 		cfg.Transport.SendQueueSize = 4
 		cfg.AskTimeout = 3 * time.Second

@@ -81,7 +81,6 @@ func meetBusyActor(t *testing.T, n1 *node.Node, d2 string, s *holdSink, opts []n
 // answered DIVERGED (and w's receipt gives the digest of c, which ran at
 // the watermark), so the sender does not take w for a copy.
 func TestRestoredBurstMeetingAFullMailboxRuns(t *testing.T) {
-	t.Parallel()
 	restoredBurstMeetingABusyActor(t, []node.SpawnOption{node.WithMailbox(1, mailbox.Reject)}, func(*node.Config) {}, 1,
 		func(t *testing.T, n1, n2 *node.Node) {
 			// The burst came back while the mailbox was full.
@@ -103,7 +102,6 @@ func TestRestoredBurstMeetingAFullMailboxRuns(t *testing.T) {
 // watermark; w's DUPLICATE gives that digest (c's), and the sender, which
 // sent x under c's sequence in the same emission, starts a new epoch.
 func TestRestoredBurstWhoseWatermarkMessageIsDroppedOldestRuns(t *testing.T) {
-	t.Parallel()
 	restoredBurstMeetingABusyActor(t, []node.SpawnOption{node.WithMailbox(1, mailbox.DropOldest)}, func(*node.Config) {}, 0,
 		func(t *testing.T, n1, n2 *node.Node) {
 			testutil.WaitFor(t, 15*time.Second, "x and y evicted from the mailbox", func() bool {
@@ -118,7 +116,6 @@ func TestRestoredBurstWhoseWatermarkMessageIsDroppedOldestRuns(t *testing.T) {
 // missing. w's DUPLICATE gives the digest of c, the message at the
 // watermark, which is not x: a new epoch, and w is not taken for a copy.
 func TestRestoredBurstOutwaitingTheDeliverTimeoutRuns(t *testing.T) {
-	t.Parallel()
 	restoredBurstMeetingABusyActor(t, nil, func(c *node.Config) { c.Relay.DeliverTimeout = 300 * time.Millisecond }, 0,
 		func(t *testing.T, n1, n2 *node.Node) {
 			testutil.WaitFor(t, 15*time.Second, "the emission timed out and was judged", func() bool {
@@ -202,7 +199,6 @@ func receiverRefusingAWatermark(t *testing.T, ran []*pb.Envelope, refused *pb.En
 // emitted high-water covers the watermark). w goes again in a new epoch
 // and runs.
 func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
-	t.Parallel()
 	const ttl = 3 * time.Second
 	s := newHoldSink("hold")
 	n1, d2 := restoredBurst(t, func(c *node.Config) { c.Outbox.MaxClockSkew = 100 * time.Millisecond },

@@ -34,7 +34,6 @@ import (
 // the body's bytes (from a peer), a decoded copy; and every asker gets its
 // own reply.
 func TestValuesOutliveTheirMessage(t *testing.T) {
-	t.Parallel()
 	for _, ask := range []bool{false, true} {
 		for _, local := range []bool{false, true} {
 			name := map[bool]string{false: "tell", true: "ask"}[ask] + map[bool]string{false: "/remote", true: "/local"}[local]
@@ -148,7 +147,6 @@ func checkMsg(m *node.Message) (string, error) {
 // past the ask's deadline, with tracing and debug logging on; every
 // handler checks its message is whole and every asker its reply.
 func TestReuseOnEveryPath(t *testing.T) {
-	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })

@@ -22,7 +22,6 @@ import (
 // accepted: the room in bytes kept for the message expected back does not
 // outlive its window.
 func TestRoomForALargeReliableMessageLapses(t *testing.T) {
-	t.Parallel()
 	n := startNode(t, "n1", t.TempDir())
 	const maxBytes = 4096
 	gate := map[string]chan struct{}{"block": make(chan struct{}), "m3": make(chan struct{})}

@@ -19,7 +19,6 @@ import (
 // every handler sees the recipient it was sent to and the sender "@n1",
 // and every asker gets the reply of the actor it asked.
 func TestEveryHandlerSeesItsRoute(t *testing.T) {
-	t.Parallel()
 	nodes := cluster(t, 2)
 	const actors = 1100
 	var got, wrong atomic.Int64

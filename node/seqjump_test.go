@@ -20,7 +20,6 @@ import (
 // back (sequences jump past the 4-byte offsets of the outbox's in-memory
 // queue order), with restarts between. Every message runs once, in order.
 func TestSequencesJumpingMidStreamLoseNothing(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
 	clk := clockNotSet()

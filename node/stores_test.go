@@ -45,7 +45,6 @@ func queueAndClose(t *testing.T, dir string, k int, crash bool) {
 // gone wrong, a full disk, a person) must not start empty in silence: 200
 // queued messages would be gone.
 func TestEmptiedStoreRefused(t *testing.T) {
-	t.Parallel()
 	for _, how := range []string{"truncated", "removed"} {
 		t.Run(how, func(t *testing.T) {
 			dir := t.TempDir()

@@ -145,7 +145,6 @@ func TestStreamOrderHoldsWhenFailureAndFullMailboxInterleave(t *testing.T) {
 // sender p: emissions chained by prev_sequence from the first unacked
 // message, the next one after all receipts came back.
 func TestStreamOrderHoldsUnderDropOldestEvictions(t *testing.T) {
-	t.Parallel()
 	n := startNode(t, "n1", t.TempDir())
 	total := uint64(1000)
 	if testing.Short() {
@@ -213,7 +212,6 @@ func TestStreamOrderHoldsUnderDropOldestEvictions(t *testing.T) {
 // mailbox (Reject or DropOldest) whose handler fails some messages once.
 // Every value must run successfully for the first time in send order, once.
 func TestStreamOrderEndToEnd(t *testing.T) {
-	t.Parallel()
 	for _, ov := range []mailbox.Overflow{mailbox.Reject, mailbox.DropOldest} {
 		t.Run(ov.String(), func(t *testing.T) {
 			dir := t.TempDir()

@@ -82,7 +82,6 @@ func TestOutboxSyncFailureStopsUntilRestart(t *testing.T) {
 // handler run then would run again after the restart. Its senders wait,
 // uncounted, and after the restart every message runs once, in order.
 func TestReceiverWithAFailedStoreRunsNothingTwice(t *testing.T) {
-	t.Parallel()
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) { receiverWithAFailedStore(t, batched) })
 	}
