@@ -396,10 +396,7 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 		case <-t.C:
 		case <-done:
 			g.mu.Lock()
-			if g.unwait(l) {
-				close(g.freed) // the next in line may take a free slot
-				g.freed = make(chan struct{})
-			}
+			g.unwait(l)
 			g.mu.Unlock()
 			return false
 		}
@@ -411,22 +408,24 @@ func (g *largeGate) take(l *lane, done <-chan struct{}) bool {
 func (g *largeGate) hold(l *lane, now int64) {
 	l.sent.Store(now)
 	g.holders[l] = struct{}{}
-	if g.unwait(l) {
-		// The next in line may take a slot still free.
-		close(g.freed)
-		g.freed = make(chan struct{})
-	}
+	g.unwait(l)
 	g.mu.Unlock()
 }
 
-// unwait takes l out of the waiting lanes, and reports whether it was in.
-func (g *largeGate) unwait(l *lane) bool {
-	i := slices.Index(g.waiting, l)
-	if i < 0 {
-		return false
+// unwait takes l out of the waiting lanes; if it was in, the lanes
+// waiting behind it are woken, since the next in line may take a slot
+// still free.
+func (g *largeGate) unwait(l *lane) {
+	if i := slices.Index(g.waiting, l); i >= 0 {
+		g.waiting = slices.Delete(g.waiting, i, i+1)
+		g.wake()
 	}
-	g.waiting = slices.Delete(g.waiting, i, i+1)
-	return true
+}
+
+// wake wakes every lane waiting in take. g.mu must be held.
+func (g *largeGate) wake() {
+	close(g.freed)
+	g.freed = make(chan struct{})
 }
 
 // release gives back l's slot, unless a waiting lane took it over.
@@ -438,8 +437,7 @@ func (g *largeGate) release(l *lane) {
 	}
 	delete(g.holders, l)
 	g.free++
-	close(g.freed)
-	g.freed = make(chan struct{})
+	g.wake()
 }
 
 // enqueueReceipt queues a receipt on the control lane; it never blocks.
