@@ -137,6 +137,8 @@ func TestConfigValidate(t *testing.T) {
 		{"no queue", func(c *transport.Config) { c.SendQueueSize = 0 }, "SendQueueSize"},
 		{"no lanes", func(c *transport.Config) { c.Lanes = 0 }, "Lanes"},
 		{"too many lanes", func(c *transport.Config) { c.Lanes = 1000 }, "Lanes"},
+		{"tiny stream window", func(c *transport.Config) { c.StreamWindow = 1000 }, "StreamWindow"},
+		{"huge stream window", func(c *transport.Config) { c.StreamWindow = 1 << 30 }, "StreamWindow"},
 		{"zero timeout", func(c *transport.Config) { c.HandshakeTimeout = 0 }, "positive"},
 		{"keepalive above idle", func(c *transport.Config) { c.KeepAlivePeriod = c.MaxIdleTimeout }, "KeepAlivePeriod"},
 		{"bad addr", func(c *transport.Config) { c.ListenAddr = "nope" }, "ListenAddr"},

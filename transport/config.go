@@ -51,6 +51,12 @@ type Config struct {
 	FrameReadTimeout time.Duration // a frame must be complete this long after its first byte arrived
 	MaxHeaders       int           // header entries a received envelope may carry
 	MaxHeaderBytes   int           // encoded bytes of those entries together
+	// StreamWindow is how many bytes a peer may send on one stream ahead
+	// of what this node has read (its QUIC receive window). One lane moves
+	// at most this much per round trip: 512 KiB is 5 MB/s at 100 ms.
+	// Raise it for long, fast links; a connection then buffers up to
+	// 2 x (Lanes, at least 16, + 1) x StreamWindow unread.
+	StreamWindow int
 
 	KeepAlivePeriod  time.Duration // PING interval so an idle connection stays open and a dead one is noticed
 	MaxIdleTimeout   time.Duration // a connection with no packets from the peer for this long is dead
@@ -66,8 +72,6 @@ type Config struct {
 	maxReceipts int
 	// largeStall overrides largeStall in tests; 0 = the default.
 	largeStall time.Duration
-	// streamWindow overrides streamWindow in tests; 0 = the default.
-	streamWindow uint64
 }
 
 // DefaultConfig returns a Config with every field set except Identity,
@@ -89,6 +93,7 @@ func DefaultConfig(nodeName string) Config {
 		FrameReadTimeout: 30 * time.Second,     // 4 MiB in 30 s needs ~1.1 Mbit/s; raise it for slower links
 		MaxHeaders:       64,                   // application headers are few and short
 		MaxHeaderBytes:   16 << 10,             // 16 KiB of keys and values together
+		StreamWindow:     512 << 10,            // 5 MB/s per lane at a 100 ms round trip; 17 MiB unread per connection at most
 		KeepAlivePeriod:  time.Second,          // ping every second
 		MaxIdleTimeout:   5 * time.Second,      // dead peer noticed within 5 s
 		HandshakeTimeout: 3 * time.Second,      // a dial never hangs longer than 3 s
@@ -123,6 +128,8 @@ func (c Config) Validate() error {
 		return badconfig.New(ErrBadConfig, "Lanes %d outside [1, %d]", c.Lanes, maxLanes)
 	case c.MaxReadBytes < c.MaxFrameSize:
 		return badconfig.New(ErrBadConfig, "MaxReadBytes %d must hold one frame of MaxFrameSize %d", c.MaxReadBytes, c.MaxFrameSize)
+	case c.StreamWindow < minStreamWindow || c.StreamWindow > maxStreamWindow:
+		return badconfig.New(ErrBadConfig, "StreamWindow %d outside [64 KiB, 16 MiB]", c.StreamWindow)
 	case c.FrameReadTimeout <= 0:
 		return badconfig.New(ErrBadConfig, "FrameReadTimeout must be positive")
 	case c.MaxHeaders < 0 || c.MaxHeaderBytes < 0:

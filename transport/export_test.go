@@ -17,10 +17,6 @@ func SetMaxQueuedReceipts(cfg *Config, n int) { cfg.maxReceipts = n }
 // only from a lane none of whose bytes were sent for d.
 func SetLargeStall(cfg *Config, d time.Duration) { cfg.largeStall = d }
 
-// SetStreamWindow makes a transport built from cfg let a peer send at most
-// n bytes ahead of what it read on one stream (and Lanes+1 times that on a
-// connection).
-func SetStreamWindow(cfg *Config, n uint64) { cfg.streamWindow = n }
 
 // SetHelloHook makes a transport built from cfg send the Hello that f edits.
 func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }

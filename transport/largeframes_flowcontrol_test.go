@@ -21,7 +21,7 @@ func smallWindows(cfg *transport.Config) {
 	cfg.MaxFrameSize = 256 << 10
 	cfg.MaxReadBytes = 512 << 10
 	cfg.FrameReadTimeout = 10 * time.Second
-	transport.SetStreamWindow(cfg, 64<<10)
+	cfg.StreamWindow = 64 << 10
 	transport.SetLargeStall(cfg, 100*time.Millisecond)
 }
 

@@ -31,7 +31,7 @@ import (
 //     (a map is several times the size of its encoding).
 //
 // So one connection holds at most: quic-go's receive window (2 x (Lanes,
-// at least 16, + 1) x 512 KiB, 17 MiB by default; setReceiveWindows),
+// at least 16, + 1) x StreamWindow, 17 MiB by default; setReceiveWindows),
 // (2 x maxLanes + 16) streams x readBufSize (8.25 MiB), and MaxReadBytes
 // of frames being read; decoded envelopes then belong to the handler (the
 // node charges them to the peer until they are handled).

@@ -437,9 +437,13 @@ func unsendableErr(e *EncodeError) error {
 	return e
 }
 
-// streamWindow is how far a peer may send ahead of what this node has read
-// on one stream.
-const streamWindow = 512 << 10
+// The range of Config.StreamWindow: below 64 KiB one lane crawls on any
+// link with a round trip; above 16 MiB one peer could make this node buffer
+// more than half a GiB unread.
+const (
+	minStreamWindow = 64 << 10
+	maxStreamWindow = 16 << 20
+)
 
 // windowLanes is how many of a peer's lanes the receive window is sized
 // for, which this node's Hello announces: its own, at least the default.
@@ -463,10 +467,7 @@ func windowLanes(cfg Config) int { return max(cfg.Lanes, defaultLanes) }
 // its streams' windows together, and fixed (quic-go would otherwise start
 // it smaller and tune it up).
 func setReceiveWindows(q *quic.Config, cfg Config) {
-	sw := uint64(streamWindow)
-	if cfg.streamWindow > 0 {
-		sw = cfg.streamWindow
-	}
+	sw := uint64(cfg.StreamWindow)
 	q.InitialStreamReceiveWindow, q.MaxStreamReceiveWindow = sw, sw
 	cw := 2 * uint64(windowLanes(cfg)+1) * sw
 	q.InitialConnectionReceiveWindow, q.MaxConnectionReceiveWindow = cw, cw

@@ -17,6 +17,7 @@ import (
 	"github.com/meshnode/meshnode/internal/inbox"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/transport"
 	"github.com/spf13/pflag"
 )
 
@@ -51,6 +52,14 @@ type Config struct {
 	// whole number of days may be written "30d"). The same on every node.
 	StreamRetention string `toml:"stream_retention"`
 	RetentionMargin string `toml:"retention_margin"`
+
+	// Links slower or longer than a LAN: how long a frame may take to
+	// arrive once it started ("30s"; the largest, 4 MiB, needs about
+	// 1.1 Mbit/s for that), and how many bytes a peer may send on one
+	// stream ahead of what this node read (524288: one lane moves at most
+	// that per round trip).
+	FrameReadTimeout string `toml:"frame_read_timeout"`
+	StreamWindow     int    `toml:"stream_window"`
 }
 
 // DefaultConfig returns the defaults; the name is the host name.
@@ -73,6 +82,9 @@ func DefaultConfig() Config {
 		InboxCapacity:   inbox.DefaultConfig("").MaxMessages,
 		StreamRetention: days(outbox.DefaultConfig("").StreamRetention),
 		RetentionMargin: days(outbox.DefaultConfig("").RetentionMargin),
+
+		FrameReadTimeout: transport.DefaultConfig("").FrameReadTimeout.String(),
+		StreamWindow:     transport.DefaultConfig("").StreamWindow,
 	}
 }
 
@@ -115,6 +127,15 @@ func (c Config) retention() (keep, margin time.Duration, err error) {
 		return 0, 0, fmt.Errorf("retention_margin %s must be positive and below stream_retention %s: senders give a message up that much sooner than receivers forget its stream", c.RetentionMargin, c.StreamRetention)
 	}
 	return keep, margin, nil
+}
+
+// frameReadTimeout returns frame_read_timeout as a duration.
+func (c Config) frameReadTimeout() (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(c.FrameReadTimeout))
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("frame_read_timeout %q: want a positive duration such as 30s or 2m", c.FrameReadTimeout)
+	}
+	return d, nil
 }
 
 // certFiles returns the certificate and key paths, derived when unset.
@@ -187,6 +208,12 @@ func (c Config) Validate() error {
 	if _, _, err := c.retention(); err != nil {
 		return bad("%v", err)
 	}
+	if _, err := c.frameReadTimeout(); err != nil {
+		return bad("%v", err)
+	}
+	if lo, hi := 64<<10, 16<<20; c.StreamWindow < lo || c.StreamWindow > hi {
+		return bad("stream_window %d: want bytes from %d (64 KiB) to %d (16 MiB)", c.StreamWindow, lo, hi)
+	}
 	return nil
 }
 
@@ -244,6 +271,8 @@ var settings = []setting{
 	{key: "pprof", usage: "serve Go profiles at /debug/pprof/ on admin_addr", boolean: func(c *Config) *bool { return &c.Pprof }},
 	{key: "stream_retention", usage: "how long a receiver keeps an idle stream's watermark (e.g. 720h or 30d; the same on every node)", str: func(c *Config) *string { return &c.StreamRetention }},
 	{key: "retention_margin", usage: "how much sooner than stream_retention a sender gives a queued message up (the same on every node)", str: func(c *Config) *string { return &c.RetentionMargin }},
+	{key: "frame_read_timeout", usage: "how long a frame may take to arrive once it started (raise it for slow links)", str: func(c *Config) *string { return &c.FrameReadTimeout }},
+	{key: "stream_window", usage: "bytes a peer may send on one stream ahead of what this node read (raise it for long, fast links)", num: func(c *Config) *int { return &c.StreamWindow }},
 }
 
 // addFlags registers every setting as a flag showing its default and env var.

@@ -121,6 +121,10 @@ func TestConfigErrors(t *testing.T) {
 		{"margin above retention", "", nil, []string{"--stream-retention", "7d", "--retention-margin", "8d"}, "below stream_retention"},
 		{"margin equal to retention", "", nil, []string{"--stream-retention", "48h", "--retention-margin", "2d"}, "below stream_retention"},
 		{"no margin", "", nil, []string{"--retention-margin", "0s"}, "must be positive"},
+		{"frame read timeout not a duration", "frame_read_timeout = \"slow\"\n", nil, nil, "frame_read_timeout"},
+		{"no frame read timeout", "", nil, []string{"--frame-read-timeout", "0s"}, "positive duration"},
+		{"tiny stream window", "", nil, []string{"--stream-window", "1000"}, "stream_window 1000"},
+		{"huge stream window", "stream_window = 1073741824\n", nil, nil, "16 MiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,6 +172,26 @@ func TestRetentionReachesTheOutbox(t *testing.T) {
 		}
 	}
 	// And into the node's config.
+	cfg, err := loadWith(t, "", nil, "--name", "n1", "--ca-file", caWithN1(t), "--stream-retention", "90d", "--retention-margin", "10d")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nodeConfig(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nc.Outbox.StreamRetention != 90*24*time.Hour || nc.Outbox.RetentionMargin != 10*24*time.Hour {
+		t.Errorf("the node's outbox keeps streams %v with a margin of %v; want 90 and 10 days", nc.Outbox.StreamRetention, nc.Outbox.RetentionMargin)
+	}
+	if c := DefaultConfig(); c.StreamRetention != "30d" || c.RetentionMargin != "7d" {
+		t.Errorf("defaults written %q and %q; want 30d and 7d, as the README says", c.StreamRetention, c.RetentionMargin)
+	}
+}
+
+// caWithN1 writes a CA and node n1's certificate and key into a temporary
+// directory and returns the CA's file.
+func caWithN1(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	ca, err := transport.NewCA("test", time.Hour)
 	if err != nil {
@@ -182,18 +206,37 @@ func TestRetentionReachesTheOutbox(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := loadWith(t, "", nil, "--name", "n1", "--ca-file", filepath.Join(dir, "ca.crt"), "--stream-retention", "90d", "--retention-margin", "10d")
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nodeConfig(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if nc.Outbox.StreamRetention != 90*24*time.Hour || nc.Outbox.RetentionMargin != 10*24*time.Hour {
-		t.Errorf("the node's outbox keeps streams %v with a margin of %v; want 90 and 10 days", nc.Outbox.StreamRetention, nc.Outbox.RetentionMargin)
-	}
-	if c := DefaultConfig(); c.StreamRetention != "30d" || c.RetentionMargin != "7d" {
-		t.Errorf("defaults written %q and %q; want 30d and 7d, as the README says", c.StreamRetention, c.RetentionMargin)
+	return filepath.Join(dir, "ca.crt")
+}
+
+// The settings for slow and long links reach the node's transport, from a
+// file or flags; the defaults are the transport's.
+func TestLinkSettingsReachTheTransport(t *testing.T) {
+	def := transport.DefaultConfig("")
+	ca := caWithN1(t)
+	for _, tc := range []struct {
+		file    string
+		args    []string
+		timeout time.Duration
+		window  int
+	}{
+		{"", nil, def.FrameReadTimeout, def.StreamWindow},
+		{"frame_read_timeout = \"2m\"\nstream_window = 4194304\n", nil, 2 * time.Minute, 4 << 20},
+		{"", []string{"--frame-read-timeout", "90s", "--stream-window", "65536"}, 90 * time.Second, 64 << 10},
+	} {
+		cfg, err := loadWith(t, tc.file, nil, append([]string{"--name", "n1", "--ca-file", ca}, tc.args...)...)
+		if err != nil {
+			t.Fatalf("%q %v: %v", tc.file, tc.args, err)
+		}
+		nc, err := nodeConfig(cfg, slog.New(slog.DiscardHandler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nc.Transport.FrameReadTimeout != tc.timeout || nc.Transport.StreamWindow != tc.window {
+			t.Errorf("%q %v: the transport reads frames within %v with windows of %d; want %v and %d", tc.file, tc.args, nc.Transport.FrameReadTimeout, nc.Transport.StreamWindow, tc.timeout, tc.window)
+		}
+		if err := nc.Validate(); err != nil {
+			t.Errorf("%q %v: the node refuses the config: %v", tc.file, tc.args, err)
+		}
 	}
 }

@@ -79,6 +79,7 @@ func (d *daemonState) reload(load func() (Config, error)) {
 		"mailbox_capacity": next.MailboxCapacity != d.cfg.MailboxCapacity, "inbox_capacity": next.InboxCapacity != d.cfg.InboxCapacity,
 		"gossip_key_file": next.GossipKeyFile != d.cfg.GossipKeyFile, "pprof": next.Pprof != d.cfg.Pprof,
 		"stream_retention": next.StreamRetention != d.cfg.StreamRetention, "retention_margin": next.RetentionMargin != d.cfg.RetentionMargin,
+		"frame_read_timeout": next.FrameReadTimeout != d.cfg.FrameReadTimeout, "stream_window": next.StreamWindow != d.cfg.StreamWindow,
 	} {
 		if changed {
 			restart = append(restart, key)

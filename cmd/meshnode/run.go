@@ -76,6 +76,10 @@ func nodeConfig(cfg Config, logger *slog.Logger) (node.Config, error) {
 		return nc, fmt.Errorf("%w: %w", errBadConfig, err)
 	}
 	nc.Outbox.StreamRetention, nc.Outbox.RetentionMargin = keep, margin
+	if nc.Transport.FrameReadTimeout, err = cfg.frameReadTimeout(); err != nil {
+		return nc, fmt.Errorf("%w: %w", errBadConfig, err)
+	}
+	nc.Transport.StreamWindow = cfg.StreamWindow
 	id, err := loadIdentity(cfg)
 	if err != nil {
 		return nc, err
