@@ -17,7 +17,6 @@ func SetMaxQueuedReceipts(cfg *Config, n int) { cfg.maxReceipts = n }
 // only from a lane none of whose bytes were sent for d.
 func SetLargeStall(cfg *Config, d time.Duration) { cfg.largeStall = d }
 
-
 // SetHelloHook makes a transport built from cfg send the Hello that f edits.
 func SetHelloHook(cfg *Config, f func(*pb.Hello)) { cfg.helloHook = f }
 
