@@ -27,9 +27,9 @@ const (
 	maxAllocsTell     = 4   // remote Tell: 2.4
 	maxAllocsLocal    = 3   // Tell to an actor on the same node: 2.0
 	maxAllocsAsk      = 18  // remote Ask round trip: 16.2
-	maxAllocsReliable = 220 // TellReliable to an offline peer, one caller (one commit each): 174
-	maxAllocsAsync    = 36  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 31
-	maxAllocsDirect   = 220 // TellReliable delivered at once to an online actor, the receiver committing each watermark (this test's log): 170
+	maxAllocsReliable = 190 // TellReliable to an offline peer, one caller (one commit each): 157
+	maxAllocsAsync    = 24  // TellReliableAsync to an offline peer, one producer (hundreds per commit): 19.2
+	maxAllocsDirect   = 220 // TellReliable delivered at once to an online actor, the receiver committing each watermark (this test's log): 192
 )
 
 // allocsPer returns the allocations of the whole process per message while

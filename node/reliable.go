@@ -274,20 +274,23 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 		return nil, o.badOption
 	}
 	now := time.Now()
-	env := &pb.Envelope{
+	m := new(storedParts)
+	env := &m.env
+	*env = pb.Envelope{
 		ProtocolVersion: pb.ProtocolVersion,
 		MsgId:           mailbox.NewID(),
 		IdempotencyKey:  o.key,
-		Sender:          Address{Node: n.name}.String(),
+		Sender:          n.sender,
 		Recipient:       to.String(),
 		CreatedAtUnixMs: now.UnixMilli(),
 		Type:            o.msgType,
 		Headers:         o.headers,
 		Body:            body,
-		Rpc:             &pb.RpcMeta{Kind: pb.RpcMeta_EVENT, Service: o.service, Method: o.method},
+		Rpc:             &m.rpc,
 		Receipt:         pb.Envelope_RECEIPT_PROCESSED,
 		TtlMs:           o.ttl.Milliseconds(),
 	}
+	m.rpc = pb.RpcMeta{Kind: pb.RpcMeta_EVENT, Service: o.service, Method: o.method}
 	if o.coalesce != "" {
 		env.Conflict, env.CoalesceKey = pb.Envelope_OVERWRITE, o.coalesce
 	}
@@ -312,7 +315,16 @@ func (n *Node) reliableMessage(to Address, body *anypb.Any, o *sendOptions) (*pb
 	} else if err := n.transport.CheckSize(env); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTooLarge, err)
 	}
-	return &pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}, nil
+	m.sm = pb.StoredMessage{Envelope: env, CreatedElapsedMs: n.store.ElapsedMs(), FirstEnqueuedUnixMs: now.UnixMilli()}
+	return &m.sm, nil
+}
+
+// storedParts is a reliable message's stored form, its envelope and its
+// RpcMeta in one allocation.
+type storedParts struct {
+	sm  pb.StoredMessage
+	env pb.Envelope
+	rpc pb.RpcMeta
 }
 
 // warnUnknown logs a reliable send to a node no member has ever seen: it

@@ -57,6 +57,7 @@ type op struct {
 	stream    *StreamCommit       // opStream
 	bytes     int                 // opEnqueue: marshalled size of msgs, bounded per transaction by MaxBatchBytes
 	async     func(error)         // called after the commit instead of closing done
+	enqueued  func(Result, error) // EnqueueAsync: called after the commit with its one message's outcome, instead of closing done
 
 	err     error    // whole-op result
 	results []Result // opEnqueue: per message
@@ -103,6 +104,8 @@ type batch struct {
 	wallMs      int64
 	q           map[string]*qdelta
 	recs        *bolt.Bucket // the records bucket of the transaction (records)
+	recCur      *bolt.Cursor // a cursor on recs for lookups (recordAt)
+	key         [8]byte      // recordAt's key
 	dlq         int
 	counters    struct{ retries, dead, expired, delivered, enqueued, coalesced, superseded uint64 }
 	// edited: an op changed a queue other than by appending a message or
@@ -447,9 +450,18 @@ func decodeOutStream(v []byte) (*pb.OutStream, error) {
 	return os, nil
 }
 
-// finish releases the callers of ops: it closes done, or calls async.
+// finish releases the callers of ops: it closes done, or calls async or
+// enqueued.
 func (s *Store) finish(ops []*op) {
 	for _, o := range ops {
+		if o.enqueued != nil {
+			err := o.err
+			if err == nil {
+				err = o.errs[0]
+			}
+			o.enqueued(o.results[0], err)
+			continue
+		}
 		if o.async != nil {
 			o.async(o.err)
 			continue
@@ -616,7 +628,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 	env := sm.GetEnvelope()
 	r, seq := env.GetRecipient(), env.GetSequence()
 	recs := b.records(tx)
-	if v := recs.Get(seqKey(seq)); v != nil {
+	if v := b.recordAt(tx, seq); v != nil {
 		return 0, fmt.Errorf("outbox: enqueue to %s: %w: sequence %d is already queued (for %s)", r, ErrBadMessage, seq, recRecipient(v))
 	}
 	val := rec
@@ -763,6 +775,23 @@ func (b *batch) records(tx *bolt.Tx) *bolt.Bucket {
 		b.recs.FillPercent = queueFill
 	}
 	return b.recs
+}
+
+// recordAt returns the record stored at seq, nil when there is none. It is
+// recs.Get with one cursor for the whole batch: Get makes a cursor and
+// grows its stack each call, three allocations for each message stored.
+// Seek searches from the root each time, so what the batch wrote in
+// between is found.
+func (b *batch) recordAt(tx *bolt.Tx, seq uint64) []byte {
+	if b.recCur == nil {
+		b.recCur = b.records(tx).Cursor()
+	}
+	binary.BigEndian.PutUint64(b.key[:], seq)
+	k, v := b.recCur.Seek(b.key[:])
+	if k == nil || seqOf(k) != seq || len(k) != len(b.key) {
+		return nil
+	}
+	return v
 }
 
 // encodeMessage encodes sm as a new queue record: its TTL deadline and

@@ -44,7 +44,7 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 	if err != nil {
 		return 0, err
 	}
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeaderLen(rec)}
+	o := newOneEnqueue(sm, rec)
 	if err := s.submit(ctx, o); err != nil {
 		return 0, err
 	}
@@ -52,6 +52,23 @@ func (s *Store) Enqueue(ctx context.Context, sm *pb.StoredMessage) (Result, erro
 		return 0, o.errs[0]
 	}
 	return o.results[0], o.err
+}
+
+// oneEnqueue is the op of an Enqueue or EnqueueAsync with the slices of its
+// one message in the same allocation: one allocation per durable send
+// instead of five (six with EnqueueAsync's callback).
+type oneEnqueue struct {
+	op
+	msg [1]*pb.StoredMessage
+	rec [1][]byte
+	res [1]Result
+	err [1]error
+}
+
+func newOneEnqueue(sm *pb.StoredMessage, rec []byte) *op {
+	one := &oneEnqueue{msg: [1]*pb.StoredMessage{sm}, rec: [1][]byte{rec}}
+	one.op = op{kind: opEnqueue, msgs: one.msg[:], recs: one.rec[:], results: one.res[:], errs: one.err[:], bytes: len(rec) - recHeaderLen(rec)}
+	return &one.op
 }
 
 // EnqueueBatch stores msgs and returns one Result and one error per
@@ -166,13 +183,8 @@ func (s *Store) EnqueueAsync(ctx context.Context, sm *pb.StoredMessage, done fun
 	if err != nil {
 		return err
 	}
-	o := &op{kind: opEnqueue, msgs: []*pb.StoredMessage{sm}, recs: [][]byte{rec}, results: make([]Result, 1), errs: make([]error, 1), bytes: len(rec) - recHeaderLen(rec)}
-	o.async = func(err error) {
-		if err == nil {
-			err = o.errs[0]
-		}
-		done(o.results[0], err)
-	}
+	o := newOneEnqueue(sm, rec)
+	o.enqueued = done
 	// asyncMu (read) keeps Close from closing s.closing between the check
 	// and the send: an op that made it into s.ops is always committed by
 	// the committer's final drain, so done always runs.
