@@ -82,8 +82,13 @@ func WithOverwrite(coalesceKey string) SendOption {
 // WithTTL makes the message expire: it is never processed after ttl and
 // goes to the dead-letter queue with reason "expired". The TTL is measured
 // by each side on its own clock (the time left travels with the message),
-// so it works between nodes whose wall clocks disagree. It must be positive
-// and at most the outbox's retention limit (23 days by default).
+// so it works between nodes whose wall clocks disagree; the receiver counts
+// it from a copy's arrival, so time in transit (in buffers, at a forwarder
+// during a partial partition) is not counted. When a copy sent through a
+// forwarder got no answer and may still arrive and run, the dead letter's
+// reason says its outcome is unknown (outbox.ReasonExpiredUnknown). It must
+// be positive and at most the outbox's retention limit (23 days by
+// default).
 func WithTTL(ttl time.Duration) SendOption {
 	return func(o *sendOptions) { o.ttl, o.ttlSet = ttl, true }
 }

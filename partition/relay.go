@@ -85,6 +85,13 @@ type Relay struct {
 	startOnce, closeOnce sync.Once
 	started              atomic.Bool
 
+	// strays maps a recipient to the highest sequence of its messages that
+	// went through a forwarder and came back without the recipient's
+	// verdict (markStrays): a copy of any of them may still be on its way.
+	// Only streams that were forwarded have an entry; it goes with the
+	// stream.
+	strays sync.Map // string -> uint64
+
 	// sweepAt is when the sweeper will next look (elapsed ms); sweepWake
 	// (cap 1) brings it forward when a message with an earlier give-up
 	// time is stored.
@@ -359,6 +366,7 @@ func (r *Relay) forgetStreams(node string) bool {
 					shrinkDelete(&p.streams, &p.peak, st.rcpt)
 					st.gone = true
 					r.dropAhead(st)
+					r.strays.Delete(st.rcpt)
 				}
 				p.mu.Unlock()
 			} else {

@@ -116,25 +116,27 @@ func (rs *routes) forwarding(node string) bool {
 }
 
 // deliver sends one emission to node on its current path and learns from
-// the outcome which path to use next.
-func (rs *routes) deliver(ctx context.Context, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+// the outcome which path to use next. via names the forwarder it went
+// through ("" for the direct path).
+func (rs *routes) deliver(ctx context.Context, node string, envs []*pb.Envelope) (rcs []*pb.Receipt, via string, err error) {
 	if rs.rt == nil {
-		return rs.r.d.Deliver(ctx, node, envs)
+		rcs, err = rs.r.d.Deliver(ctx, node, envs)
+		return rcs, "", err
 	}
 	via, forward := rs.pick(node)
 	if !forward {
-		rcs, err := rs.r.d.Deliver(ctx, node, envs)
+		rcs, err = rs.r.d.Deliver(ctx, node, envs)
 		rs.observeDirect(node, rcs, err)
-		return rcs, err
+		return rcs, "", err
 	}
 	if via == "" {
 		// Nobody can carry it: the emission fails like a lost one and the
 		// stream waits (deferred, uncounted) for a forwarder or the heal.
-		return nil, fmt.Errorf("partition: %w: %s cannot be reached directly and no member can forward to it", ErrUnreachable, node)
+		return nil, "", fmt.Errorf("partition: %w: %s cannot be reached directly and no member can forward to it", ErrUnreachable, node)
 	}
-	rcs, err := rs.rt.DeliverVia(ctx, via, node, envs)
+	rcs, err = rs.rt.DeliverVia(ctx, via, node, envs)
 	rs.observeVia(node, via, rcs, err)
-	return rcs, err
+	return rcs, via, err
 }
 
 // pick returns the forwarder for node's next emission, or forward=false

@@ -142,7 +142,40 @@ func (r *Relay) forget(st *stream) {
 		shrinkDelete(&p.streams, &p.peak, st.rcpt)
 		st.gone = true
 		r.dropAhead(st)
+		r.strays.Delete(st.rcpt) // nothing of it is queued: no stray copy can be judged
 	}
+}
+
+// markStrays records that an emission of rcpt's stream went through the
+// forwarder via and that those of envs with no verdict of the recipient
+// in rcs (lost, timed out, or the forwarder's own word) may still reach
+// it: the forwarder may hold a copy in its queue to the recipient, which
+// arrives after later copies were answered. The highest such sequence is
+// kept (strays).
+func (r *Relay) markStrays(rcpt, via string, envs []*pb.Envelope, rcs []*pb.Receipt) {
+	if via == "" {
+		return
+	}
+	var top uint64
+	for i, e := range envs {
+		if i < len(rcs) && rcs[i].GetCode() > pb.Receipt_ACCEPTED {
+			continue // the recipient answered this copy
+		}
+		top = max(top, e.GetSequence())
+	}
+	for top != 0 {
+		old, loaded := r.strays.LoadOrStore(rcpt, top)
+		if !loaded || old.(uint64) >= top || r.strays.CompareAndSwap(rcpt, old, top) {
+			return
+		}
+	}
+}
+
+// mayStray reports that a copy of rcpt's message seq may still be on its
+// way through a forwarder (markStrays).
+func (r *Relay) mayStray(rcpt string, seq uint64) bool {
+	v, ok := r.strays.Load(rcpt)
+	return ok && seq <= v.(uint64)
 }
 
 // lockStream returns rcpt's stream with its mutex held. A caller that
@@ -242,7 +275,8 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	r.direct.Add(1)
 	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
 	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
-	rcs, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
+	rcs, via, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
+	r.markStrays(st.rcpt, via, []*pb.Envelope{wire}, rcs)
 	stop()
 	cancel()
 	r.release(st.node, lim, 1)
@@ -662,7 +696,9 @@ func (r *Relay) send(st *stream, req outbox.HeadRequest, msgs []*pb.StoredMessag
 				close(e.queued)
 			})
 		})
-		e.receipts, e.err = r.routes.deliver(dctx, st.node, e.envs)
+		var via string
+		e.receipts, via, e.err = r.routes.deliver(dctx, st.node, e.envs)
+		r.markStrays(st.rcpt, via, e.envs, e.receipts)
 	})
 	return e
 }
@@ -1166,6 +1202,12 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vDefer, reason: "capacity: " + rc.GetMessage(), retryAfter: max(ra, 10*time.Millisecond), capacity: true}
 	case pb.Receipt_EXPIRED:
+		if r.mayStray(st.rcpt, e.GetSequence()) {
+			// This copy expired, but one sent earlier through a forwarder
+			// may still reach the recipient and run (its TTL counted from
+			// its own arrival): not "never ran".
+			return verdict{kind: vExpired, reason: outbox.ReasonExpiredUnknown}
+		}
 		return verdict{kind: vExpired, reason: outbox.ReasonExpired}
 	case pb.Receipt_REJECTED:
 		return verdict{kind: vPoison, reason: "rejected: " + rc.GetMessage()}
