@@ -366,14 +366,15 @@ func (s *Store) fail(ops []*op, err error) {
 }
 
 // keepVersions keeps the RecordVersion ops of a failed commit for the next:
-// nobody waits for them, and the messages they note were delivered. Only
+// nobody waits for them, and the messages they note were delivered (a
+// NoteVersion's caller, told of the failure, delivers nothing). Only
 // the newest version of each (recipient, key) counts, so one op each is
 // kept, however many deliveries came while the disk refused writes.
 func (s *Store) keepVersions(ops []*op) {
 	newest := map[string]*op{}
 	var order []string
 	for _, o := range ops {
-		if o.kind != opVersion {
+		if o.kind != opVersion || o.async == nil {
 			continue
 		}
 		k := o.recipient + "\x00" + o.reason
@@ -554,7 +555,16 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 			o.err = err // nothing written: it fails alone
 			return nil
 		}
-		return err
+		if err != nil {
+			return err
+		}
+		// A version that never was queued (its direct attempt was refused)
+		// is noted as the index notes a queued one: Replay then refuses
+		// the older versions, and replaying it first does not make it
+		// look older than the one replayed before it.
+		if env := sm.GetEnvelope(); env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
+			return noteVersion(tx, b, env.GetRecipient(), env.GetCoalesceKey(), env.GetSequence())
+		}
 	case opAck:
 		// One cursor seek per message instead of a Get and a Delete (two
 		// searches); acks come in sequence order, a drain's thousands per
@@ -606,12 +616,19 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	case opDrop:
 		return s.applyDrop(tx, b, o)
 	case opVersion:
-		co := tx.Bucket(bucketCoalesce)
-		ck := coalesceKey(o.recipient, o.reason)
-		if v := co.Get(ck); len(v) < 8 || seqOf(v) < o.seq {
-			return co.Put(ck, coalesceVal(o.seq, b.nowMs))
-		}
+		return noteVersion(tx, b, o.recipient, o.reason, o.seq)
 	case opCheckpoint:
+	}
+	return nil
+}
+
+// noteVersion records seq as the newest version of (r, key) in the
+// coalesce index unless a newer one is recorded.
+func noteVersion(tx *bolt.Tx, b *batch, r, key string, seq uint64) error {
+	co := tx.Bucket(bucketCoalesce)
+	ck := coalesceKey(r, key)
+	if v := co.Get(ck); len(v) < 8 || seqOf(v) < seq {
+		return co.Put(ck, coalesceVal(seq, b.nowMs))
 	}
 	return nil
 }
@@ -647,7 +664,7 @@ func (s *Store) applyEnqueue(tx *bolt.Tx, b *batch, sm *pb.StoredMessage, rec []
 		ck := coalesceKey(r, env.GetCoalesceKey())
 		if v := co.Get(ck); len(v) >= 8 {
 			old := seqOf(v)
-			if old >= seq {
+			if old > seq { // old == seq: this message's own version, noted before its direct attempt (NoteVersion)
 				b.counters.superseded++
 				return Superseded, nil
 			}

@@ -134,10 +134,15 @@
 //     candidates it cannot give up yet, however many.
 //   - Coalescing: a newer OVERWRITE version replaces the waiting one and
 //     sits at its own (newer) sequence; an older version arriving later is
-//     dropped as Superseded. The index entry outlives the delivery (and
-//     RecordVersion adds versions delivered without being stored), so an
-//     older version stays refused, also by Replay, for MaxAge after the
-//     newest last changed; then entries pointing at nothing are pruned.
+//     dropped as Superseded. The index entry outlives the delivery, and
+//     versions never queued are in it too: NoteVersion adds one durably
+//     before it is delivered without being stored (a direct attempt; the
+//     message stored afterwards under that sequence is not its own
+//     superseded version), and a dead letter of a version never queued
+//     adds it. So an older version stays refused, also by Replay (which
+//     replays the newest of several dead-lettered versions and leaves
+//     the older ones), for MaxAge after the newest last changed; then
+//     entries pointing at nothing are pruned.
 //   - Failures: Fail counts an attempt only when the relay says the
 //     failure counts; at MaxAttempts the message is dead-lettered with
 //     reason "max attempts: <reason>", a permanent failure at once.

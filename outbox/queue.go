@@ -463,6 +463,25 @@ func (s *Store) RecordVersion(recipient, coalesceKey string, seq uint64) {
 	s.submitAsync(&op{kind: opVersion, recipient: recipient, reason: coalesceKey, seq: seq, async: func(error) {}})
 }
 
+// NoteVersion durably records seq as the newest version of (recipient,
+// coalesceKey) in the coalesce index (unless a newer one is recorded), and
+// returns once it is committed. A sender notes the version of a message it
+// is about to deliver without storing it (a direct attempt) first: were it
+// noted only after the delivery, a Replay of an older version meanwhile,
+// or after a crash before the note's commit, would run that older version
+// after this one. Enqueueing the message under seq afterwards is not
+// refused as superseded by its own note.
+func (s *Store) NoteVersion(ctx context.Context, recipient, coalesceKey string, seq uint64) error {
+	if coalesceKey == "" || len(coalesceKey) > MaxKeyLen || checkRecipient(recipient) != nil {
+		return nil
+	}
+	o := &op{kind: opVersion, recipient: recipient, reason: coalesceKey, seq: seq}
+	if err := s.submit(ctx, o); err != nil {
+		return err
+	}
+	return o.err
+}
+
 // WakeNode makes every recipient "…@node" due now (the peer came back),
 // cancelling backoff and deferrals in memory.
 func (s *Store) WakeNode(node string) {

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -28,5 +29,36 @@ func TestVersionKeptOnAFullDiskIsWrittenByClose(t *testing.T) {
 	r := e.put(t, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: lo, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}})
 	if r != outbox.Superseded {
 		t.Fatalf("older version after a clean restart: %v, want Superseded (version %d was delivered and noted)", r, hi)
+	}
+}
+
+// NoteVersion notes a version before its message is delivered without
+// being stored; when that delivery gets no verdict the message is stored
+// under the same sequence, which its own note must not make superseded.
+// An older version is; a failed note is reported, not kept for later.
+func TestNoteVersionBeforeADirectAttempt(t *testing.T) {
+	e := open(t, nil)
+	lo, _ := e.ReserveSequence()
+	hi, _ := e.ReserveSequence()
+	msg := func(seq uint64) *pb.StoredMessage {
+		return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: seq, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}}
+	}
+	if err := e.NoteVersion(context.Background(), "a@n1", "k", hi); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.put(t, msg(hi)); r != outbox.Queued {
+		t.Fatalf("the noted version itself: %v, want Queued", r)
+	}
+	if r := e.put(t, msg(lo)); r != outbox.Superseded {
+		t.Fatalf("an older version: %v, want Superseded", r)
+	}
+	restore, _ := faults.FailCommits(e.path, errors.New("write outbox.db: no space left on device"))
+	err := e.NoteVersion(context.Background(), "a@n1", "k2", hi+1)
+	restore()
+	if err == nil {
+		t.Fatal("NoteVersion with the disk full: nil, want the commit's error")
+	}
+	if err := e.Close(); err != nil { // nothing kept to write, nothing closed twice
+		t.Fatal(err)
 	}
 }

@@ -402,14 +402,14 @@ func (d *orderDeliverer) order() []string {
 
 // Version 1 of a coalesced state was refused (poison) and sits in the
 // dead-letter queue. The disk then refuses writes for a moment, and
-// version 2 of the same key goes through a direct attempt: the receiver
-// ran it, and nothing had to be stored, so the application is told
-// Delivered. The note that version 2 ran (RecordVersion, what keeps an
-// older version from being replayed over a newer one) is a write the disk
-// refuses: it is kept for the next commit. Once the disk takes writes
-// again, an operator replays the dead letters: version 1 stays in the
-// dead-letter queue as superseded; had the note been dropped, it would run
-// after version 2 and put the receiver's state back to version 1.
+// version 2 of the same key is sent with a direct attempt: its version
+// must be noted before the receiver can run it (what keeps an older
+// version from being replayed over a newer one, also after a crash), and
+// the disk refuses the note, so nothing is sent and the send fails, as
+// one that must be stored does. Once the disk takes writes again, version
+// 2 goes, and an operator's replay of the dead letters leaves version 1
+// in the dead-letter queue as superseded: had it run, it would have put
+// the receiver's state back to version 1.
 func TestVersionNotedOnAFullDiskStillSupersedesAReplay(t *testing.T) {
 	d := &orderDeliverer{answer: pb.Receipt_REJECTED}
 	r := newTestRelay(t, d)
@@ -421,15 +421,15 @@ func TestVersionNotedOnAFullDiskStillSupersedesAReplay(t *testing.T) {
 	}
 	d.set(pb.Receipt_PROCESSED)
 
-	restore, hits := faults.FailCommits(r.store.Config().Path, errDiskFull)
-	v2 := coalescedVersion("v2", 0)
-	sent, err := r.Send(ctx, v2, true)
-	if err != nil || sent.Outcome != Delivered {
-		restore()
-		t.Fatalf("Send(v2) = %+v, %v; want Delivered (a direct attempt writes nothing)", sent, err)
-	}
-	testutil.WaitFor(t, 10*time.Second, "the note of v2's version to meet the full disk", func() bool { return hits() > 0 })
+	restore, _ := faults.FailCommits(r.store.Config().Path, errDiskFull)
+	sent, err := r.Send(ctx, coalescedVersion("v2", 0), true)
 	restore()
+	if err == nil || len(d.order()) != 0 {
+		t.Fatalf("Send(v2) with the disk full = %+v, %v, the receiver ran %q; want an error and nothing sent", sent, err, d.order())
+	}
+	if sent, err := r.Send(ctx, coalescedVersion("v2", 0), true); err != nil || sent.Outcome != Delivered {
+		t.Fatalf("Send(v2) = %+v, %v; want Delivered", sent, err)
+	}
 
 	n, err := r.store.Replay(outbox.DLQFilter{All: true})
 	if err != nil && !errors.Is(err, outbox.ErrSuperseded) {

@@ -273,12 +273,25 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		return Sent{Outcome: Queued}, nil
 	}
 	r.direct.Add(1)
-	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
-	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
-	rcs, via, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
-	r.markStrays(st.rcpt, via, []*pb.Envelope{wire}, rcs)
-	stop()
-	cancel()
+	var rcs []*pb.Receipt
+	var derr, noteErr error
+	if key := env.GetCoalesceKey(); env.GetConflict() == pb.Envelope_OVERWRITE && key != "" {
+		// Never stored if delivered now, so its version goes into the
+		// coalesce index first, durably: a Replay of an older version
+		// during the attempt, or after a crash right after it, is refused.
+		// Without the note there is no attempt: it is stored instead.
+		noteErr = r.store.NoteVersion(sctx, rcpt, key, seq)
+		derr = noteErr
+	}
+	if noteErr == nil {
+		dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
+		stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
+		var via string
+		rcs, via, derr = r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
+		r.markStrays(st.rcpt, via, []*pb.Envelope{wire}, rcs)
+		stop()
+		cancel()
+	}
 	r.release(st.node, lim, 1)
 	var rc *pb.Receipt
 	if len(rcs) > 0 {
@@ -301,11 +314,6 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	}()
 	switch v.kind {
 	case vPositive:
-		if env.GetConflict() == pb.Envelope_OVERWRITE && env.GetCoalesceKey() != "" {
-			// Never stored, so the store's coalesce index has not seen this
-			// version: tell it, or an older one could be replayed over it.
-			r.store.RecordVersion(rcpt, env.GetCoalesceKey(), seq)
-		}
 		return Sent{Outcome: Delivered}, nil
 	case vPoison, vExpired:
 		sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
@@ -342,6 +350,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		// record that). Say so: "not stored" alone reads as "nothing
 		// happened", and a retry without an idempotency key would run it
 		// again.
+		if noteErr != nil {
+			return Sent{}, fmt.Errorf("partition: send to %s: not sent (its version could not be noted) and not stored: %w", rcpt, err)
+		}
 		why := ""
 		if v.reason != "" {
 			why = " (" + v.reason + ")"
