@@ -73,8 +73,10 @@ func WithIdempotencyKey(key string) SendOption { return func(o *sendOptions) { o
 // WithOverwrite coalesces: a message waiting in the outbox for the same
 // recipient with the same coalesce key is replaced by this newer one
 // (heartbeats, latest state). An older version never replaces a newer one,
-// and a receiver never runs an older version after a newer one. It is
-// independent of WithIdempotencyKey.
+// and a receiver never runs an older version after a newer one. A
+// TellReliable that delivers it at once, without storing it, first writes
+// its version down (one commit), so that Replay never brings an older
+// version back over it. It is independent of WithIdempotencyKey.
 func WithOverwrite(coalesceKey string) SendOption {
 	return func(o *sendOptions) { o.coalesce = coalesceKey }
 }
