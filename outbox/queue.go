@@ -215,7 +215,9 @@ func seekSeq(c *bolt.Cursor, at []byte, sq uint64) ([]byte, []byte) {
 
 // Reasons for messages given up for age.
 const (
-	// ReasonExpired: the TTL ran out before the message was ever sent.
+	// ReasonExpired: the TTL ran out before the message ran, and no copy
+	// of it can run later: it was never sent, or its receiver answered
+	// EXPIRED and no copy of it went through a forwarder unanswered.
 	ReasonExpired = "expired"
 	// ReasonExpiredUnknown: the TTL ran out after the message was sent
 	// without a receipt coming back: it may or may not have run.
