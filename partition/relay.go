@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -91,6 +92,11 @@ type Relay struct {
 	// Only streams that were forwarded have an entry; it goes with the
 	// stream.
 	strays sync.Map // string -> uint64
+	// runFloor is a sequence reserved when the relay was made (0 when
+	// nothing is ever forwarded): a message below it was stored by an
+	// earlier run, which may have sent it through a forwarder without an
+	// answer, and that run's strays are gone (mayStray).
+	runFloor uint64
 
 	// sweepAt is when the sweeper will next look (elapsed ms); sweepWake
 	// (cap 1) brings it forward when a message with an earlier give-up
@@ -188,6 +194,15 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
 	r.routes = newRoutes(r, d, cfg.Forward)
+	if r.routes.rt != nil {
+		// What this relay stores from now on is above it; what is below
+		// may have been sent through a forwarder by an earlier run.
+		floor, err := store.ReserveSequence()
+		if err != nil {
+			floor = math.MaxUint64
+		}
+		r.runFloor = floor
+	}
 	store.SetOnEnqueue(r.Notify)
 	store.SetOnExpiry(r.expiresAt)
 	if c, ok := store.Config().Clock.(interface{ OnAdvance(func()) }); ok {

@@ -172,8 +172,12 @@ func (r *Relay) markStrays(rcpt, via string, envs []*pb.Envelope, rcs []*pb.Rece
 }
 
 // mayStray reports that a copy of rcpt's message seq may still be on its
-// way through a forwarder (markStrays).
+// way through a forwarder: markStrays said so, or the message is older than
+// this run (runFloor), whose earlier runs' strays were not kept.
 func (r *Relay) mayStray(rcpt string, seq uint64) bool {
+	if seq < r.runFloor {
+		return true
+	}
 	v, ok := r.strays.Load(rcpt)
 	return ok && seq <= v.(uint64)
 }
@@ -252,6 +256,18 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 	env.Sequence = seq
 	direct := tryDirect && r.started.Load() && st.settled() && r.store.Pending(rcpt) == 0 &&
 		r.d.Alive(st.node) && !r.routes.forwarding(st.node) && lim.TryAcquire(1) == 1
+	noteFailed := false
+	if key := env.GetCoalesceKey(); direct && env.GetConflict() == pb.Envelope_OVERWRITE && key != "" {
+		// Delivered now, it is never stored, so its version goes into the
+		// coalesce index first, durably and under the stream's lock: a
+		// Replay of an older version (which reserves its sequence under
+		// this lock) then finds it, during the attempt or after a crash
+		// right after it. Without the note there is no attempt: the
+		// message is stored, or the send fails as one that must be.
+		if r.store.NoteVersion(context.WithoutCancel(ctx), rcpt, key, seq) != nil {
+			direct, noteFailed = false, true
+		}
+	}
 	var wire *pb.Envelope
 	var seen uint64
 	if direct {
@@ -263,6 +279,9 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		st.storing = append(st.storing, seq)
 	}
 	st.mu.Unlock()
+	if noteFailed {
+		r.release(st.node, lim, 1)
+	}
 	sctx := context.WithoutCancel(ctx) // once begun, storing finishes whatever the caller does
 	if !direct {
 		_, err := r.store.Enqueue(sctx, sm)
@@ -273,25 +292,12 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		return Sent{Outcome: Queued}, nil
 	}
 	r.direct.Add(1)
-	var rcs []*pb.Receipt
-	var derr, noteErr error
-	if key := env.GetCoalesceKey(); env.GetConflict() == pb.Envelope_OVERWRITE && key != "" {
-		// Never stored if delivered now, so its version goes into the
-		// coalesce index first, durably: a Replay of an older version
-		// during the attempt, or after a crash right after it, is refused.
-		// Without the note there is no attempt: it is stored instead.
-		noteErr = r.store.NoteVersion(sctx, rcpt, key, seq)
-		derr = noteErr
-	}
-	if noteErr == nil {
-		dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
-		stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
-		var via string
-		rcs, via, derr = r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
-		r.markStrays(st.rcpt, via, []*pb.Envelope{wire}, rcs)
-		stop()
-		cancel()
-	}
+	dctx, cancel := context.WithTimeout(ctx, r.cfg.DirectTimeout)
+	stop := context.AfterFunc(r.ctx, cancel) // Close cancels it like any emission
+	rcs, via, derr := r.routes.deliver(dctx, st.node, []*pb.Envelope{wire})
+	r.markStrays(st.rcpt, via, []*pb.Envelope{wire}, rcs)
+	stop()
+	cancel()
 	r.release(st.node, lim, 1)
 	var rc *pb.Receipt
 	if len(rcs) > 0 {
@@ -350,9 +356,6 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		// record that). Say so: "not stored" alone reads as "nothing
 		// happened", and a retry without an idempotency key would run it
 		// again.
-		if noteErr != nil {
-			return Sent{}, fmt.Errorf("partition: send to %s: not sent (its version could not be noted) and not stored: %w", rcpt, err)
-		}
 		why := ""
 		if v.reason != "" {
 			why = " (" + v.reason + ")"
