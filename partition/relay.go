@@ -92,6 +92,15 @@ type Relay struct {
 	// Only streams that were forwarded have an entry; it goes with the
 	// stream.
 	strays sync.Map // string -> uint64
+	// replaying holds the sequences Reserve gave to a Replay and whose
+	// commit has not ended; reserveWaiting counts Reserve calls waiting
+	// for sends' commits (waitStored), which doneStoring wakes by closing
+	// storedWake (guarded by storedMu) while there are any.
+	replaying      sync.Map // uint64 -> struct{}
+	reserveWaiting atomic.Int32
+	storedMu       sync.Mutex
+	storedWake     chan struct{}
+
 	// runFloor is a sequence reserved when the relay was made (0 when
 	// nothing is ever forwarded): a message below it was stored by an
 	// earlier run, which may have sent it through a forwarder without an
@@ -187,7 +196,7 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Relay{cfg: cfg, store: store, d: d, ctx: ctx, cancel: cancel, limiters: map[string]*Limiter{},
-		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1),
+		skew: store.Config().MaxClockSkew.Milliseconds(), sweepWake: make(chan struct{}, 1), storedWake: make(chan struct{}),
 		committed: commits{wake: make(chan struct{}, 1)}}
 	r.ack = store.Ack
 	for i := range cfg.Partitions {

@@ -416,14 +416,66 @@ func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
 		return 0, nil, err
 	}
 	seq, err := r.store.ReserveSequence()
+	var lower []uint64
 	if err == nil {
+		lower = r.sendsStoring(st, seq)
 		st.storing = append(st.storing, seq)
+		r.replaying.Store(seq, struct{}{})
 	}
 	st.mu.Unlock()
 	if err != nil {
 		return 0, nil, err
 	}
-	return seq, func() { r.doneStoring(st, seq) }, nil
+	r.waitStored(st, lower)
+	return seq, func() {
+		r.replaying.Delete(seq)
+		r.doneStoring(st, seq)
+	}, nil
+}
+
+// sendsStoring returns the sequences below seq that st's sends are storing
+// (not another Replay's). Caller holds st.mu.
+func (r *Relay) sendsStoring(st *stream, seq uint64) []uint64 {
+	var lower []uint64
+	for _, q := range st.storing {
+		if _, replay := r.replaying.Load(q); q < seq && !replay {
+			lower = append(lower, q)
+		}
+	}
+	return lower
+}
+
+// waitStored returns once none of lower is in st's storing list any more:
+// the messages sends reserved them for are committed (or failed). A Replay
+// waits for them before its own commit, since an OVERWRITE version stored
+// under one of them is newer than the dead letter it replays, and the
+// coalesce index, which the replay's commit checks, learns of it only with
+// its commit: the replay would otherwise take the older version back above
+// it, and the newer one, committed after, would be dropped as superseded.
+// Another Replay's reservations are not waited for (two replays would wait
+// for each other); a dead-lettered version is in the index already.
+func (r *Relay) waitStored(st *stream, lower []uint64) {
+	if len(lower) == 0 {
+		return
+	}
+	r.reserveWaiting.Add(1)
+	defer r.reserveWaiting.Add(-1)
+	for {
+		r.storedMu.Lock()
+		wake := r.storedWake
+		r.storedMu.Unlock()
+		st.mu.Lock()
+		pending := slices.ContainsFunc(lower, func(q uint64) bool { return slices.Contains(st.storing, q) })
+		st.mu.Unlock()
+		if !pending {
+			return
+		}
+		select {
+		case <-wake:
+		case <-r.ctx.Done():
+			return
+		}
+	}
 }
 
 // doneStoring removes seq from st's storing list and wakes the relay.
@@ -436,6 +488,12 @@ func (r *Relay) doneStoring(st *stream, seq uint64) {
 	st.updateBlocked(r.cfg.MaxAckPending)
 	st.mu.Unlock()
 	r.Notify(st.rcpt)
+	if r.reserveWaiting.Load() > 0 {
+		r.storedMu.Lock()
+		close(r.storedWake)
+		r.storedWake = make(chan struct{})
+		r.storedMu.Unlock()
+	}
 }
 
 // wire returns the envelope of sm as it goes on the wire in one emission:
