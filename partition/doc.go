@@ -122,7 +122,12 @@
 //     verdicts are judged in one place (judge) from the receipts alone.
 //     Replay in the store takes its sequences from the relay (it is the
 //     store's Sequencer), so a replayed message is held back and holds
-//     back like any other being stored.
+//     back like any other being stored; and the relay hands a replay its
+//     sequence only once the sends being stored below it are committed,
+//     so that the coalesce index the replay's commit checks knows every
+//     version those sends carry. A direct attempt of an OVERWRITE message
+//     notes its version in that index under the stream's mutex, before
+//     anything of it is sent.
 //   - The receiver decides duplicates and order from its persisted
 //     watermark; the sender keeps only what it needs to chain emissions and
 //     to recognise a watermark it cannot have caused (the emitted
