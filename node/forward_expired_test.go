@@ -26,18 +26,65 @@ import (
 // "expired" (never ran), which an operator replays: a replay of a message
 // that ran runs it twice.
 func TestExpiredWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
-	const a, b, cc = 0, 1, 2
-	const (
-		deliverTimeout = 2 * time.Second
-		ttl            = 5 * time.Second // > 2 deliverTimeout: the third emission (direct) still has TTL left
-	)
-	var (
-		mu      sync.Mutex
-		ran     []uint64
-		blocked = make(chan struct{}, 1)
-		gate    = make(chan struct{})
-	)
-	c := testnet.New(t, 3,
+	const ttl = 5 * time.Second // > 2 DeliverTimeouts: the third emission (direct) still has TTL left
+	h := newForwardHold(t, 2*time.Second)
+	// The direct path is back, but A's stream to C is still forwarded: its
+	// next emission goes through B (and starts the probe that brings the
+	// stream back direct for the one after).
+	h.c.Heal()
+	start := h.c.Node(fhA).ElapsedMs()
+	h.send(t, ttl)
+	h.waitDirectCopy(t)
+	t.Logf("a direct copy reached C %d ms after the send", h.c.Node(fhA).ElapsedMs()-start)
+	h.expireAndCheck(t, start, ttl)
+}
+
+// A copy sent through a forwarder and held there survives the sender's
+// restart, and the restarted sender's relay has no record of it. Its next
+// copy is answered EXPIRED: a message stored by an earlier run of a relay
+// that forwards may have such a copy, so it is dead-lettered "outcome
+// unknown", not "expired" (never ran), and the held copy may then run.
+func TestExpiredAfterARestartWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
+	const ttl = 8 * time.Second
+	// The direct copy waits in C's mailbox past the TTL: its receipt must
+	// still be read.
+	h := newForwardHold(t, 30*time.Second)
+	start := h.c.Node(fhA).ElapsedMs()
+	h.send(t, ttl) // through B, which holds it
+	// The sender restarts; the direct path is back.
+	if err := h.c.Stop(fhA); err != nil {
+		t.Fatal(err)
+	}
+	h.c.Heal()
+	if err := h.c.Restart(fhA); err != nil {
+		t.Fatal(err)
+	}
+	h.waitDirectCopy(t)
+	h.expireAndCheck(t, start, ttl)
+}
+
+// Nodes of a forwardHold cluster.
+const fhA, fhB, fhC = 0, 1, 2
+
+// forwardHold is three nodes where A reaches C only through B, B holds
+// what it carries to sink@C until free, and sink@C is busy (a local
+// message in its handler) until open, so that a copy coming direct waits
+// in its mailbox.
+type forwardHold struct {
+	c          *testnet.Cluster
+	sink       node.Address
+	held       atomic.Int32
+	free, open func()
+
+	mu  sync.Mutex
+	ran []uint64
+}
+
+func newForwardHold(t *testing.T, deliverTimeout time.Duration) *forwardHold {
+	t.Helper()
+	h := &forwardHold{}
+	blocked, gate := make(chan struct{}, 1), make(chan struct{})
+	h.c = testnet.New(t, 3,
 		testnet.WithConfig(func(_ int, cfg *node.Config) {
 			cfg.Transport.HandshakeTimeout = 500 * time.Millisecond
 			cfg.Transport.KeepAlivePeriod = 200 * time.Millisecond
@@ -52,14 +99,14 @@ func TestExpiredWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
 				if err := m.Decode(&v); err != nil {
 					return nil, err
 				}
-				if v.GetValue() == 0 { // keeps the actor busy until the test opens gate
+				if v.GetValue() == 0 { // keeps the actor busy until open
 					blocked <- struct{}{}
 					<-gate
 					return nil, nil
 				}
-				mu.Lock()
-				ran = append(ran, v.GetValue())
-				mu.Unlock()
+				h.mu.Lock()
+				h.ran = append(h.ran, v.GetValue())
+				h.mu.Unlock()
 				return nil, nil
 			}); err != nil {
 				return err
@@ -67,91 +114,92 @@ func TestExpiredWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
 			_, err := nd.Spawn("warm", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil })
 			return err
 		}))
-	snapshot := func() []uint64 {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Clone(ran)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	sink := c.Addr("sink", cc)
-
-	warm(t, c, cc, b)
-	c.Cut(a, cc)
+	h.sink = h.c.Addr("sink", fhC)
+	ctx := ctxT(t)
+	warm(t, h.c, fhC, fhB)
+	h.c.Cut(fhA, fhC)
 	testutil.WaitFor(t, 30*time.Second, "A's stream to C goes through B", func() bool {
-		_, _ = c.Node(a).TellReliable(ctx, c.Addr("warm", cc), wrapperspb.String("w"))
-		return c.Node(a).Routes()[c.Name(cc)].Via == c.Name(b)
+		_, _ = h.c.Node(fhA).TellReliable(ctx, h.c.Addr("warm", fhC), wrapperspb.String("w"))
+		return h.c.Node(fhA).Routes()[h.c.Name(fhC)].Via == h.c.Name(fhB)
 	})
-	if err := c.WaitDrained(20 * time.Second); err != nil {
+	if err := h.c.WaitDrained(20 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-
-	// B holds what it carries to sink@C until release is closed: a slow
-	// forwarder (its queue to C, a slow link).
 	release := make(chan struct{})
-	var held atomic.Int32
-	node.SetCarryHook(c.Node(b), func(env *pb.Envelope) *pb.Receipt {
-		if env.GetRecipient() == sink.String() {
-			held.Add(1)
+	node.SetCarryHook(h.c.Node(fhB), func(env *pb.Envelope) *pb.Receipt {
+		if env.GetRecipient() == h.sink.String() {
+			h.held.Add(1)
 			<-release
 		}
 		return nil
 	})
-	var once sync.Once
-	free := func() { once.Do(func() { close(release) }) }
-	defer free()
-	var gateOnce sync.Once
-	open := func() { gateOnce.Do(func() { close(gate) }) }
-	defer open()
-
-	// C's sink is busy (a local message holds it), so a copy that comes
-	// direct waits in its mailbox.
-	if err := c.Node(cc).Tell(ctx, sink, wrapperspb.UInt64(0)); err != nil {
+	var freeOnce, openOnce sync.Once
+	h.free = func() { freeOnce.Do(func() { close(release) }) }
+	h.open = func() { openOnce.Do(func() { close(gate) }) }
+	t.Cleanup(h.free)
+	t.Cleanup(h.open)
+	if err := h.c.Node(fhC).Tell(ctx, h.sink, wrapperspb.UInt64(0)); err != nil {
 		t.Fatal(err)
 	}
 	<-blocked
+	return h
+}
 
-	// The direct path is back, but A's stream to C is still forwarded: its
-	// next emission goes through B (and starts the probe that brings the
-	// stream back direct for the one after).
-	c.Heal()
-	start := c.Node(a).ElapsedMs()
-	if _, err := c.Node(a).TellReliable(ctx, sink, wrapperspb.UInt64(7), node.WithTTL(ttl)); err != nil {
+// send sends message 7 from A to sink@C with ttl and waits until B holds
+// a copy.
+func (h *forwardHold) send(t *testing.T, ttl time.Duration) {
+	t.Helper()
+	if _, err := h.c.Node(fhA).TellReliable(ctxT(t), h.sink, wrapperspb.UInt64(7), node.WithTTL(ttl)); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 10*time.Second, "B holds the forwarded copy", func() bool { return held.Load() > 0 })
-	testutil.WaitFor(t, 10*time.Second, "a direct copy waits in C's mailbox", func() bool {
-		for _, as := range c.Node(cc).ActorStats() {
+	testutil.WaitFor(t, 10*time.Second, "B holds the forwarded copy", func() bool { return h.held.Load() > 0 })
+}
+
+// waitDirectCopy waits until a copy that came direct waits in sink@C's
+// mailbox.
+func (h *forwardHold) waitDirectCopy(t *testing.T) {
+	t.Helper()
+	testutil.WaitFor(t, 15*time.Second, "a direct copy waits in C's mailbox", func() bool {
+		for _, as := range h.c.Node(fhC).ActorStats() {
 			if as.Name == "sink" && as.Depth > 0 {
 				return true
 			}
 		}
 		return false
 	})
-	t.Logf("a direct copy reached C %d ms after the send", c.Node(a).ElapsedMs()-start)
-	// Past the TTL on A's clock (with margin for C's): the copy in C's
-	// mailbox has expired when the actor takes it.
-	testutil.WaitFor(t, 10*time.Second, "the TTL passed", func() bool {
-		return c.Node(a).ElapsedMs() > start+ttl.Milliseconds()+300
-	})
-	open()
+}
+
+// expireAndCheck lets the sink take the direct copy once the TTL (sent at
+// start on A's elapsed clock) has passed, with margin for C's clock, and
+// checks that A dead-letters the message "outcome unknown" while B still
+// holds its copy, which then runs at most once.
+func (h *forwardHold) expireAndCheck(t *testing.T, start int64, ttl time.Duration) {
+	t.Helper()
+	a := h.c.Node(fhA)
+	testutil.WaitFor(t, 15*time.Second, "the TTL passed", func() bool { return a.ElapsedMs() > start+ttl.Milliseconds()+300 })
+	h.open()
 	var dl []outbox.DeadLetter
 	testutil.WaitFor(t, 15*time.Second, "A dead-lettered the message", func() bool {
-		dl, _ = c.Node(a).Outbox().DeadLetters(outbox.DLQFilter{Recipient: sink.String()})
+		dl, _ = a.Outbox().DeadLetters(outbox.DLQFilter{Recipient: h.sink.String()})
 		return len(dl) > 0
 	})
 	if dl[0].Reason != outbox.ReasonExpiredUnknown {
 		t.Fatalf("dead-lettered with reason %q while B still held a copy, want %q", dl[0].Reason, outbox.ReasonExpiredUnknown)
 	}
-
 	// The forwarder's queue moves on: the held copy may run, once.
-	answered := func() uint64 { s := c.Node(cc).Stats(); return s.Expired + s.DedupeHits + s.OutOfOrder }
+	answered := func() uint64 { s := h.c.Node(fhC).Stats(); return s.Expired + s.DedupeHits + s.OutOfOrder }
 	before := answered()
-	free()
+	h.free()
 	testutil.WaitFor(t, 10*time.Second, "C answered what B held", func() bool {
-		return len(snapshot()) > 0 || answered() > before
+		return len(h.snapshot()) > 0 || answered() > before
 	})
-	if got := snapshot(); len(got) > 1 {
+	if got := h.snapshot(); len(got) > 1 {
 		t.Fatalf("sink@C ran %v, want 7 at most once", got)
 	}
+}
+
+func (h *forwardHold) snapshot() []uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.ran)
 }
