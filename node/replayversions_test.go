@@ -19,10 +19,11 @@ import (
 // Two versions of one coalesce key in the dead-letter queue, both refused
 // on Send's direct attempt (so never queued): replaying them all runs the
 // newest and leaves the older one in the queue as superseded. A version
-// dead-lettered that way is noted in the coalesce index as a queued one
-// is; before, it was not, Replay took the older first, gave it a new (and
-// higher) sequence that the index recorded, and then refused the newer as
-// superseded by it, now and on every later Replay: the older version won.
+// sent that way is in the coalesce index as a queued one is (noted before
+// its attempt, and with its dead letter); before, it was not, Replay took
+// the older first, gave it a new (and higher) sequence that the index
+// recorded, and then refused the newer as superseded by it, now and on
+// every later Replay: the older version won.
 func TestReplayOfEveryDeadLetteredVersionRunsTheNewest(t *testing.T) {
 	s := &coalesceSink{}
 	s.refuse = func(string, int) bool { return true }

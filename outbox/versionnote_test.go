@@ -62,3 +62,30 @@ func TestNoteVersionBeforeADirectAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Versions dead-lettered without ever being queued (DeadLetter, as for a
+// message refused on its direct attempt) are noted like queued ones: a
+// Replay of them all replays the newest alone, and the older stays in the
+// dead-letter queue as superseded. Unnoted, the older was replayed first,
+// at a new sequence above the newer's, which was then refused for good.
+func TestDeadLetteredVersionsReplayTheNewest(t *testing.T) {
+	e := open(t, nil)
+	for _, v := range []string{"v1", "v2"} {
+		seq, _ := e.ReserveSequence()
+		sm := &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Type: v, Sequence: seq, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}}
+		if err := e.DeadLetter(context.Background(), sm, "rejected: not ready"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := e.Replay(outbox.DLQFilter{Recipient: "a@n1"}); n != 1 || err != nil {
+		t.Fatalf("replay of both versions: %d, %v; want 1 and no error", n, err)
+	}
+	dl, err := e.DeadLetters(outbox.DLQFilter{Recipient: "a@n1"})
+	if err != nil || len(dl) != 1 || dl[0].Message.GetEnvelope().GetType() != "v1" {
+		t.Fatalf("left in the dead-letter queue: %v (%v), want v1 alone", dl, err)
+	}
+	head, _, err := e.Head(outbox.HeadRequest{Recipient: "a@n1", Max: 10})
+	if err != nil || len(head) != 1 || head[0].GetEnvelope().GetType() != "v2" {
+		t.Fatalf("queued after the replay: %v (%v), want v2 alone", head, err)
+	}
+}
