@@ -102,7 +102,7 @@ func (c *commits) take(buf []storedSeq) []storedSeq {
 	return buf
 }
 
-// complete runs from Start to Close: it ends the storing state of every
+// complete runs from New to Close: it ends the storing state of every
 // message SendAsync stored, so its stream may send it.
 func (r *Relay) complete() {
 	defer r.wg.Done()

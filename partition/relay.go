@@ -219,6 +219,11 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 		c.OnAdvance(r.wake)
 	}
 	store.SetSequencer(r)
+	// The completer runs from here, not from Start: a Replay before Start
+	// (the sequencer is installed already) waits for what SendAsync is
+	// storing, which only the completer takes off its streams.
+	r.wg.Add(1)
+	go r.complete()
 	return r, nil
 }
 
@@ -237,8 +242,6 @@ func (r *Relay) Start() {
 		}
 		r.wg.Add(1)
 		go r.sweep()
-		r.wg.Add(1)
-		go r.complete()
 	})
 }
 

@@ -426,11 +426,17 @@ func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	r.waitStored(st, lower)
-	return seq, func() {
+	done := func() {
 		r.replaying.Delete(seq)
 		r.doneStoring(st, seq)
-	}, nil
+	}
+	if !r.waitStored(st, lower) {
+		// Closing: the sends waited for may still commit after the
+		// replay would, which must not take a sequence above theirs.
+		done()
+		return 0, nil, ErrClosed
+	}
+	return seq, done, nil
 }
 
 // sendsStoring returns the sequences below seq that st's sends are storing
@@ -454,9 +460,11 @@ func (r *Relay) sendsStoring(st *stream, seq uint64) []uint64 {
 // it, and the newer one, committed after, would be dropped as superseded.
 // Another Replay's reservations are not waited for (two replays would wait
 // for each other); a dead-lettered version is in the index already.
-func (r *Relay) waitStored(st *stream, lower []uint64) {
+//
+// It reports false when the relay closed first.
+func (r *Relay) waitStored(st *stream, lower []uint64) bool {
 	if len(lower) == 0 {
-		return
+		return true
 	}
 	r.reserveWaiting.Add(1)
 	defer r.reserveWaiting.Add(-1)
@@ -468,12 +476,12 @@ func (r *Relay) waitStored(st *stream, lower []uint64) {
 		pending := slices.ContainsFunc(lower, func(q uint64) bool { return slices.Contains(st.storing, q) })
 		st.mu.Unlock()
 		if !pending {
-			return
+			return true
 		}
 		select {
 		case <-wake:
 		case <-r.ctx.Done():
-			return
+			return false
 		}
 	}
 }
