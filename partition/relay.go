@@ -182,7 +182,9 @@ type part struct {
 }
 
 // New builds a relay over store and d and hooks store.SetOnEnqueue to
-// Notify. Call Start to run it and Close to stop it.
+// Notify. Call Start to run it and Close to stop it; Close it also when it
+// was never started (it runs the goroutine that ends SendAsync's storing
+// state from New on).
 func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err // reads "partition: bad config: ..." already
