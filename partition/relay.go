@@ -288,7 +288,9 @@ func (r *Relay) Close() error {
 	r.closeOnce.Do(func() {
 		r.store.SetOnEnqueue(nil)
 		r.store.SetOnExpiry(nil)
-		r.store.SetSequencer(nil)
+		// The relay stays the store's sequencer and refuses (Reserve):
+		// a Replay with plain sequences would not wait for the sends
+		// still storing, and could put an older version above theirs.
 		r.cancel()
 		r.wg.Wait()
 		r.retryAcks() // last chance: what still fails is answered DUPLICATE after a restart

@@ -411,6 +411,9 @@ func (r *Relay) Store(ctx context.Context, sms []*pb.StoredMessage) []error {
 // Reserve is outbox.Sequencer: the store's Replay takes its sequences
 // here, so they are registered as storing like Send's.
 func (r *Relay) Reserve(rcpt string) (uint64, func(), error) {
+	if r.ctx.Err() != nil {
+		return 0, nil, ErrClosed
+	}
 	st, err := r.lockStream(rcpt)
 	if err != nil {
 		return 0, nil, err
