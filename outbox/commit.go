@@ -155,9 +155,6 @@ func (s *Store) run() {
 					g.reset()
 					s.gather(g)
 					if len(g.ops) == 0 {
-						if len(s.unwritten) > 0 {
-							s.commit(nil) // kept version notes: once more
-						}
 						return
 					}
 					s.commit(g.ops)
@@ -263,13 +260,6 @@ func (s *Store) commit(ops []*op) {
 		s.fail(ops, err)
 		return
 	}
-	if len(s.unwritten) > 0 {
-		// Versions noted while the disk refused writes go first, so that
-		// nothing in this commit (a replay, an older version) is judged
-		// without them.
-		ops = append(s.unwritten, ops...)
-		s.unwritten = nil
-	}
 	b := &batch{nowMs: s.clock.nowMs(), wallMs: s.cfg.Clock.Now().UnixMilli(), q: make(map[string]*qdelta)}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		if err := faults.CommitError(s.cfg.Path); err != nil {
@@ -323,7 +313,6 @@ func (s *Store) commit(ops []*op) {
 		err = fmt.Errorf("outbox: commit: %w", err)
 		s.cfg.Logger.Error("outbox commit failed", "err", err, "ops", len(ops))
 		s.fail(ops, err)
-		s.keepVersions(ops)
 		return
 	}
 	s.fsyncs.Add(1)
@@ -363,34 +352,6 @@ func (s *Store) fail(ops []*op, err error) {
 	}
 	s.forgetPendingKeys(ops)
 	s.finish(ops)
-}
-
-// keepVersions keeps the RecordVersion ops of a failed commit for the next:
-// nobody waits for them, and the messages they note were delivered (a
-// NoteVersion's caller, told of the failure, delivers nothing). Only
-// the newest version of each (recipient, key) counts, so one op each is
-// kept, however many deliveries came while the disk refused writes.
-func (s *Store) keepVersions(ops []*op) {
-	newest := map[string]*op{}
-	var order []string
-	for _, o := range ops {
-		if o.kind != opVersion || o.async == nil {
-			continue
-		}
-		k := o.recipient + "\x00" + o.reason
-		if prev, ok := newest[k]; !ok {
-			order = append(order, k)
-		} else if prev.seq > o.seq {
-			continue
-		}
-		newest[k] = o
-	}
-	s.unwritten = s.unwritten[:0]
-	for _, k := range order {
-		o := newest[k]
-		o.err = nil
-		s.unwritten = append(s.unwritten, o)
-	}
 }
 
 // finishQueues works out each touched queue's new head, and writes the

@@ -451,20 +451,6 @@ func (s *Store) Defer(recipient string, atMs int64) {
 	}
 }
 
-// RecordVersion notes that version seq of recipient's OVERWRITE coalesce
-// key was delivered without ever being stored (a direct attempt), so that
-// older versions are refused from then on as if it had gone through the
-// queue: a replayed dead letter, or an older one enqueued late. It is
-// persisted asynchronously, like Defer; operations submitted after it see
-// it. A commit the disk refuses keeps it (the newest per key) for the
-// next one, which Close makes if nothing else does.
-func (s *Store) RecordVersion(recipient, coalesceKey string, seq uint64) {
-	if coalesceKey == "" || len(coalesceKey) > MaxKeyLen || checkRecipient(recipient) != nil {
-		return
-	}
-	s.submitAsync(&op{kind: opVersion, recipient: recipient, reason: coalesceKey, seq: seq, async: func(error) {}})
-}
-
 // NoteVersion durably records seq as the newest version of (recipient,
 // coalesceKey) in the coalesce index (unless a newer one is recorded), and
 // returns once it is committed. A sender notes the version of a message it

@@ -143,9 +143,6 @@ type Store struct {
 	// hkIn and hkCoalesce are where housekeeping resumes its scans of the
 	// in and coalesce buckets. Owned by the committer; not thread-safe.
 	hkIn, hkCoalesce []byte
-	// unwritten holds RecordVersion ops whose commit failed, for the next
-	// commit. Owned by the committer.
-	unwritten []*op
 
 	retries, deadLettered, expired, delivered, enqueued atomic.Uint64
 	coalesced, superseded, fsyncs, commitFails          atomic.Uint64

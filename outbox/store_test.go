@@ -832,17 +832,22 @@ func TestDropAndReplayBoundedByBytes(t *testing.T) {
 	}
 }
 
-// RecordVersion makes a version delivered without being stored (a direct
-// attempt) count in the coalesce index: older versions are refused.
-func TestRecordVersion(t *testing.T) {
+// NoteVersion makes a version delivered without being stored (a direct
+// attempt) count in the coalesce index, across a reopen: older versions are
+// refused.
+func TestNoteVersionCountsInTheIndex(t *testing.T) {
 	e := open(t, nil)
 	lo, _ := e.ReserveSequence()
 	mid, _ := e.ReserveSequence()
 	hi, _ := e.ReserveSequence()
-	e.RecordVersion("a@n1", "k", mid)
-	e.RecordVersion("a@n1", "k", lo) // never lowers it
-	e.RecordVersion("bad", "k", hi)  // ignored
-	sync_(t, e.Store)
+	for _, n := range []struct {
+		rcpt string
+		seq  uint64
+	}{{"a@n1", mid}, {"a@n1", lo} /* never lowers it */, {"bad", hi} /* ignored */} {
+		if err := e.NoteVersion(context.Background(), n.rcpt, "k", n.seq); err != nil {
+			t.Fatal(err)
+		}
+	}
 	e.reopen(t, nil)
 	ow := func(seq uint64) *pb.StoredMessage {
 		return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: seq, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}}

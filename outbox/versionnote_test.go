@@ -4,33 +4,11 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/meshnode/meshnode/internal/faults"
-	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/outbox"
 )
-
-// A version note (RecordVersion) meets a full disk and is kept for the
-// next commit. The disk then recovers, but nothing else is written before
-// a graceful Close. Close must write what it kept: a clean shutdown with a
-// working disk that drops the note lets an older version, enqueued or
-// replayed after the restart, run over the newer one that was delivered.
-func TestVersionKeptOnAFullDiskIsWrittenByClose(t *testing.T) {
-	e := open(t, nil)
-	lo, _ := e.ReserveSequence()
-	hi, _ := e.ReserveSequence()
-	restore, hits := faults.FailCommits(e.path, errors.New("write outbox.db: no space left on device"))
-	e.RecordVersion("a@n1", "k", hi)
-	testutil.WaitFor(t, 10*time.Second, "the version note to meet the full disk", func() bool { return hits() > 0 })
-	restore()
-	e.reopen(t, nil) // graceful Close, disk working
-	r := e.put(t, &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sequence: lo, Conflict: pb.Envelope_OVERWRITE, CoalesceKey: "k"}})
-	if r != outbox.Superseded {
-		t.Fatalf("older version after a clean restart: %v, want Superseded (version %d was delivered and noted)", r, hi)
-	}
-}
 
 // NoteVersion notes a version before its message is delivered without
 // being stored; when that delivery gets no verdict the message is stored
