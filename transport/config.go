@@ -128,7 +128,7 @@ func (c Config) Validate() error {
 		return badconfig.New(ErrBadConfig, "Lanes %d outside [1, %d]", c.Lanes, maxLanes)
 	case c.MaxReadBytes < c.MaxFrameSize:
 		return badconfig.New(ErrBadConfig, "MaxReadBytes %d must hold one frame of MaxFrameSize %d", c.MaxReadBytes, c.MaxFrameSize)
-	case c.StreamWindow < minStreamWindow || c.StreamWindow > maxStreamWindow:
+	case c.StreamWindow < MinStreamWindow || c.StreamWindow > MaxStreamWindow:
 		return badconfig.New(ErrBadConfig, "StreamWindow %d outside [64 KiB, 16 MiB]", c.StreamWindow)
 	case c.FrameReadTimeout <= 0:
 		return badconfig.New(ErrBadConfig, "FrameReadTimeout must be positive")

@@ -437,12 +437,12 @@ func unsendableErr(e *EncodeError) error {
 	return e
 }
 
-// The range of Config.StreamWindow: below 64 KiB one lane crawls on any
-// link with a round trip; above 16 MiB one peer could make this node buffer
-// more than half a GiB unread.
+// MinStreamWindow and MaxStreamWindow bound Config.StreamWindow: below
+// 64 KiB one lane crawls on any link with a round trip; above 16 MiB one
+// peer could make this node buffer more than half a GiB unread.
 const (
-	minStreamWindow = 64 << 10
-	maxStreamWindow = 16 << 20
+	MinStreamWindow = 64 << 10
+	MaxStreamWindow = 16 << 20
 )
 
 // windowLanes is how many of a peer's lanes the receive window is sized

@@ -211,7 +211,7 @@ func (c Config) Validate() error {
 	if _, err := c.frameReadTimeout(); err != nil {
 		return bad("%v", err)
 	}
-	if lo, hi := 64<<10, 16<<20; c.StreamWindow < lo || c.StreamWindow > hi {
+	if lo, hi := transport.MinStreamWindow, transport.MaxStreamWindow; c.StreamWindow < lo || c.StreamWindow > hi {
 		return bad("stream_window %d: want bytes from %d (64 KiB) to %d (16 MiB)", c.StreamWindow, lo, hi)
 	}
 	return nil
