@@ -32,11 +32,12 @@ const (
 	opDrop
 	opCheckpoint
 	opVersion
+	opForwarding
 )
 
 func (k opKind) String() string {
 	return [...]string{"enqueue", "ack", "fail", "expire", "reserve", "stream", "replay", "purge",
-		"dead-letter", "defer", "epoch", "drop", "checkpoint", "version"}[k]
+		"dead-letter", "defer", "epoch", "drop", "checkpoint", "version", "forwarding"}[k]
 }
 
 // op is one caller's request to the committer. The committer fills the
@@ -48,7 +49,7 @@ type op struct {
 	recs      [][]byte            // opEnqueue: msgs[i] encoded as a queue record by the caller (nil: encode in the transaction)
 	recipient string              // opAck, opFail, opExpire, opDefer, opEpoch, opDrop, opVersion
 	seqs      []uint64            // opAck, opExpire, opReplay (new sequences); opFail uses seqs[0]
-	seq       uint64              // opReserve: new high-water; opEpoch: the epoch; opVersion: the version
+	seq       uint64              // opReserve: new high-water; opEpoch: the epoch; opVersion: the version; opForwarding: the mark
 	at        int64               // opDefer: send_at (elapsed ms)
 	failure   Failure             // opFail
 	reason    string              // opExpire, opDeadLetter, opDrop; opVersion: the coalesce key
@@ -485,7 +486,7 @@ func (s *Store) applyEffects(b *batch) {
 // reported in the op instead.
 func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 	switch o.kind {
-	case opEnqueue, opAck, opReserve, opStream, opPurge, opDeadLetter, opDefer, opEpoch, opVersion, opCheckpoint:
+	case opEnqueue, opAck, opReserve, opStream, opPurge, opDeadLetter, opDefer, opEpoch, opVersion, opCheckpoint, opForwarding:
 		// Appends, acks and what leaves the queues' records alone (an
 		// enqueue that replaces a waiting version says so itself).
 	default:
@@ -549,6 +550,8 @@ func (s *Store) apply(tx *bolt.Tx, b *batch, o *op) error {
 		return s.applyExpire(tx, b, o)
 	case opReserve:
 		return tx.Bucket(bucketMeta).Put(keySeqHigh, u64(o.seq))
+	case opForwarding:
+		return tx.Bucket(bucketMeta).Put(keyForwarded, u64(o.seq))
 	case opStream:
 		return s.applyStream(tx, b, o.stream)
 	case opReplay:

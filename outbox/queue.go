@@ -231,6 +231,11 @@ const (
 	// down longer than MaxDowntime): it may have run before the receiver
 	// forgot it, so it is not sent again.
 	ReasonForgotten = "expired: older than the receiver's retention (it forgot the stream; outcome unknown: it may have run)"
+	// OutcomeUnknownForwarded ends the reason of a failure ("rejected: …",
+	// "max attempts: …") of a message a copy of which was sent through a
+	// forwarder and got no answer: the forwarder may hold that copy and it
+	// may run when it arrives, so the dead letter may have run.
+	OutcomeUnknownForwarded = " (outcome unknown: a copy sent through a forwarder got no answer)"
 )
 
 func isExpiredReason(r string) bool { return strings.HasPrefix(r, ReasonExpired) }

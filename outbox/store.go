@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,11 +40,12 @@ var (
 	bucketForgot   = []byte("forgot")
 	bucketMeta     = []byte("meta")
 
-	keyFormat   = []byte("format")
-	keySeqHigh  = []byte("seq")
-	keyOutboxID = []byte("outbox_id")
-	keyClock    = []byte("clock")
-	keyBoot     = []byte("boot") // the boot the clock's checkpoint was taken in
+	keyFormat    = []byte("format")
+	keySeqHigh   = []byte("seq")
+	keyOutboxID  = []byte("outbox_id")
+	keyClock     = []byte("clock")
+	keyBoot      = []byte("boot")      // the boot the clock's checkpoint was taken in
+	keyForwarded = []byte("forwarded") // MarkForwarding's mark
 )
 
 // formatVersion is the layout this code writes. Files without a format
@@ -110,6 +112,9 @@ type Store struct {
 	nextSeq     uint64        // the next sequence to hand out
 	handedOut   atomic.Uint64 // nextSeq as ReserveSequence left it; read without seqMu (HandedOutBelow)
 	reservedSeq uint64        // durable: every sequence <= it may be handed out
+
+	markMu    sync.Mutex
+	forwarded uint64 // MarkForwarding's durable mark (forwardingRun, or the sequence below which messages may have been forwarded); markMu guards it
 
 	// mu guards the fields below. Lock order: mu before kmu; the committer
 	// takes mu only after its transaction committed.
@@ -318,6 +323,9 @@ func (s *Store) load() error {
 		var high uint64
 		if v := meta.Get(keySeqHigh); len(v) == 8 {
 			high = binary.BigEndian.Uint64(v)
+		}
+		if v := meta.Get(keyForwarded); len(v) == 8 {
+			s.forwarded = binary.BigEndian.Uint64(v)
 		}
 		if err := s.loadQueues(tx, &high); err != nil {
 			return err
@@ -535,6 +543,47 @@ func (s *Store) ReserveSequence() (uint64, error) {
 	s.nextSeq++
 	s.handedOut.Store(s.nextSeq)
 	return seq, nil
+}
+
+// forwardingRun is MarkForwarding's mark while a run that may forward is
+// the last one made.
+const forwardingRun = math.MaxUint64
+
+// MarkForwarding records durably whether the run of the relay being made
+// over this outbox may send its messages through forwarders, and returns
+// the sequence below which a stored message may have been sent through
+// one, by this run or an earlier one, with no answer: a forwarder may
+// still hold that copy, which runs when it arrives, so a later verdict on
+// another copy does not say the message never ran. With forwards, that is
+// every message stored before the call (the relay keeps track of the
+// copies it forwards itself); without, every message stored before the
+// end of the last run that forwarded, however many runs came since (0 if
+// none ever did). Call it once per run, before anything is sent.
+func (s *Store) MarkForwarding(forwards bool) (below uint64, err error) {
+	s.markMu.Lock()
+	defer s.markMu.Unlock()
+	if !forwards && s.forwarded != forwardingRun {
+		return s.forwarded, nil
+	}
+	below, err = s.ReserveSequence() // above every message stored so far
+	if err != nil {
+		return 0, fmt.Errorf("outbox: mark forwarding: %w", err)
+	}
+	mark := below
+	if forwards {
+		mark = forwardingRun
+	}
+	if mark != s.forwarded {
+		o := &op{kind: opForwarding, seq: mark}
+		if err := s.submit(context.Background(), o); err != nil {
+			return 0, fmt.Errorf("outbox: mark forwarding: %w", err)
+		}
+		if o.err != nil {
+			return 0, fmt.Errorf("outbox: mark forwarding: %w", o.err)
+		}
+		s.forwarded = mark
+	}
+	return below, nil
 }
 
 // maxClockFloor bounds clockFloor: a wall clock set absurdly far ahead

@@ -101,10 +101,10 @@ type Relay struct {
 	storedMu       sync.Mutex
 	storedWake     chan struct{}
 
-	// runFloor is a sequence reserved when the relay was made (0 when
-	// nothing is ever forwarded): a message below it was stored by an
-	// earlier run, which may have sent it through a forwarder without an
-	// answer, and that run's strays are gone (mayStray).
+	// runFloor is what the outbox's MarkForwarding returned when the relay
+	// was made (0 when no run ever forwarded): a message below it was
+	// stored by an earlier run, which may have sent it through a forwarder
+	// without an answer, and that run's strays are gone (mayStray).
 	runFloor uint64
 
 	// sweepAt is when the sweeper will next look (elapsed ms); sweepWake
@@ -205,15 +205,20 @@ func New(cfg Config, store *outbox.Store, d Deliverer) (*Relay, error) {
 		r.parts = append(r.parts, &part{id: i, wake: make(chan struct{}, 1), streams: map[string]*stream{}})
 	}
 	r.routes = newRoutes(r, d, cfg.Forward)
-	if r.routes.rt != nil {
-		// What this relay stores from now on is above it; what is below
-		// may have been sent through a forwarder by an earlier run.
-		floor, err := store.ReserveSequence()
-		if err != nil {
-			floor = math.MaxUint64
+	// What is stored below runFloor may have been sent through a forwarder
+	// by an earlier run, whatever this one does; the mark makes a later
+	// run know that this one forwards.
+	floor, err := store.MarkForwarding(r.routes.rt != nil)
+	if err != nil {
+		if r.routes.rt != nil {
+			// A later run would not know what this one forwarded: it
+			// sends direct only.
+			cfg.Logger.Warn("relay: forwarding is off for this run: the outbox could not record that it forwards", "err", err)
+			r.routes.rt = nil
 		}
-		r.runFloor = floor
+		floor = math.MaxUint64 // an earlier run may have forwarded anything
 	}
+	r.runFloor = floor
 	store.SetOnEnqueue(r.Notify)
 	store.SetOnExpiry(r.expiresAt)
 	if c, ok := store.Config().Clock.(interface{ OnAdvance(func()) }); ok {

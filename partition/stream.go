@@ -182,6 +182,18 @@ func (r *Relay) mayStray(rcpt string, seq uint64) bool {
 	return ok && seq <= v.(uint64)
 }
 
+// strayNote is what a failure's reason adds when a copy of rcpt's message
+// seq may still be on its way through a forwarder (mayStray): this copy
+// failed, but that one may run when it arrives (the actor spawned, the
+// handler's dependency back), so a dead letter with this reason may have
+// run.
+func (r *Relay) strayNote(rcpt string, seq uint64) string {
+	if r.mayStray(rcpt, seq) {
+		return outbox.OutcomeUnknownForwarded
+	}
+	return ""
+}
+
 // lockStream returns rcpt's stream with its mutex held. A caller that
 // found the stream just before forget dropped it would otherwise work on
 // an object nobody else sees, beside the new one the next caller gets:
@@ -1293,15 +1305,15 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 		}
 		return verdict{kind: vExpired, reason: outbox.ReasonExpired}
 	case pb.Receipt_REJECTED:
-		return verdict{kind: vPoison, reason: "rejected: " + rc.GetMessage()}
+		return verdict{kind: vPoison, reason: "rejected: " + rc.GetMessage() + r.strayNote(st.rcpt, e.GetSequence())}
 	case pb.Receipt_NO_SUCH_ACTOR:
 		if ra > 0 {
 			// The node is within its spawn grace: the actor may come.
 			return verdict{kind: vDefer, reason: "no such actor yet: " + rc.GetMessage(), retryAfter: ra}
 		}
-		return verdict{kind: vCounted, reason: "no such actor: " + rc.GetMessage()}
+		return verdict{kind: vCounted, reason: "no such actor: " + rc.GetMessage() + r.strayNote(st.rcpt, e.GetSequence())}
 	case pb.Receipt_TRANSIENT:
-		return verdict{kind: vCounted, reason: rc.GetMessage()}
+		return verdict{kind: vCounted, reason: rc.GetMessage() + r.strayNote(st.rcpt, e.GetSequence())}
 	}
 	// ACCEPTED or a code this build does not know proves nothing about the
 	// handler: wait and send again, uncounted.

@@ -1,0 +1,212 @@
+package partition
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// heldPathPeer is a Router to the recipients' node with one forwarder, f,
+// that takes every emission and brings no receipt back: it holds the copy
+// in its queue to the recipient, and the copy runs when it arrives. While
+// cut, the direct path leads nowhere; otherwise the recipient answers
+// every direct copy with code.
+type heldPathPeer struct {
+	code        pb.Receipt_Code
+	cut         atomic.Bool
+	direct, via atomic.Int32
+}
+
+func newHeldPathPeer(code pb.Receipt_Code) *heldPathPeer {
+	p := &heldPathPeer{code: code}
+	p.cut.Store(true)
+	return p
+}
+
+func (*heldPathPeer) Alive(string) bool { return true }
+func (p *heldPathPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	if p.cut.Load() {
+		return nil, fmt.Errorf("dial: %w", ErrUnreachable)
+	}
+	p.direct.Add(1)
+	rcs := make([]*pb.Receipt, len(envs))
+	for i, e := range envs {
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: p.code, Message: "the recipient's answer"}
+	}
+	return rcs, nil
+}
+func (*heldPathPeer) Forwarders(string) []string { return []string{"f"} }
+func (p *heldPathPeer) DeliverVia(_ context.Context, _, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	p.via.Add(1)
+	return make([]*pb.Receipt, len(envs)), fmt.Errorf("f brought no receipt from %s", node)
+}
+func (p *heldPathPeer) Probe(context.Context, string) error {
+	if p.cut.Load() {
+		return ErrUnreachable
+	}
+	return nil
+}
+
+// forwardRun opens the outbox at path (smut edits its config) and makes a
+// relay over it that forwards (after one failed emission) or not; opened,
+// if not nil, is called in between. Closing it closes both.
+type forwardRun struct {
+	s *outbox.Store
+	r *Relay
+}
+
+func openForwardRun(t *testing.T, path string, d Deliverer, forwards bool, smut func(*outbox.Config), opened func()) *forwardRun {
+	t.Helper()
+	quiet := slog.New(slog.DiscardHandler)
+	scfg := outbox.DefaultConfig(path)
+	scfg.Logger = quiet
+	if smut != nil {
+		smut(&scfg)
+	}
+	s, err := outbox.Open(scfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opened != nil {
+		opened()
+	}
+	cfg := DefaultConfig()
+	cfg.Partitions, cfg.Logger = 1, quiet
+	cfg.Backoff = BackoffConfig{Base: time.Millisecond, Cap: 5 * time.Millisecond}
+	cfg.Forward = ForwardConfig{} // off
+	if forwards {
+		cfg.Forward = ForwardConfig{After: 1, Probe: 20 * time.Millisecond}
+	}
+	r, err := New(cfg, s, d)
+	if err != nil {
+		_ = s.Close()
+		t.Fatal(err)
+	}
+	run := &forwardRun{s: s, r: r}
+	t.Cleanup(run.close)
+	return run
+}
+
+func (run *forwardRun) close() {
+	_ = run.r.Close()
+	_ = run.s.Close()
+}
+
+// deadLetters waits for n dead letters of rcpt and returns their reasons
+// by message type.
+func (run *forwardRun) deadLetters(t *testing.T, rcpt string, n int) map[string]string {
+	t.Helper()
+	var dl []outbox.DeadLetter
+	var err error
+	testutil.WaitFor(t, 10*time.Second, fmt.Sprintf("%d dead letters", n), func() bool {
+		dl, err = run.s.DeadLetters(outbox.DLQFilter{Recipient: rcpt})
+		return err == nil && len(dl) == n
+	})
+	reasons := map[string]string{}
+	for _, d := range dl {
+		reasons[d.Message.GetEnvelope().GetType()] = d.Reason
+	}
+	return reasons
+}
+
+// A run sends message a through a forwarder that brings no receipt back
+// (it may hold the copy). The node restarts with forwarding turned off, as
+// an operator may during the very incident that made it forward, stores b,
+// and restarts again, still without. When the recipient answers a's direct
+// copy EXPIRED, the held copy may still run: a's dead letter says its
+// outcome is unknown, which it said only when the run judging it forwarded
+// itself (so "expired", which says no copy can run, invited a replay that
+// ran it twice). b, stored by a run that forwarded nothing, never went
+// through a forwarder: its dead letter says "expired".
+func TestRunsWithoutForwardingRememberWhatAnEarlierRunForwarded(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	held := newHeldPathPeer(pb.Receipt_EXPIRED)
+	run1 := openForwardRun(t, path, held, true, nil, nil)
+	run1.r.Start()
+	if _, err := run1.r.Send(context.Background(), message("a@n1", "a", time.Hour.Milliseconds()), false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "a sent through the forwarder", func() bool { return held.via.Load() > 0 })
+	run1.close()
+
+	run2 := openForwardRun(t, path, held, false, nil, nil)
+	storeMsgs(t, run2.r, message("a@n1", "b", time.Hour.Milliseconds()))
+	run2.close()
+
+	held.cut.Store(false) // reached directly: every copy is answered EXPIRED
+	run3 := openForwardRun(t, path, held, false, nil, nil)
+	run3.r.Start()
+	reasons := run3.deadLetters(t, "a@n1", 2)
+	if reasons["a"] != outbox.ReasonExpiredUnknown {
+		t.Errorf("a, sent through a forwarder two runs ago with no answer, dead-lettered %q; want %q (the forwarder may still hold a copy that runs)", reasons["a"], outbox.ReasonExpiredUnknown)
+	}
+	if reasons["b"] != outbox.ReasonExpired {
+		t.Errorf("b, stored by a run that forwarded nothing and never sent before, dead-lettered %q; want %q", reasons["b"], outbox.ReasonExpired)
+	}
+}
+
+// A copy of a message went through a forwarder that brought no answer (it
+// may hold the copy); then the direct path comes back and the recipient's
+// handler fails or refuses the next copy until it is dead-lettered. The
+// held copy may still run when it arrives (the actor spawned, the
+// handler's dependency back), so the dead letter may have run: its reason
+// says the outcome is unknown, as an expiry's does, or a replay of it,
+// taken for one that never ran, can run the message twice.
+func TestFailureWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		code   pb.Receipt_Code
+		prefix string
+	}{
+		{pb.Receipt_TRANSIENT, "max attempts: "},
+		{pb.Receipt_NO_SUCH_ACTOR, "max attempts: no such actor: "},
+		{pb.Receipt_REJECTED, "rejected: "},
+	} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			held := newHeldPathPeer(tc.code)
+			run := openForwardRun(t, filepath.Join(t.TempDir(), "outbox.db"), held, true, func(c *outbox.Config) { c.MaxAttempts = 1 }, nil)
+			run.r.Start()
+			if _, err := run.r.Send(context.Background(), message("a@n1", "m", 0), false); err != nil {
+				t.Fatal(err)
+			}
+			testutil.WaitFor(t, 10*time.Second, "a copy sent through the forwarder", func() bool { return held.via.Load() > 0 })
+			held.cut.Store(false)
+			reason := run.deadLetters(t, "a@n1", 1)["m"]
+			if !strings.HasPrefix(reason, tc.prefix) || !strings.HasSuffix(reason, outbox.OutcomeUnknownForwarded) {
+				t.Fatalf("dead letter reason %q (direct copies %d, through f %d); want %q…%q: a copy sent through the forwarder got no answer and may still run",
+					reason, held.direct.Load(), held.via.Load(), tc.prefix, outbox.OutcomeUnknownForwarded)
+			}
+		})
+	}
+}
+
+// A relay configured to forward whose outbox cannot record that it does
+// (the disk refuses the commit) does not forward in this run: a later run
+// would not know that its messages may be held at a forwarder. It takes
+// every message stored before it for one an earlier run may have
+// forwarded.
+func TestARelayThatCannotRecordThatItForwardsSendsDirectOnly(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	var full atomic.Bool
+	restore := faults.FailWrites(path, errDiskFull, func(meta bool) bool { return !meta && full.Load() })
+	defer restore()
+	held := newHeldPathPeer(pb.Receipt_EXPIRED)
+	run := openForwardRun(t, path, held, true, nil, func() { full.Store(true) })
+	full.Store(false)
+	if run.r.routes.rt != nil {
+		t.Fatal("the relay forwards although its outbox refused to record that it does")
+	}
+	if run.r.runFloor != math.MaxUint64 {
+		t.Fatalf("runFloor = %d; want every message stored before the run counted as possibly forwarded", run.r.runFloor)
+	}
+}
