@@ -79,7 +79,8 @@
 // # Layout of the file
 //
 //	meta              "format" (3), "seq" (reserved high-water), "outbox_id" (16 random bytes),
-//	                  "clock" (elapsed ms and wall ms of the last checkpoint)
+//	                  "clock" (elapsed ms and wall ms of the last checkpoint), "forwarded"
+//	                  (MarkForwarding's mark; absent until a relay forwarded)
 //	m                 8-byte sequence -> header + StoredMessage: every queue's records in one
 //	                  bucket; the header (created elapsed ms, TTL deadline elapsed ms, flags,
 //	                  recipient) lets the committer keep its indexes, and Open rebuild the
