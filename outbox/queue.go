@@ -220,8 +220,10 @@ const (
 	// EXPIRED and no copy of it went through a forwarder unanswered.
 	ReasonExpired = "expired"
 	// ReasonExpiredUnknown: the TTL ran out after the message was sent
-	// without a receipt coming back: it may or may not have run.
-	ReasonExpiredUnknown = "expired (outcome unknown: it was sent and no receipt came back)"
+	// without a receipt coming back, or after a restart, when the outbox
+	// cannot tell whether the run before sent it (it counts everything it
+	// had stored as sent): it may or may not have run.
+	ReasonExpiredUnknown = "expired (outcome unknown: it may have been sent, and no receipt came back)"
 	// ReasonTooOld: the message waited longer than a receiver keeps a
 	// stream (StreamRetention - RetentionMargin).
 	ReasonTooOld = "expired: older than the retention limit"
