@@ -118,7 +118,7 @@ func (s *Store) Head(req HeadRequest) (msgs []*pb.StoredMessage, waitUntil int64
 					}
 					created := createdMs(v)
 					if created+maxAge <= nowMs {
-						expire, reasons = append(expire, sq), append(reasons, ReasonTooOld)
+						expire, reasons = append(expire, sq), append(reasons, TooOldReason(sq, req.EmittedHW))
 						continue
 					}
 					if dl := deadlineMs(v); dl != 0 && dl <= nowMs {
@@ -227,6 +227,10 @@ const (
 	// ReasonTooOld: the message waited longer than a receiver keeps a
 	// stream (StreamRetention - RetentionMargin).
 	ReasonTooOld = "expired: older than the retention limit"
+	// ReasonTooOldUnknown: the same for a message that was sent (or may
+	// have been, before a restart) without a receipt coming back: it may
+	// have run, and a copy in flight, or held at a forwarder, may still.
+	ReasonTooOldUnknown = ReasonTooOld + " (outcome unknown: it may have been sent, and no receipt came back)"
 	// ReasonForgotten: the receiver answered that it forgot the stream
 	// (idle past its StreamRetention) and the message is older than what
 	// it forgot. The sender's clock undercounted the message's age (it was
@@ -241,6 +245,16 @@ const (
 )
 
 func isExpiredReason(r string) bool { return strings.HasPrefix(r, ReasonExpired) }
+
+// TooOldReason returns the reason for message seq given up for its age,
+// where emitted is its stream's emitted high-water (HeadRequest.EmittedHW):
+// one that was ever sent may have run.
+func TooOldReason(seq, emitted uint64) string {
+	if seq > emitted {
+		return ReasonTooOld // never on the wire
+	}
+	return ReasonTooOldUnknown
+}
 
 // Ack removes delivered messages (a positive receipt came back). Acks are
 // group-committed: many concurrent acks share one fsync. Unknown sequences

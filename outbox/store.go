@@ -338,6 +338,9 @@ func (s *Store) load() error {
 			return err
 		}
 		if beside > high {
+			// What the file does not hold may have been forwarded too:
+			// count everything in it as possibly forwarded.
+			s.forwarded = forwardingRun
 			s.cfg.Logger.Info("outbox: continuing sequences above the high-water recorded beside the file, which is above the file's own (a crash while reserving, or the file was restored from a backup)",
 				"file", high, "beside", beside)
 			high = beside

@@ -2,9 +2,11 @@ package partition
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -21,9 +23,12 @@ import (
 // that takes every emission and brings no receipt back: it holds the copy
 // in its queue to the recipient, and the copy runs when it arrives. While
 // cut, the direct path leads nowhere; otherwise the recipient answers
-// every direct copy with code.
+// every direct copy with code, or, if unsendable, no copy can be put on
+// the direct path (the peer's frame limit went down, as after its restart
+// with a smaller one).
 type heldPathPeer struct {
 	code        pb.Receipt_Code
+	unsendable  bool
 	cut         atomic.Bool
 	direct, via atomic.Int32
 }
@@ -40,6 +45,13 @@ func (p *heldPathPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope)
 		return nil, fmt.Errorf("dial: %w", ErrUnreachable)
 	}
 	p.direct.Add(1)
+	if p.unsendable {
+		errs := map[int]error{}
+		for i := range envs {
+			errs[i] = errors.New("larger than the peer's frame limit")
+		}
+		return nil, &UnsendableError{Errs: errs}
+	}
 	rcs := make([]*pb.Receipt, len(envs))
 	for i, e := range envs {
 		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: p.code, Message: "the recipient's answer"}
@@ -156,24 +168,93 @@ func TestRunsWithoutForwardingRememberWhatAnEarlierRunForwarded(t *testing.T) {
 	}
 }
 
+// An operator restores outbox.db alone from a backup, keeping
+// outbox.db.seq beside it (the way the README gives). The backup was taken
+// while message a was queued and before any run forwarded; after it, a run
+// sent a through a forwarder that brought no answer (it may hold the
+// copy). The restored file does not know that run forwarded, but the
+// sequences recorded beside it show that it is older than the runs since:
+// everything in it counts as possibly forwarded, and a's EXPIRED answer
+// dead-letters it "outcome unknown", not "expired" (never ran).
+func TestAnOutboxRestoredFromABackupCountsItsMessagesAsPossiblyForwarded(t *testing.T) {
+	dir := t.TempDir()
+	path, backup := filepath.Join(dir, "outbox.db"), filepath.Join(dir, "backup.db")
+	copyFile := func(from, to string) {
+		b, err := os.ReadFile(from)
+		if err == nil {
+			err = os.WriteFile(to, b, 0o600)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := newHeldPathPeer(pb.Receipt_EXPIRED)
+	run0 := openForwardRun(t, path, held, false, nil, nil)
+	storeMsgs(t, run0.r, message("a@n1", "a", time.Hour.Milliseconds()))
+	run0.close()
+	copyFile(path, backup)
+
+	run1 := openForwardRun(t, path, held, true, nil, nil)
+	run1.r.Start()
+	testutil.WaitFor(t, 10*time.Second, "a sent through the forwarder", func() bool { return held.via.Load() > 0 })
+	run1.close()
+
+	copyFile(backup, path)
+	held.cut.Store(false) // reached directly: every copy is answered EXPIRED
+	run2 := openForwardRun(t, path, held, false, nil, nil)
+	run2.r.Start()
+	if reason := run2.deadLetters(t, "a@n1", 1)["a"]; reason != outbox.ReasonExpiredUnknown {
+		t.Fatalf("a, sent through a forwarder after the backup the outbox was restored from, dead-lettered %q; want %q (the forwarder may still hold a copy that runs)", reason, outbox.ReasonExpiredUnknown)
+	}
+}
+
+// A message with no TTL that went through a forwarder bringing no answer
+// (it may hold the copy) is given up when its age passes MaxAge: its
+// reason says the outcome is unknown, since the held copy may still run.
+func TestTooOldWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	held := newHeldPathPeer(pb.Receipt_PROCESSED) // cut: the direct path leads nowhere
+	run := openForwardRun(t, filepath.Join(t.TempDir(), "outbox.db"), held, true, func(c *outbox.Config) {
+		c.Clock = clk
+		c.StreamRetention, c.RetentionMargin = 10*time.Hour, 2*time.Hour // MaxAge 8 h
+	}, nil)
+	run.r.Start()
+	if _, err := run.r.Send(context.Background(), message("a@n1", "m", 0), false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "a copy sent through the forwarder", func() bool {
+		clk.Advance(20 * time.Millisecond) // backoffs run on the outbox's clock
+		return held.via.Load() > 0
+	})
+	clk.Advance(8*time.Hour + time.Minute)
+	if reason := run.deadLetters(t, "a@n1", 1)["m"]; reason != outbox.ReasonTooOldUnknown {
+		t.Fatalf("dead letter reason %q (copies through the forwarder %d, none answered); want %q: the forwarder may still hold a copy that runs", reason, held.via.Load(), outbox.ReasonTooOldUnknown)
+	}
+}
+
 // A copy of a message went through a forwarder that brought no answer (it
 // may hold the copy); then the direct path comes back and the recipient's
-// handler fails or refuses the next copy until it is dead-lettered. The
+// handler fails or refuses the next copy until it is dead-lettered, or the
+// copy cannot be put on the direct path at all. The
 // held copy may still run when it arrives (the actor spawned, the
 // handler's dependency back), so the dead letter may have run: its reason
 // says the outcome is unknown, as an expiry's does, or a replay of it,
 // taken for one that never ran, can run the message twice.
 func TestFailureWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
 	for _, tc := range []struct {
-		code   pb.Receipt_Code
-		prefix string
+		name       string
+		code       pb.Receipt_Code
+		unsendable bool
+		prefix     string
 	}{
-		{pb.Receipt_TRANSIENT, "max attempts: "},
-		{pb.Receipt_NO_SUCH_ACTOR, "max attempts: no such actor: "},
-		{pb.Receipt_REJECTED, "rejected: "},
+		{"handler failed", pb.Receipt_TRANSIENT, false, "max attempts: "},
+		{"no such actor", pb.Receipt_NO_SUCH_ACTOR, false, "max attempts: no such actor: "},
+		{"rejected", pb.Receipt_REJECTED, false, "rejected: "},
+		{"cannot be sent directly", pb.Receipt_PROCESSED, true, "rejected: cannot be sent: "},
 	} {
-		t.Run(tc.code.String(), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			held := newHeldPathPeer(tc.code)
+			held.unsendable = tc.unsendable
 			run := openForwardRun(t, filepath.Join(t.TempDir(), "outbox.db"), held, true, func(c *outbox.Config) { c.MaxAttempts = 1 }, nil)
 			run.r.Start()
 			if _, err := run.r.Send(context.Background(), message("a@n1", "m", 0), false); err != nil {

@@ -585,7 +585,7 @@ func (r *Relay) expireDue() time.Duration {
 		} else if _, hw, err := r.store.StreamState(c.Recipient); err == nil {
 			emitted = hw
 		}
-		reason := outbox.ReasonTooOld
+		reason := outbox.TooOldReason(c.Seq, emitted)
 		if c.DeadlineMs != 0 {
 			switch {
 			case c.Seq > emitted:

@@ -1219,7 +1219,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 			if errors.Is(uerr, ErrNotYet) {
 				return verdict{kind: vDefer, reason: uerr.Error()}
 			}
-			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error()}
+			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error() + r.strayNote(st.rcpt, e.GetSequence())}
 		}
 	}
 	if rc == nil {
