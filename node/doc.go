@@ -223,9 +223,10 @@
 //     duplicate.
 //   - A message given up after it was sent (its TTL plus MaxClockSkew ran
 //     out without a receipt) may have run: its dead letter says "outcome
-//     unknown". So does one given up (expired, failed or rejected) while a
-//     copy sent through a forwarder got no answer: the forwarder may still
-//     hold that copy, which runs if it arrives.
+//     unknown", as does one given up for its age (older than the retention
+//     limit) after it was sent. So does one given up (expired, failed or
+//     rejected) while a copy sent through a forwarder got no answer: the
+//     forwarder may still hold that copy, which runs if it arrives.
 //   - A restart within one boot of the machine counts the time the node
 //     was stopped on the boot's clock (on Linux), whatever the wall clock
 //     did meanwhile. Across a reboot, a wall-clock difference counts as
