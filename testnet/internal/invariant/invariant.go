@@ -189,12 +189,20 @@ type Report struct {
 	DeadWithoutReason                     []string
 	HealthyDeadLettered                   []string // in a DLQ though neither poison nor expired
 	Unexpected                            []string // processed but never sent, or poison that ran
+	// RanYetDeadLettered: a handler ran the message, yet its dead letter
+	// does not say "outcome unknown": an operator takes it for one that
+	// never ran, and a replay runs it again.
+	RanYetDeadLettered []string
+	// CrashWindowRanYetDeadLettered: allowed: the runs were all on
+	// incarnations that were killed before they recorded them.
+	CrashWindowRanYetDeadLettered []string
 }
 
 // OK reports whether every invariant holds.
 func (r Report) OK() bool {
 	return len(r.Lost) == 0 && len(r.Duplicates) == 0 && len(r.OrderViolations) == 0 &&
-		len(r.DeadWithoutReason) == 0 && len(r.HealthyDeadLettered) == 0 && len(r.Unexpected) == 0
+		len(r.DeadWithoutReason) == 0 && len(r.HealthyDeadLettered) == 0 && len(r.Unexpected) == 0 &&
+		len(r.RanYetDeadLettered) == 0
 }
 
 // Err returns nil when OK, else an error carrying the summary and the random seed.
@@ -217,7 +225,7 @@ func (r Report) Write(w io.Writer) {
 	fmt.Fprintf(w, "seed %d: sent %d (delivered %d, queued %d, dead-lettered %d, failed %d), handler runs %d, in a DLQ for a reason %d\n",
 		r.Seed, r.Sent, r.Delivered, r.Queued, r.DeadLettered, r.Failed, r.Processed, r.InDLQ)
 	list := func(what string, xs []string) {
-		fmt.Fprintf(w, "  %-28s %d\n", what, len(xs))
+		fmt.Fprintf(w, "  %-38s %d\n", what, len(xs))
 		for i, x := range xs {
 			if i == 5 {
 				fmt.Fprintf(w, "    ... %d more\n", len(xs)-5)
@@ -232,7 +240,9 @@ func (r Report) Write(w io.Writer) {
 	list("dead letters w/o reason:", r.DeadWithoutReason)
 	list("healthy dead-lettered:", r.HealthyDeadLettered)
 	list("unexpected runs:", r.Unexpected)
+	list("ran, dead letter says not:", r.RanYetDeadLettered)
 	list("crash-window re-runs (ok):", r.CrashWindowDuplicates)
+	list("crash-window runs dead-lettered (ok):", r.CrashWindowRanYetDeadLettered)
 }
 
 // deserved reports whether a dead letter's reason is one the message
@@ -286,6 +296,14 @@ func (r *Recorder) Check(dead []Dead) Report {
 			rep.Failed++
 		}
 		d, isDead := deadBy[k]
+		if isDead && len(runs[k]) > 0 && d.Reason != "" && !strings.Contains(d.Reason, "outcome unknown") {
+			msg := fmt.Sprintf("%s ran %d times, dead letter %q", k, len(runs[k]), d.Reason)
+			if !slices.ContainsFunc(runs[k], func(p Processed) bool { return !crashed[p.Boot] }) {
+				rep.CrashWindowRanYetDeadLettered = append(rep.CrashWindowRanYetDeadLettered, msg)
+			} else {
+				rep.RanYetDeadLettered = append(rep.RanYetDeadLettered, msg)
+			}
+		}
 		if isDead {
 			switch {
 			case d.Reason == "":
@@ -351,5 +369,7 @@ func (r *Recorder) Check(dead []Dead) Report {
 	slices.Sort(rep.CrashWindowDuplicates)
 	slices.Sort(rep.Unexpected)
 	slices.Sort(rep.HealthyDeadLettered)
+	slices.Sort(rep.RanYetDeadLettered)
+	slices.Sort(rep.CrashWindowRanYetDeadLettered)
 	return rep
 }

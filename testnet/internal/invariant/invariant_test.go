@@ -66,6 +66,29 @@ func TestCheck(t *testing.T) {
 				}
 				return nil
 			}},
+		{"ran, yet dead-lettered as never run", queued, all,
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit"}}, func(r Report) error {
+				if len(r.RanYetDeadLettered) != 1 || r.OK() {
+					return fmt.Errorf("want 1 run whose dead letter says it never ran: %s", r)
+				}
+				return nil
+			}},
+		{"ran, dead letter says outcome unknown", queued, all,
+			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit (outcome unknown: it may have been sent, and no receipt came back)"}}, func(r Report) error {
+				if !r.OK() || len(r.RanYetDeadLettered) != 0 {
+					return fmt.Errorf("want OK (the dead letter says it may have run): %s", r)
+				}
+				return nil
+			}},
+		{"ran on a killed incarnation only, yet dead-lettered as never run", queued, func(rec *Recorder, ps []Processed) {
+			all(rec, ps)
+			rec.Crashed("boot1")
+		}, []Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit"}}, func(r Report) error {
+			if !r.OK() || len(r.CrashWindowRanYetDeadLettered) != 1 {
+				return fmt.Errorf("want OK with 1 crash-window run dead-lettered: %s", r)
+			}
+			return nil
+		}},
 		{"dead letter without reason", queued, func(rec *Recorder, ps []Processed) { all(rec, ps[:9]) },
 			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10}}, func(r Report) error {
 				if len(r.DeadWithoutReason) != 1 {
