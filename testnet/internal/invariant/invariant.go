@@ -182,6 +182,7 @@ type Report struct {
 	Failed                                int
 	Processed                             int // handler runs
 	InDLQ                                 int // acknowledged messages found in a DLQ for a reason they deserve
+	RanOutcomeUnknown                     int // messages that ran and are in a DLQ with a reason saying "outcome unknown"
 	Lost                                  []string
 	Duplicates                            []string
 	CrashWindowDuplicates                 []string // allowed: first run on an incarnation that was killed
@@ -222,8 +223,8 @@ func (r Report) String() string {
 
 // Write prints the summary to w.
 func (r Report) Write(w io.Writer) {
-	fmt.Fprintf(w, "seed %d: sent %d (delivered %d, queued %d, dead-lettered %d, failed %d), handler runs %d, in a DLQ for a reason %d\n",
-		r.Seed, r.Sent, r.Delivered, r.Queued, r.DeadLettered, r.Failed, r.Processed, r.InDLQ)
+	fmt.Fprintf(w, "seed %d: sent %d (delivered %d, queued %d, dead-lettered %d, failed %d), handler runs %d, in a DLQ for a reason %d (of which ran, outcome unknown: %d)\n",
+		r.Seed, r.Sent, r.Delivered, r.Queued, r.DeadLettered, r.Failed, r.Processed, r.InDLQ, r.RanOutcomeUnknown)
 	list := func(what string, xs []string) {
 		fmt.Fprintf(w, "  %-38s %d\n", what, len(xs))
 		for i, x := range xs {
@@ -296,7 +297,9 @@ func (r *Recorder) Check(dead []Dead) Report {
 			rep.Failed++
 		}
 		d, isDead := deadBy[k]
-		if isDead && len(runs[k]) > 0 && d.Reason != "" && !strings.Contains(d.Reason, "outcome unknown") {
+		if isDead && len(runs[k]) > 0 && strings.Contains(d.Reason, "outcome unknown") {
+			rep.RanOutcomeUnknown++
+		} else if isDead && len(runs[k]) > 0 && d.Reason != "" {
 			msg := fmt.Sprintf("%s ran %d times, dead letter %q", k, len(runs[k]), d.Reason)
 			if !slices.ContainsFunc(runs[k], func(p Processed) bool { return !crashed[p.Boot] }) {
 				rep.CrashWindowRanYetDeadLettered = append(rep.CrashWindowRanYetDeadLettered, msg)

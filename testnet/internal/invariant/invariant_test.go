@@ -75,7 +75,7 @@ func TestCheck(t *testing.T) {
 			}},
 		{"ran, dead letter says outcome unknown", queued, all,
 			[]Dead{{Sender: "a", Recipient: "w@b", Seq: 10, Reason: "expired: older than the retention limit (outcome unknown: it may have been sent, and no receipt came back)"}}, func(r Report) error {
-				if !r.OK() || len(r.RanYetDeadLettered) != 0 {
+				if !r.OK() || len(r.RanYetDeadLettered) != 0 || r.RanOutcomeUnknown != 1 {
 					return fmt.Errorf("want OK (the dead letter says it may have run): %s", r)
 				}
 				return nil
