@@ -301,7 +301,7 @@ func TestTTLWhilePeerDownReplayAndDrop(t *testing.T) {
 	if n, err := n1.Outbox().DropQueue("edge9", "node edge9 does not exist"); err != nil || n != 1 {
 		t.Fatalf("DropQueue = %d, %v", n, err)
 	}
-	if dl := deadLetters(t, n1); len(dl) != 2 || dl[1].Reason != "dropped: node edge9 does not exist" {
+	if dl := deadLetters(t, n1); len(dl) != 2 || dl[1].Reason != "dropped: node edge9 does not exist"+outbox.OutcomeUnknownDropped {
 		t.Fatalf("dead letters %v", dl)
 	}
 	if _, err := n1.TellReliable(ctx, node.Addr("x", "edge9"), wrapperspb.String("x"), node.WithTTL(-time.Second)); !errors.Is(err, node.ErrBadOption) {

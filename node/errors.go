@@ -5,6 +5,7 @@ import (
 
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/outbox"
+	"github.com/meshnode/meshnode/partition"
 )
 
 // Sentinels and typed errors of the public API. Check them with errors.Is
@@ -48,6 +49,14 @@ var (
 	// may still be in the file, and delivered after the restart);
 	// Outbox().Err says it too.
 	ErrStoreFailed = outbox.ErrFailed
+	// ErrOutcomeUnknown: TellReliable's direct attempt got no verdict (the
+	// recipient's handler slower than Relay.DirectTimeout, a lost
+	// connection), and then the message could not be stored, or its TTL ran
+	// out (it is then in the dead-letter queue, its reason saying "outcome
+	// unknown"): the recipient may have run it. Sending it again without an
+	// idempotency key (WithIdempotencyKey) the receiver remembers may run
+	// it twice.
+	ErrOutcomeUnknown = partition.ErrOutcomeUnknown
 	// ErrBadConfig: Config.Validate refused the configuration.
 	ErrBadConfig = errors.New("node: bad config")
 	// ErrSenderMismatch: an envelope from a peer named another node as its

@@ -16,7 +16,9 @@ type OutboxView interface {
 	Purge(f outbox.DLQFilter) (int, error)
 	// DropQueue moves every message waiting for target ("actor@node", or a
 	// node name for all its actors) to the dead-letter queue with reason
-	// "dropped: why" (Replay brings them back) and returns how many.
+	// "dropped: why (outcome unknown: …)" (a message may have been sent,
+	// and run, before it was dropped; Replay brings them back) and returns
+	// how many.
 	DropQueue(target, why string) (int, error)
 	// Err says why the outbox stopped taking writes (ErrStoreFailed: the
 	// disk failed a commit it had already written; restart the node to

@@ -118,6 +118,19 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	}
 	to, _ := parseLoose(env.GetRecipient())
 	a := n.actor(to.Actor)
+	if stream && a == nil && to.Node == n.name {
+		// The actor is gone, but the message may have run before it went,
+		// its receipt lost: a copy at or below the stream's durable
+		// watermark is answered as one (DUPLICATE), as it would be were
+		// the actor there. Counted as a failure, it would be dead-lettered
+		// as one that never ran.
+		id := StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
+		if st := n.in.known(id); st != nil && n.in.early(st, env) == earlyCopy {
+			n.stats.dedupeHits.Add(1)
+			copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+			return
+		}
+	}
 	if to.Node != n.name || a == nil {
 		n.stats.noSuchActor.Add(1)
 		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)

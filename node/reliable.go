@@ -28,6 +28,9 @@ const (
 	// DeadLettered: the direct attempt got a final verdict — the handler
 	// refused the message as poison (Permanent), or its TTL ran out on the
 	// way. It is in the dead-letter queue with the reason; it will not run.
+	// (A direct attempt without a verdict whose TTL ran out meanwhile is
+	// dead-lettered too, but TellReliable returns ErrOutcomeUnknown: it may
+	// have run.)
 	DeadLettered
 )
 

@@ -168,6 +168,27 @@ func (in *inbound) get(id StreamID, applied func(StreamID) uint64) (*inStream, e
 	return in.lookup(id, false, applied)
 }
 
+// known is get for a stream of an actor that is not there: it returns the
+// stream if it is cached or has a record on disk, and nil otherwise, so
+// that messages to actors that never were leave nothing behind.
+func (in *inbound) known(id StreamID) *inStream {
+	key := id.key()
+	in.mu.Lock()
+	st := in.streams[string(key)]
+	in.mu.Unlock()
+	if st != nil {
+		return st
+	}
+	if rec, err := in.store.StreamRecord(key); err != nil || rec.Watermark == 0 {
+		return nil
+	}
+	st, err := in.get(id, nil)
+	if err != nil {
+		return nil
+	}
+	return st
+}
+
 // acquire is get for the stream's owner: the stream stays cached until
 // release, however long its handler runs.
 func (in *inbound) acquire(id StreamID, applied func(StreamID) uint64) (*inStream, error) {

@@ -242,6 +242,13 @@ const (
 	// forwarder and got no answer: the forwarder may hold that copy and it
 	// may run when it arrives, so the dead letter may have run.
 	OutcomeUnknownForwarded = " (outcome unknown: a copy sent through a forwarder got no answer)"
+	// OutcomeUnknownSent ends the reason of a failure that does not say
+	// whether an earlier copy of the message, sent without a receipt
+	// coming back, ran: no such actor (the actor gone after it ran), or a
+	// message that can no longer be put on the wire.
+	OutcomeUnknownSent = " (outcome unknown: an earlier copy was sent, and no receipt came back)"
+	// OutcomeUnknownDropped ends the reason of a message DropQueue gave up.
+	OutcomeUnknownDropped = " (outcome unknown: it may have been sent before it was dropped)"
 )
 
 func isExpiredReason(r string) bool { return strings.HasPrefix(r, ReasonExpired) }
@@ -533,8 +540,10 @@ func (s *Store) SetEpoch(recipient string, epoch uint64) error {
 
 // DropQueue moves every message queued for recipient (an "actor@node"
 // address) or, given a bare node name, for every actor of that node, to the
-// dead-letter queue with reason "dropped: <why>", in transactions bounded
-// by MaxBatch and MaxBatchBytes.
+// dead-letter queue with reason "dropped: <why> (outcome unknown: …)", in
+// transactions bounded by MaxBatch and MaxBatchBytes: a message may have
+// been sent, and run, before it was dropped (its receipt lost, or its copy
+// on the wire), which the store cannot tell.
 // It returns how many it moved; Replay brings them back.
 func (s *Store) DropQueue(target, why string) (int, error) {
 	var rcpts []string
@@ -546,7 +555,7 @@ func (s *Store) DropQueue(target, why string) (int, error) {
 	total := 0
 	for _, r := range rcpts {
 		for {
-			o := &op{kind: opDrop, recipient: r, reason: "dropped: " + why}
+			o := &op{kind: opDrop, recipient: r, reason: "dropped: " + why + OutcomeUnknownDropped}
 			if err := s.submit(context.Background(), o); err != nil {
 				return total, fmt.Errorf("outbox: drop %s: %w", r, err)
 			}

@@ -32,6 +32,12 @@ var (
 	// confirmed): the stream waits and sends it again, uncounted, as for a
 	// lost receipt, instead of making the message poison.
 	ErrNotYet = errors.New("partition: cannot be sent yet")
+	// ErrOutcomeUnknown is wrapped by Send's error when a direct attempt got
+	// no verdict (a timeout, a lost connection) and the message could not
+	// be stored after it, or its TTL ran out during it (it is then in the
+	// dead-letter queue): the recipient may have run it. Sending it again
+	// without an idempotency key the receiver remembers may run it twice.
+	ErrOutcomeUnknown = errors.New("partition: outcome unknown: the recipient may have run the message")
 )
 
 // CongestedError is ErrCongested with the sender's own estimate of when

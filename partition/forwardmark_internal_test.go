@@ -271,6 +271,69 @@ func TestFailureWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
 	}
 }
 
+// lostThenRefusingPeer is the recipients' node reached directly (no
+// forwarder). The first copy it is sent reaches the recipient, which runs
+// it, but its receipt is lost (the connection reset before it came back).
+// Every later copy is answered code (the actor stopped: NO_SUCH_ACTOR from
+// a receiver that does not look at the stream first), or, if unsendable,
+// cannot be put on the wire (the peer restarted with a smaller frame
+// limit).
+type lostThenRefusingPeer struct {
+	code       pb.Receipt_Code
+	unsendable bool
+	ran, calls atomic.Int32
+}
+
+func (*lostThenRefusingPeer) Alive(string) bool { return true }
+func (p *lostThenRefusingPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
+	if p.calls.Add(1) == 1 {
+		p.ran.Add(int32(len(envs)))
+		return make([]*pb.Receipt, len(envs)), errors.New("connection reset: no receipt")
+	}
+	if p.unsendable {
+		errs := map[int]error{}
+		for i := range envs {
+			errs[i] = errors.New("larger than the peer's frame limit")
+		}
+		return nil, &UnsendableError{Errs: errs}
+	}
+	rcs := make([]*pb.Receipt, len(envs))
+	for i, e := range envs {
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: p.code, Message: "the recipient's answer"}
+	}
+	return rcs, nil
+}
+
+// A copy of a message went on the direct path and got no receipt (it ran;
+// the receipt was lost). A later failure that does not say whether that
+// copy ran (no such actor, or a copy that cannot be put on the wire)
+// dead-letters the message with a reason that says its outcome is
+// unknown: the note was added only for copies sent through a forwarder,
+// so the dead letter read as one that never ran, and a replay ran it
+// twice.
+func TestFailureAfterAnUnansweredDirectCopyIsOutcomeUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		peer   *lostThenRefusingPeer
+		prefix string
+	}{
+		{"no such actor", &lostThenRefusingPeer{code: pb.Receipt_NO_SUCH_ACTOR}, "max attempts: no such actor: "},
+		{"cannot be sent", &lostThenRefusingPeer{unsendable: true}, "rejected: cannot be sent: "},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := openForwardRun(t, filepath.Join(t.TempDir(), "outbox.db"), tc.peer, false, func(c *outbox.Config) { c.MaxAttempts = 1 }, nil)
+			run.r.Start()
+			if _, err := run.r.Send(context.Background(), message("a@n1", "m", time.Hour.Milliseconds()), false); err != nil {
+				t.Fatal(err)
+			}
+			reason := run.deadLetters(t, "a@n1", 1)["m"]
+			if !strings.HasPrefix(reason, tc.prefix) || !strings.HasSuffix(reason, outbox.OutcomeUnknownSent) {
+				t.Fatalf("dead-lettered %q after a copy went out with no receipt (the recipient ran it %d time(s)); want %q…%q", reason, tc.peer.ran.Load(), tc.prefix, outbox.OutcomeUnknownSent)
+			}
+		})
+	}
+}
+
 // A relay configured to forward whose outbox cannot record that it does
 // (the disk refuses the commit) does not forward in this run: a later run
 // would not know that its messages may be held at a forwarder. It takes

@@ -194,6 +194,21 @@ func (r *Relay) strayNote(rcpt string, seq uint64) string {
 	return ""
 }
 
+// sentNote is strayNote for a failure the recipient did not judge by the
+// stream's watermark (no such actor, or a copy that cannot be put on the
+// wire): an earlier copy of the message (seq at or below seen, the
+// stream's emitted high-water before this emission) may have run without
+// its receipt coming back, which such a failure does not rule out.
+func (r *Relay) sentNote(rcpt string, seq, seen uint64) string {
+	if n := r.strayNote(rcpt, seq); n != "" {
+		return n
+	}
+	if seq <= seen {
+		return outbox.OutcomeUnknownSent
+	}
+	return ""
+}
+
 // lockStream returns rcpt's stream with its mutex held. A caller that
 // found the stream just before forget dropped it would otherwise work on
 // an object nobody else sees, beside the new one the next caller gets:
@@ -361,7 +376,8 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 			if err := r.store.DeadLetter(sctx, sm, outbox.ReasonExpiredUnknown); err != nil {
 				return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
 			}
-			return Sent{Outcome: DeadLettered, Reason: outbox.ReasonExpiredUnknown}, nil
+			// Not DeadLettered, which says the message will not run.
+			return Sent{}, fmt.Errorf("partition: send to %s: its TTL ran out during a direct attempt without a verdict, and it was dead-lettered %q: %w", rcpt, outbox.ReasonExpiredUnknown, ErrOutcomeUnknown)
 		}
 		// The attempt had no final verdict: the recipient may have run the
 		// message (a timeout, or a receiver that ran it but could not
@@ -372,7 +388,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 		if v.reason != "" {
 			why = " (" + v.reason + ")"
 		}
-		return Sent{}, fmt.Errorf("partition: send to %s: not stored after a direct attempt without a verdict%s; the recipient may have run it: %w", rcpt, why, err)
+		return Sent{}, fmt.Errorf("partition: send to %s: not stored after a direct attempt without a verdict%s: %w: %w", rcpt, why, ErrOutcomeUnknown, err)
 	}
 	r.apply(st, v, seq, false, int(sm.GetAttempts()))
 	return Sent{Outcome: Queued}, nil
@@ -1219,7 +1235,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 			if errors.Is(uerr, ErrNotYet) {
 				return verdict{kind: vDefer, reason: uerr.Error()}
 			}
-			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error() + r.strayNote(st.rcpt, e.GetSequence())}
+			return verdict{kind: vPoison, reason: "rejected: cannot be sent: " + uerr.Error() + r.sentNote(st.rcpt, e.GetSequence(), seen)}
 		}
 	}
 	if rc == nil {
@@ -1311,7 +1327,7 @@ func (r *Relay) judge(st *stream, e *pb.Envelope, rc *pb.Receipt, derr error, i 
 			// The node is within its spawn grace: the actor may come.
 			return verdict{kind: vDefer, reason: "no such actor yet: " + rc.GetMessage(), retryAfter: ra}
 		}
-		return verdict{kind: vCounted, reason: "no such actor: " + rc.GetMessage() + r.strayNote(st.rcpt, e.GetSequence())}
+		return verdict{kind: vCounted, reason: "no such actor: " + rc.GetMessage() + r.sentNote(st.rcpt, e.GetSequence(), seen)}
 	case pb.Receipt_TRANSIENT:
 		return verdict{kind: vCounted, reason: rc.GetMessage() + r.strayNote(st.rcpt, e.GetSequence())}
 	}

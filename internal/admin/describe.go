@@ -91,6 +91,8 @@ func Describe(err error) string {
 		return fmt.Sprintf("%sthe recipient is full: try again in %v", prefix, ce.RetryAfter.Round(time.Millisecond))
 	case errors.Is(err, node.ErrMailboxFull), errors.Is(err, inbox.ErrFull):
 		return prefix + "the recipient is full: try again later"
+	case errors.Is(err, node.ErrOutcomeUnknown) && !errors.Is(err, node.ErrStoreFailed):
+		return prefix + "no verdict from the recipient in time, and it may have run the message: send it again only with an idempotency key (--key) the recipient still remembers"
 	case errors.Is(err, context.DeadlineExceeded):
 		return prefix + "no answer before the deadline"
 	case errors.As(err, &re):

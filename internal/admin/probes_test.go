@@ -122,6 +122,8 @@ func TestErrorsReadOnce(t *testing.T) {
 		{"full", "/v1/send", `{"to":"box@n2"}`, &node.CapacityError{RetryAfter: 1500 * time.Millisecond},
 			429, admin.CodeCapacity, "send box@n2: the recipient is full: try again in 1.5s"},
 		{"deadline", "/v1/ask", `{"to":"box@n2"}`, context.DeadlineExceeded, 504, admin.CodeTimeout, "ask box@n2: no answer before the deadline"},
+		{"outcome unknown", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: tell-reliable box@n2: partition: send to box@n2: its TTL ran out during a direct attempt without a verdict: %w", node.ErrOutcomeUnknown),
+			504, admin.CodeTimeout, "send box@n2: no verdict from the recipient in time, and it may have run the message: send it again only with an idempotency key"},
 		{"failed outbox", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: send box@n2: outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed),
 			507, admin.CodeInternal, "send box@n2: this node's outbox stopped taking messages"},
 		{"empty filter", "/v1/dlq/purge", `{}`, nil, 400, admin.CodeBadRequest, "--all"},

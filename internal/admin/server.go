@@ -209,7 +209,8 @@ func statusOf(err error) int {
 	case errors.Is(err, node.ErrStoreFailed), errors.Is(err, inbox.ErrFailed):
 		// Not worth retrying: the node must be restarted.
 		return http.StatusInsufficientStorage
-	case errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, node.ErrOutcomeUnknown):
+		// The recipient may have run it: not a plain failure to retry.
 		return http.StatusGatewayTimeout
 	case errors.As(err, &re):
 		return http.StatusBadGateway
