@@ -124,8 +124,10 @@ func WithType(t string) SendOption { return func(o *sendOptions) { o.msgType = t
 // error only when the message could not be stored either; then nothing was
 // stored, but if a direct attempt was made without a verdict (it timed out,
 // or the receiver ran the message and could not record that), the
-// recipient may have run it, and the error says so: a retry under the same
-// idempotency key (WithIdempotencyKey) cannot run it twice.
+// recipient may have run it, and the error says so (ErrOutcomeUnknown): a
+// retry under the same idempotency key (WithIdempotencyKey) cannot run it
+// twice. ErrOutcomeUnknown is also returned, with the message in the
+// dead-letter queue, when such an attempt outlasted the message's TTL.
 func (n *Node) TellReliable(ctx context.Context, to Address, msg proto.Message, opts ...SendOption) (Outcome, error) {
 	if n.closed.Load() {
 		return 0, ErrClosed
