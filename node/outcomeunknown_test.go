@@ -9,8 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshnode/meshnode/internal/faults"
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 	"github.com/meshnode/meshnode/outbox"
 	"google.golang.org/protobuf/proto"
@@ -21,6 +23,7 @@ import (
 // waits at a gate: longer than n1 waits for a receipt (300 ms), so a
 // message runs after its sender gave up waiting for the verdict.
 type slowWorker struct {
+	dir     string // n1's data directory is dir/n1
 	n1, n2  *node.Node
 	to      node.Address
 	started chan struct{}
@@ -32,7 +35,7 @@ type slowWorker struct {
 func newSlowWorker(t *testing.T, n2cfg func(*node.Config)) *slowWorker {
 	t.Helper()
 	dir := t.TempDir()
-	w := &slowWorker{started: make(chan struct{}, 1), gate: make(chan struct{})}
+	w := &slowWorker{dir: dir, started: make(chan struct{}, 1), gate: make(chan struct{})}
 	w.n1 = newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
 		fastRetries(c)
 		c.Relay.DirectTimeout = 300 * time.Millisecond
@@ -99,6 +102,25 @@ func TestTellReliableExpiredDuringAnUnansweredAttemptIsOutcomeUnknown(t *testing
 	}
 }
 
+// The same when the dead letter cannot be written (a full disk): nothing
+// is stored, and the error still says the recipient may have run the
+// message. A plain store error reads as "nothing stored, nothing ran", and
+// a caller that retries on it runs the message twice.
+func TestTellReliableExpiredDuringAnUnansweredAttemptOnAFullDiskIsOutcomeUnknown(t *testing.T) {
+	w := newSlowWorker(t, nil)
+	restore, hits := faults.FailCommits(filepath.Join(w.dir, "n1", "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	_, err := w.n1.TellReliable(ctxT(t), w.to, wrapperspb.String("pay"), node.WithTTL(100*time.Millisecond))
+	restore()
+	w.waitStarted(t)
+	w.releaseAndWaitRun(t)
+	if err == nil || hits() == 0 {
+		t.Fatalf("TellReliable = %v with %d failed commits; the test wants the dead letter refused by the disk", err, hits())
+	}
+	if !errors.Is(err, node.ErrOutcomeUnknown) {
+		t.Fatalf("TellReliable = %v: want ErrOutcomeUnknown, since the direct attempt got no verdict and the recipient ran it (dead letters: %d)", err, len(deadLetters(t, w.n1)))
+	}
+}
+
 // A message runs, but its receipt is lost (the handler is slower than its
 // sender waits); then its actor is stopped. The next copy finds no actor,
 // but the stream's watermark on the receiver's disk says it ran: it is
@@ -157,5 +179,47 @@ func TestDropQueueSaysTheOutcomeIsUnknown(t *testing.T) {
 	}
 	if want := "dropped: operator gave up on a slow worker" + outbox.OutcomeUnknownDropped; dl[0].Reason != want {
 		t.Fatalf("dead-lettered %q although a copy was on the wire with no receipt and ran; want %q", dl[0].Reason, want)
+	}
+}
+
+// A WithApplied handler is ahead of the node's watermark after a crash
+// (its own store says 10, outbox.db says 2). After the restart, before the
+// application spawned the actor again, a copy of message 1 arrives and is
+// answered DUPLICATE from the watermark on disk; the stream it was judged
+// by must not stay cached without the actor's WithApplied, or the
+// receipts, once the actor is back, report the watermark (3) instead of
+// what the handler applied (10): a sender whose sequences went back would
+// then never learn it, and its new message under a sequence the handler
+// skips as applied would be acked without taking effect.
+func TestCopyToAnAbsentActorLeavesItsStreamToWithApplied(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "n1")
+	n := startNode(t, "n1", dir)
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	for seq := uint64(1); seq <= 2; seq++ {
+		if rc := rs.deliverWait(t, n, streamEnv("a", "n1", seq, seq-1)); rc.GetCode() != pb.Receipt_PROCESSED {
+			t.Fatalf("message %d: %v", seq, rc.GetCode())
+		}
+	}
+	_ = n.Close()
+
+	n = startNode(t, "n1", dir)
+	var rs2 receipts
+	cp := streamEnv("a", "n1", 1, 0)
+	cp.MsgId += "-copy"
+	if rc := rs2.deliverWait(t, n, cp); rc.GetCode() != pb.Receipt_DUPLICATE {
+		t.Fatalf("a copy of message 1 before the actor is back: %v, want DUPLICATE", rc.GetCode())
+	}
+	var asked atomic.Int32
+	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil },
+		node.WithApplied(func(node.StreamID) uint64 { asked.Add(1); return 10 })); err != nil {
+		t.Fatal(err)
+	}
+	rc := rs2.deliverWait(t, n, streamEnv("a", "n1", 3, 2))
+	if rc.GetCode() != pb.Receipt_PROCESSED || rc.GetWatermark() != 10 || asked.Load() != 1 {
+		t.Fatalf("message 3 after the actor came back WithApplied(10): %v watermark %d, applied asked %d time(s); want PROCESSED reporting 10, applied asked once",
+			rc.GetCode(), rc.GetWatermark(), asked.Load())
 	}
 }

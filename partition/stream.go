@@ -374,7 +374,7 @@ func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) 
 			// can be neither stored nor called failed.
 			sm.FirstEnqueuedUnixMs = time.Now().UnixMilli()
 			if err := r.store.DeadLetter(sctx, sm, outbox.ReasonExpiredUnknown); err != nil {
-				return Sent{}, fmt.Errorf("partition: send to %s: %w", rcpt, err)
+				return Sent{}, fmt.Errorf("partition: send to %s: its TTL ran out during a direct attempt without a verdict, and it could not be dead-lettered: %w: %w", rcpt, ErrOutcomeUnknown, err)
 			}
 			// Not DeadLettered, which says the message will not run.
 			return Sent{}, fmt.Errorf("partition: send to %s: its TTL ran out during a direct attempt without a verdict, and it was dead-lettered %q: %w", rcpt, outbox.ReasonExpiredUnknown, ErrOutcomeUnknown)
