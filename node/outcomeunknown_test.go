@@ -223,3 +223,46 @@ func TestCopyToAnAbsentActorLeavesItsStreamToWithApplied(t *testing.T) {
 			rc.GetCode(), rc.GetWatermark(), asked.Load())
 	}
 }
+
+// A direct attempt gets no verdict in time (the handler is slow, and it
+// runs), and meanwhile the outbox stops (a failed fdatasync), so the
+// message cannot be stored after it. TellReliable's error says both: the
+// outbox failed (restart the node) and the recipient may have run the
+// message (ErrOutcomeUnknown), so that nobody sends it again without an
+// idempotency key.
+func TestTellReliableNotStoredAfterAnUnansweredAttemptIsOutcomeUnknown(t *testing.T) {
+	dir := t.TempDir()
+	var failing atomic.Bool
+	syncErr := errors.New("fdatasync outbox.db: input/output error")
+	defer faults.FailWrites(filepath.Join(dir, "n1", "outbox.db"), syncErr, func(meta bool) bool { return meta && failing.Load() })()
+	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), func(c *node.Config) {
+		fastRetries(c)
+		c.Relay.DirectTimeout = 300 * time.Millisecond
+		c.Relay.DeliverTimeout = 300 * time.Millisecond
+	})
+	n2 := newNode(t, "n2", filepath.Join(dir, "n2"), func(*node.Config) {}, n1.GossipAddr())
+	waitAlive(t, []*node.Node{n1, n2}, 2)
+	gate := make(chan struct{})
+	var ran atomic.Int32
+	t.Cleanup(func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	})
+	if _, err := n2.Spawn("worker", func(context.Context, *node.Message) (proto.Message, error) {
+		failing.Store(true) // the outbox stops while the attempt waits
+		<-gate
+		ran.Add(1)
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := n1.TellReliable(ctxT(t), node.Addr("worker", "n2"), wrapperspb.String("pay"))
+	close(gate)
+	testutil.WaitFor(t, 10*time.Second, "the handler ran", func() bool { return ran.Load() == 1 })
+	if !errors.Is(err, node.ErrOutcomeUnknown) || !errors.Is(err, node.ErrStoreFailed) {
+		t.Fatalf("TellReliable = %v: want both ErrOutcomeUnknown and ErrStoreFailed", err)
+	}
+}

@@ -105,7 +105,11 @@ func Describe(err error) string {
 	case errors.Is(err, outbox.ErrExpired):
 		return prefix + "the message expired before it could be stored"
 	case errors.Is(err, node.ErrStoreFailed):
-		return prefix + "this node's outbox stopped taking messages: the disk failed to sync a commit (see the node's log); check the disk and restart the node"
+		msg := prefix + "this node's outbox stopped taking messages: the disk failed to sync a commit (see the node's log); check the disk and restart the node"
+		if errors.Is(err, node.ErrOutcomeUnknown) {
+			msg += "; the recipient may have run the message: send it again only with an idempotency key (--key) the recipient still remembers"
+		}
+		return msg
 	}
 	return err.Error()
 }

@@ -124,6 +124,8 @@ func TestErrorsReadOnce(t *testing.T) {
 		{"deadline", "/v1/ask", `{"to":"box@n2"}`, context.DeadlineExceeded, 504, admin.CodeTimeout, "ask box@n2: no answer before the deadline"},
 		{"outcome unknown", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: tell-reliable box@n2: partition: send to box@n2: its TTL ran out during a direct attempt without a verdict: %w", node.ErrOutcomeUnknown),
 			504, admin.CodeTimeout, "send box@n2: no verdict from the recipient in time, and it may have run the message: send it again only with an idempotency key"},
+		{"outcome unknown, then the outbox failed", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: tell-reliable box@n2: partition: send to box@n2: not stored after a direct attempt without a verdict: %w: outbox: commit: %w: fdatasync: input/output error", node.ErrOutcomeUnknown, node.ErrStoreFailed),
+			507, admin.CodeInternal, "restart the node; the recipient may have run the message: send it again only with an idempotency key"},
 		{"failed outbox", "/v1/send", `{"to":"box@n2"}`, fmt.Errorf("node: send box@n2: outbox: commit: %w: fdatasync: input/output error", node.ErrStoreFailed),
 			507, admin.CodeInternal, "send box@n2: this node's outbox stopped taking messages"},
 		{"empty filter", "/v1/dlq/purge", `{}`, nil, 400, admin.CodeBadRequest, "--all"},
