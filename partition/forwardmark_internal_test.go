@@ -45,7 +45,15 @@ func (p *heldPathPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope)
 		return nil, fmt.Errorf("dial: %w", ErrUnreachable)
 	}
 	p.direct.Add(1)
-	if p.unsendable {
+	return directAnswer(envs, p.code, p.unsendable)
+}
+func (*heldPathPeer) Forwarders(string) []string { return []string{"f"} }
+
+// directAnswer is the recipient's answer to every copy of envs sent on the
+// direct path: code, or, if unsendable, none can be put on the wire (the
+// peer's frame limit went down).
+func directAnswer(envs []*pb.Envelope, code pb.Receipt_Code, unsendable bool) ([]*pb.Receipt, error) {
+	if unsendable {
 		errs := map[int]error{}
 		for i := range envs {
 			errs[i] = errors.New("larger than the peer's frame limit")
@@ -54,11 +62,10 @@ func (p *heldPathPeer) Deliver(_ context.Context, _ string, envs []*pb.Envelope)
 	}
 	rcs := make([]*pb.Receipt, len(envs))
 	for i, e := range envs {
-		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: p.code, Message: "the recipient's answer"}
+		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: code, Message: "the recipient's answer"}
 	}
 	return rcs, nil
 }
-func (*heldPathPeer) Forwarders(string) []string { return []string{"f"} }
 func (p *heldPathPeer) DeliverVia(_ context.Context, _, node string, envs []*pb.Envelope) ([]*pb.Receipt, error) {
 	p.via.Add(1)
 	return make([]*pb.Receipt, len(envs)), fmt.Errorf("f brought no receipt from %s", node)
@@ -290,18 +297,7 @@ func (p *lostThenRefusingPeer) Deliver(_ context.Context, _ string, envs []*pb.E
 		p.ran.Add(int32(len(envs)))
 		return make([]*pb.Receipt, len(envs)), errors.New("connection reset: no receipt")
 	}
-	if p.unsendable {
-		errs := map[int]error{}
-		for i := range envs {
-			errs[i] = errors.New("larger than the peer's frame limit")
-		}
-		return nil, &UnsendableError{Errs: errs}
-	}
-	rcs := make([]*pb.Receipt, len(envs))
-	for i, e := range envs {
-		rcs[i] = &pb.Receipt{MsgId: e.GetMsgId(), Code: p.code, Message: "the recipient's answer"}
-	}
-	return rcs, nil
+	return directAnswer(envs, p.code, p.unsendable)
 }
 
 // A copy of a message went on the direct path and got no receipt (it ran;
