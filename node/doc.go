@@ -281,7 +281,10 @@
 //     (the watermark recognises the copy if it ran). Each send of a message
 //     carries its own msg id; the sequence is the message's stable name.
 //   - A NO_SUCH_ACTOR answer while the receiver is within its SpawnGrace (2
-//     min after Start) tells the sender to wait, uncounted.
+//     min after Start) tells the sender to wait, uncounted. A copy of a
+//     message that ran before its actor stopped (its receipt lost) is
+//     answered DUPLICATE from the stream's durable watermark, not
+//     NO_SUCH_ACTOR: the sender counts it delivered.
 //   - While reliable messages are queued in an actor's mailbox, or one
 //     refused or dropped for room is expected back (for twice the retry
 //     hint it was given and a second more), tells and asks to that actor
