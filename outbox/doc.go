@@ -127,7 +127,8 @@
 //     stops before it and returns when to look again, so nothing behind
 //     it overtakes it. A message older than MaxAge (StreamRetention -
 //     RetentionMargin) is given up too, so no sender holds a message for
-//     a stream its receiver may already have forgotten. ExpiryCandidates
+//     a stream its receiver may already have forgotten (ReasonTooOld, or
+//     ReasonTooOldUnknown when it was sent: TooOldReason). ExpiryCandidates
 //     serves the relay's sweeper, which expires messages of queues nobody
 //     reads (a peer that is down): it lists each at its TTL deadline, and
 //     the relay gives up one never sent at once and one that was sent
