@@ -120,15 +120,30 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	a := n.actor(to.Actor)
 	if stream && a == nil && to.Node == n.name {
 		// The actor is gone, but the message may have run before it went,
-		// its receipt lost: a copy at or below the stream's durable
-		// watermark is answered as one (DUPLICATE), as it would be were
-		// the actor there. Counted as a failure, it would be dead-lettered
-		// as one that never ran.
+		// its receipt lost: it is judged by the stream's durable watermark
+		// as it would be were the actor there. A copy is answered as one
+		// (DUPLICATE): counted as a failure, it would be dead-lettered as
+		// one that never ran. Another message at the watermark, or any on
+		// a stream marked divergent, is answered DIVERGED, as the owner
+		// would: the sender's sequences went back, and it must not take
+		// the copies answered beside it in its emission for delivered.
 		id := StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
-		if st := n.in.known(id); st != nil && n.in.early(st, env) == earlyCopy {
-			n.stats.dedupeHits.Add(1)
-			copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
-			return
+		if st := n.in.known(id); st != nil {
+			switch n.in.early(st, env) {
+			case earlyCopy:
+				n.stats.dedupeHits.Add(1)
+				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+				return
+			case earlyDiverged:
+				n.stats.diverged.Add(1)
+				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+				return
+			}
+			if n.in.otherAtDurable(st, env) {
+				n.stats.diverged.Add(1)
+				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+				return
+			}
 		}
 	}
 	if to.Node != n.name || a == nil {

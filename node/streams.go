@@ -299,6 +299,19 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 	return earlyNone
 }
 
+// otherAtDurable reports that env carries st's durable watermark's
+// sequence with other contents than the message that moved the watermark
+// there (its digest known), as divergent would find, without marking the
+// stream: for a message whose actor is not there, which runs nothing.
+func (in *inbound) otherAtDurable(st *inStream, env *pb.Envelope) bool {
+	seq := env.GetSequence()
+	if seq != st.durable.Load() {
+		return false
+	}
+	dd, ok := st.watermarkDigest(seq)
+	return ok && dd != 0 && dd != divergedMark && dd != pb.StreamDigest(env)
+}
+
 // divergentAtRoom is divergent for a message of st refused for room (its
 // mailbox or its sender's share of this node full) before the owner could
 // decide it, called from the goroutine that received it. The receiver
