@@ -129,17 +129,12 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		// the copies answered beside it in its emission for delivered.
 		id := StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
 		if st := n.in.known(id); st != nil {
-			switch n.in.early(st, env) {
-			case earlyCopy:
+			switch v := n.in.early(st, env); {
+			case v == earlyCopy:
 				n.stats.dedupeHits.Add(1)
 				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
 				return
-			case earlyDiverged:
-				n.stats.diverged.Add(1)
-				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
-				return
-			}
-			if n.in.otherAtDurable(st, env) {
+			case v == earlyDiverged || n.in.otherAtDurable(st, env):
 				n.stats.diverged.Add(1)
 				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
 				return

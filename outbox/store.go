@@ -113,8 +113,13 @@ type Store struct {
 	handedOut   atomic.Uint64 // nextSeq as ReserveSequence left it; read without seqMu (HandedOutBelow)
 	reservedSeq uint64        // durable: every sequence <= it may be handed out
 
-	markMu    sync.Mutex
-	forwarded uint64 // MarkForwarding's durable mark (forwardingRun, or the sequence below which messages may have been forwarded); markMu guards it
+	// markMu guards MarkForwarding's mark: forwardingRun, or the sequence
+	// below which messages may have been forwarded; as the file holds it
+	// (forwardedDisk), and as the store takes it (forwarded: forwardingRun
+	// for a file restored from a backup, whatever it holds).
+	markMu        sync.Mutex
+	forwarded     uint64
+	forwardedDisk uint64
 
 	// mu guards the fields below. Lock order: mu before kmu; the committer
 	// takes mu only after its transaction committed.
@@ -326,6 +331,7 @@ func (s *Store) load() error {
 		}
 		if v := meta.Get(keyForwarded); len(v) == 8 {
 			s.forwarded = binary.BigEndian.Uint64(v)
+			s.forwardedDisk = s.forwarded
 		}
 		if err := s.loadQueues(tx, &high); err != nil {
 			return err
@@ -576,7 +582,7 @@ func (s *Store) MarkForwarding(forwards bool) (below uint64, err error) {
 	if forwards {
 		mark = forwardingRun
 	}
-	if mark != s.forwarded {
+	if mark != s.forwardedDisk {
 		o := &op{kind: opForwarding, seq: mark}
 		if err := s.submit(context.Background(), o); err != nil {
 			return 0, fmt.Errorf("outbox: mark forwarding: %w", err)
@@ -584,8 +590,9 @@ func (s *Store) MarkForwarding(forwards bool) (below uint64, err error) {
 		if o.err != nil {
 			return 0, fmt.Errorf("outbox: mark forwarding: %w", o.err)
 		}
-		s.forwarded = mark
+		s.forwardedDisk = mark
 	}
+	s.forwarded = mark
 	return below, nil
 }
 
