@@ -125,8 +125,10 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		// (DUPLICATE): counted as a failure, it would be dead-lettered as
 		// one that never ran. Another message at the watermark, or any on
 		// a stream marked divergent, is answered DIVERGED, as the owner
-		// would: the sender's sequences went back, and it must not take
-		// the copies answered beside it in its emission for delivered.
+		// would, and the stream is marked so (divergentAtRoom): the
+		// sender's sequences went back, it must not take the copies
+		// answered beside it in its emission for delivered, and nothing
+		// more of the old epoch may run once the actor is back.
 		id := StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
 		if st := n.in.known(id); st != nil {
 			switch v := n.in.early(st, env); {
@@ -134,7 +136,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 				n.stats.dedupeHits.Add(1)
 				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
 				return
-			case v == earlyDiverged || n.in.otherAtDurable(st, env):
+			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
 				n.stats.diverged.Add(1)
 				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
 				return

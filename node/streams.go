@@ -53,6 +53,9 @@ type inbound struct {
 	// mu guards the fields below.
 	mu      sync.Mutex
 	streams map[string]*inStream // by string(StreamID.key())
+	// unapplied holds the keys of cached streams loaded while their actor
+	// was not there (known): its WithApplied is asked at its first lookup.
+	unapplied map[string]struct{}
 	// failedKeys holds, per stream, the keys of commits that failed, held
 	// and kept for the stream's next commit (keepKeys).
 	failedKeys map[*inStream][][]byte
@@ -168,24 +171,30 @@ func (in *inbound) get(id StreamID, applied func(StreamID) uint64) (*inStream, e
 	return in.lookup(id, false, applied)
 }
 
-// known is get for a stream of an actor that is not there: the stream if
-// it is cached, else one read from its record on disk and not cached (the
-// actor's WithApplied, which is not there either, must be asked when the
-// stream is first cached), or nil when it has no watermark. Messages to
-// actors that never were leave nothing behind.
+// known is get for a stream of an actor that is not there: nil when the
+// stream has no watermark, so that messages to actors that never were
+// leave nothing behind. A stream it loads is cached (a mark of divergence
+// made on it must be seen by the actor, spawned again), and the actor's
+// WithApplied is asked at the stream's next lookup with one.
 func (in *inbound) known(id StreamID) *inStream {
-	key := id.key()
+	key := string(id.key())
 	in.mu.Lock()
-	st := in.streams[string(key)]
-	in.mu.Unlock()
-	if st != nil {
+	defer in.mu.Unlock()
+	if st := in.streams[key]; st != nil {
 		return st
 	}
-	rec, err := in.store.StreamRecord(key)
+	rec, err := in.store.StreamRecord([]byte(key))
 	if err != nil || rec.Watermark == 0 {
 		return nil
 	}
-	return loadedStream(string(key), rec)
+	st := loadedStream(key, rec)
+	st.lastUse = elapsedSeconds(in.store.ElapsedMs())
+	in.streams[key] = st
+	if in.unapplied == nil {
+		in.unapplied = map[string]struct{}{}
+	}
+	in.unapplied[key] = struct{}{}
+	return st
 }
 
 // loadedStream is a stream as its record on disk says it is.
@@ -227,6 +236,15 @@ func (in *inbound) lookup(id StreamID, use bool, applied func(StreamID) uint64) 
 			}
 		}
 		in.streams[st.key] = st
+	} else if applied != nil && len(in.unapplied) > 0 {
+		if _, ok := in.unapplied[st.key]; ok {
+			// Loaded while its actor was not there (known): nothing ran
+			// since, so the watermark is still the one on disk.
+			delete(in.unapplied, st.key)
+			if a := applied(id); a > st.w.Load() {
+				in.noteAhead(st, a)
+			}
+		}
 	}
 	st.lastUse = elapsedSeconds(now)
 	if use {
@@ -297,19 +315,6 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 		return earlyCopy
 	}
 	return earlyNone
-}
-
-// otherAtDurable reports that env carries st's durable watermark's
-// sequence with other contents than the message that moved the watermark
-// there (its digest known), as divergent would find, without marking the
-// stream: for a message whose actor is not there, which runs nothing.
-func (in *inbound) otherAtDurable(st *inStream, env *pb.Envelope) bool {
-	seq := env.GetSequence()
-	if seq != st.durable.Load() {
-		return false
-	}
-	dd, ok := st.watermarkDigest(seq)
-	return ok && dd != 0 && dd != divergedMark && dd != pb.StreamDigest(env)
 }
 
 // divergentAtRoom is divergent for a message of st refused for room (its
@@ -450,6 +455,7 @@ func (in *inbound) evictIdle(idleMs int64) int {
 		st.cmu.Unlock()
 		if !busy {
 			delete(in.streams, k)
+			delete(in.unapplied, k)
 			n++
 		}
 	}
