@@ -185,13 +185,14 @@ func TestDropQueueSaysTheOutcomeIsUnknown(t *testing.T) {
 // A WithApplied handler is ahead of the node's watermark after a crash
 // (its own store says 10, outbox.db says 2). After the restart, before the
 // application spawned the actor again, a copy of message 1 arrives and is
-// answered DUPLICATE from the watermark on disk; the stream it was judged
-// by must not stay cached without the actor's WithApplied, or the
-// receipts, once the actor is back, report the watermark (3) instead of
-// what the handler applied (10): a sender whose sequences went back would
-// then never learn it, and its new message under a sequence the handler
-// skips as applied would be acked without taking effect.
-func TestCopyToAnAbsentActorLeavesItsStreamToWithApplied(t *testing.T) {
+// answered DUPLICATE from the watermark on disk. The stream it was judged
+// by stays cached, and the actor, once back, must still be asked what it
+// applied (WithApplied) at its first message: otherwise the receipts
+// report the watermark (3) instead of what the handler applied (10), a
+// sender whose sequences went back never learns it, and its new message
+// under a sequence the handler skips as applied is acked without taking
+// effect.
+func TestActorBackAfterACopyToItWasAnsweredIsAskedWhatItApplied(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "n1")
 	n := startNode(t, "n1", dir)
 	if _, err := n.Spawn("a", func(context.Context, *node.Message) (proto.Message, error) { return nil, nil }); err != nil {
