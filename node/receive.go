@@ -131,14 +131,19 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		// more of the old epoch may run once the actor is back.
 		id := StreamID{Node: from.Name, Outbox: from.OutboxID, Epoch: env.GetStreamEpoch(), Actor: to.Actor}
 		if st := n.in.known(id); st != nil {
+			answered := true
 			switch v := n.in.early(st, env); {
 			case v == earlyCopy:
 				n.stats.dedupeHits.Add(1)
 				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
-				return
 			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
 				n.stats.diverged.Add(1)
 				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+			default:
+				answered = false
+			}
+			n.in.release(st) // held until marked: not evicted in between
+			if answered {
 				return
 			}
 		}

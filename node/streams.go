@@ -171,16 +171,20 @@ func (in *inbound) get(id StreamID, applied func(StreamID) uint64) (*inStream, e
 	return in.lookup(id, false, applied)
 }
 
-// known is get for a stream of an actor that is not there: nil when the
-// stream has no watermark, so that messages to actors that never were
-// leave nothing behind. A stream it loads is cached (a mark of divergence
-// made on it must be seen by the actor, spawned again), and the actor's
-// WithApplied is asked at the stream's next lookup with one.
+// known is acquire for a stream of an actor that is not there (release
+// it): nil when the stream has no watermark, so that messages to actors
+// that never were leave nothing behind. A stream it loads is cached (a
+// mark of divergence made on it must be seen by the actor, spawned again),
+// and the actor's WithApplied is asked at the stream's next lookup with
+// one.
 func (in *inbound) known(id StreamID) *inStream {
 	key := string(id.key())
+	now := elapsedSeconds(in.store.ElapsedMs())
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if st := in.streams[key]; st != nil {
+		st.users++
+		st.lastUse = now
 		return st
 	}
 	rec, err := in.store.StreamRecord([]byte(key))
@@ -188,7 +192,7 @@ func (in *inbound) known(id StreamID) *inStream {
 		return nil
 	}
 	st := loadedStream(key, rec)
-	st.lastUse = elapsedSeconds(in.store.ElapsedMs())
+	st.users, st.lastUse = 1, now
 	in.streams[key] = st
 	if in.unapplied == nil {
 		in.unapplied = map[string]struct{}{}
@@ -447,8 +451,9 @@ func (in *inbound) evictIdle(idleMs int64) int {
 	defer in.mu.Unlock()
 	n := 0
 	for k, st := range in.streams {
-		if st.users > 0 || int64(st.lastUse) >= cutoff || st.durable.Load() != st.w.Load() || in.retries[st] != nil {
-			continue // in use, recent, or with something not yet on disk
+		if st.users > 0 || int64(st.lastUse) >= cutoff || st.durable.Load() != st.w.Load() || in.retries[st] != nil ||
+			st.past.Load() != st.durableDigest.Load() && st.w.Load() != 0 {
+			continue // in use, recent, or with something not yet on disk (a watermark, or a mark of divergence)
 		}
 		st.cmu.Lock()
 		busy := st.pend != nil
@@ -550,7 +555,7 @@ func (in *inbound) commit(st *inStream) {
 		defer in.wg.Done()
 		if err == nil {
 			st.cmu.Lock()
-			if w > st.durable.Load() {
+			if w >= st.durable.Load() { // the same w: a mark of divergence
 				st.durable.Store(w)
 				st.durableDigest.Store(digest)
 			}

@@ -1,0 +1,122 @@
+package node_test
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/meshnode/meshnode/internal/faults"
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+)
+
+// x (at the watermark, other contents) of a restored sender is answered
+// DIVERGED and the stream is marked; the disk is full, so the mark's
+// commit fails, while idle streams are evicted again and again. The stream
+// must stay cached until the mark is on disk: the mark does not move the
+// watermark, so "durable == w" says nothing, and a stream evicted between
+// the failed commit and its retry, or (its actor absent) between its
+// lookup and its mark, was loaded again from disk unmarked; y of the old
+// epoch, chained to the watermark, then ran after x of its emission was
+// answered DIVERGED, and again in the new epoch (twice, and before x).
+// Now eviction skips a stream whose digest or mark is not on disk, and
+// the absent-actor check holds its stream until it is marked.
+func TestDivergenceMarkOutlastsEvictionWhileTheDiskRefusesIt(t *testing.T) {
+	t.Run("actor present", func(t *testing.T) { evictMark(t, false) })
+	t.Run("actor absent", func(t *testing.T) { evictMark(t, true) })
+}
+
+func evictMark(t *testing.T, absent bool) {
+	const streams = 400
+	dir := t.TempDir()
+	n := newNode(t, "n1", dir, func(c *node.Config) {})
+	var s sink
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	env := func(epoch, seq, prev uint64, v string) *pb.Envelope {
+		e := stringEnv(t, seq, prev, v)
+		e.StreamEpoch = epoch
+		e.MsgId = fmt.Sprintf("%s-%d-e%d", v, seq, epoch)
+		return e
+	}
+	// One stream per epoch: a ran at 1 (the watermark, digest of a).
+	for e := uint64(1); e <= streams; e++ {
+		n.DeliverIncoming(peerP, env(e, 1, 0, "a"), rs.reply(fmt.Sprintf("a-1-e%d", e)))
+	}
+	testutil.WaitFor(t, 30*time.Second, "a ran on every stream", func() bool { return rs.len() >= streams })
+	for e := uint64(1); e <= streams; e++ {
+		if c := rs.code(fmt.Sprintf("a-1-e%d", e)); c != pb.Receipt_PROCESSED {
+			t.Fatalf("a of epoch %d: %v", e, c)
+		}
+	}
+	if absent {
+		if err := n.Stop("sink"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
+	defer restore()
+
+	// The cache sweep runs while x (seq 1, other contents) of each
+	// stream's restored sender arrives.
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var evicted atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for !stop.Load() {
+			evicted.Add(int64(n.EvictIdleStreams(-time.Hour)))
+		}
+	}()
+	for e := uint64(1); e <= streams; e++ {
+		n.DeliverIncoming(peerP, env(e, 1, 0, "x"), rs.reply(fmt.Sprintf("x-1-e%d", e)))
+	}
+	testutil.WaitFor(t, 30*time.Second, "x answered on every stream", func() bool { return rs.len() >= 2*streams })
+	stop.Store(true)
+	wg.Wait()
+	diverged := 0
+	for e := uint64(1); e <= streams; e++ {
+		if c := rs.code(fmt.Sprintf("x-1-e%d", e)); c == pb.Receipt_DIVERGED {
+			diverged++
+		}
+	}
+	t.Logf("x answered DIVERGED on %d of %d streams; %d evictions", diverged, streams, evicted.Load())
+	if absent {
+		if _, err := n.Spawn("sink", s.handler); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// y of the old epoch (chained to the watermark), sent in the same
+	// emission as x, arrives once the sink is back.
+	sent := 0
+	for e := uint64(1); e <= streams; e++ {
+		if rs.code(fmt.Sprintf("x-1-e%d", e)) != pb.Receipt_DIVERGED {
+			continue
+		}
+		sent++
+		n.DeliverIncoming(peerP, env(e, 2, 1, fmt.Sprintf("y%d", e)), rs.reply(fmt.Sprintf("y%d-2-e%d", e, e)))
+	}
+	testutil.WaitFor(t, 30*time.Second, "y answered", func() bool { return rs.len() >= 2*streams+sent })
+	var ranY []string
+	for _, v := range s.values() {
+		if strings.HasPrefix(v, "y") {
+			ranY = append(ranY, v)
+		}
+	}
+	if len(ranY) > 0 {
+		shown := ranY
+		if len(shown) > 5 {
+			shown = shown[:5]
+		}
+		t.Fatalf("%d streams ran y of the old epoch after x of the same emission was answered DIVERGED (e.g. %v): the stream was evicted while its divergence mark was not on disk", len(ranY), shown)
+	}
+}
