@@ -215,15 +215,24 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	// at the watermark is answered DIVERGED. (A CAPACITY for a message
 	// that ran, its watermark or reply refused by the disk, carries none.)
 	roomRefusal := func(msg string, retry time.Duration) {
-		switch {
-		case st == nil:
+		if st == nil {
 			receipt(pb.Receipt_CAPACITY, msg, retry, 0)
-		case n.in.divergentAtRoom(st, env):
-			n.stats.diverged.Add(1)
-			receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
-		default:
-			copyReceipt(st, pb.Receipt_CAPACITY, msg, retry)
+			return
 		}
+		// Held while it may be marked: evicted in between, the stream
+		// would be loaded again without the mark.
+		held, err := n.in.acquire(d.stream, a.applied())
+		if err != nil {
+			receipt(pb.Receipt_CAPACITY, msg, retry, 0)
+			return
+		}
+		defer n.in.release(held)
+		if n.in.divergentAtRoom(held, env) {
+			n.stats.diverged.Add(1)
+			receipt(pb.Receipt_DIVERGED, divergedReceipt(held).GetMessage(), 0, held.w.Load())
+			return
+		}
+		copyReceipt(held, pb.Receipt_CAPACITY, msg, retry)
 	}
 	if from.Name != n.name && !n.charge(d, from.Name) {
 		err := &CapacityError{RetryAfter: peerFullRetry}
