@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -38,14 +36,8 @@ func TestRoomRefusalsMarkOfDivergenceOutlastsEviction(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rs receipts
-	env := func(epoch, seq, prev uint64, v string) *pb.Envelope {
-		e := stringEnv(t, seq, prev, v)
-		e.StreamEpoch = epoch
-		e.MsgId = fmt.Sprintf("%s-%d-e%d", v, seq, epoch)
-		return e
-	}
 	for e := uint64(1); e <= streams; e++ {
-		n.DeliverIncoming(peerP, env(e, 1, 0, "a"), rs.reply(fmt.Sprintf("a-1-e%d", e)))
+		n.DeliverIncoming(peerP, epochEnv(t, e, 1, 0, "a"), rs.reply(fmt.Sprintf("a-1-e%d", e)))
 		// one at a time: the mailbox holds 2
 		testutil.WaitFor(t, 10*time.Second, "a ran", func() bool { return rs.len() >= int(e) })
 		if c := rs.code(fmt.Sprintf("a-1-e%d", e)); c != pb.Receipt_PROCESSED {
@@ -71,30 +63,7 @@ func TestRoomRefusalsMarkOfDivergenceOutlastsEviction(t *testing.T) {
 	restore, _ := faults.FailCommits(filepath.Join(dir, "outbox.db"), errors.New("write outbox.db: no space left on device"))
 	defer restore()
 
-	var stop atomic.Bool
-	var wg sync.WaitGroup
-	var evicted atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for !stop.Load() {
-			evicted.Add(int64(n.EvictIdleStreams(-time.Hour)))
-		}
-	}()
-	for e := uint64(1); e <= streams; e++ {
-		n.DeliverIncoming(peerP, env(e, 1, 0, "x"), rs.reply(fmt.Sprintf("x-1-e%d", e)))
-	}
-	testutil.WaitFor(t, 30*time.Second, "x answered on every stream", func() bool { return rs.len() >= 2*streams })
-	stop.Store(true)
-	wg.Wait()
-	diverged := 0
-	for e := uint64(1); e <= streams; e++ {
-		if c := rs.code(fmt.Sprintf("x-1-e%d", e)); c == pb.Receipt_DIVERGED {
-			diverged++
-		}
-	}
-	t.Logf("x answered DIVERGED on %d of %d streams; %d evictions", diverged, streams, evicted.Load())
-	if diverged == 0 {
+	if markWhileEvicting(t, n, &rs, streams) == 0 {
 		t.Fatal("no x was answered DIVERGED: the fixture did not refuse x for room")
 	}
 	h.free("hold")
@@ -113,21 +82,9 @@ func TestRoomRefusalsMarkOfDivergenceOutlastsEviction(t *testing.T) {
 			continue
 		}
 		sent++
-		n.DeliverIncoming(peerP, env(e, 2, 1, fmt.Sprintf("y%d", e)), rs.reply(fmt.Sprintf("y%d-2-e%d", e, e)))
+		n.DeliverIncoming(peerP, epochEnv(t, e, 2, 1, fmt.Sprintf("y%d", e)), rs.reply(fmt.Sprintf("y%d-2-e%d", e, e)))
 		want := 2*streams + sent
 		testutil.WaitFor(t, 10*time.Second, "y answered", func() bool { return rs.len() >= want })
 	}
-	var ranY []string
-	for _, v := range h.values() {
-		if strings.HasPrefix(v, "y") {
-			ranY = append(ranY, v)
-		}
-	}
-	if len(ranY) > 0 {
-		shown := ranY
-		if len(shown) > 5 {
-			shown = shown[:5]
-		}
-		t.Fatalf("%d streams ran y of the old epoch after x of the same emission was answered DIVERGED for room (e.g. %v): the stream was evicted between receive's get and divergentAtRoom's mark", len(ranY), shown)
-	}
+	noOldEpochRan(t, h.values())
 }
