@@ -41,23 +41,7 @@ func TestAbsentActorDivergedClosesTheOldEpoch(t *testing.T) {
 }
 
 func absentMark(t *testing.T, absent, stray bool) {
-	n := newNode(t, "n1", t.TempDir(), func(*node.Config) {})
-	var s sink
-	if _, err := n.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
-	var rs receipts
-	for i, v := range []string{"a", "b", "c"} {
-		seq := uint64(i + 1)
-		if rc := rs.deliverWait(t, n, stringEnv(t, seq, seq-1, v)); rc.GetCode() != pb.Receipt_PROCESSED {
-			t.Fatalf("%s: %v", v, rc.GetCode())
-		}
-	}
-	if absent {
-		if err := n.Stop("sink"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n, s, rs := ranABC(t, absent)
 	respawn := func() {
 		t.Helper()
 		if absent {
@@ -131,23 +115,7 @@ func TestOldEpochCopiesAfterAnAbsentActorsDivergedAreDiverged(t *testing.T) {
 			name = "actor absent"
 		}
 		t.Run(name, func(t *testing.T) {
-			n := newNode(t, "n1", t.TempDir(), func(*node.Config) {})
-			var s sink
-			if _, err := n.Spawn("sink", s.handler); err != nil {
-				t.Fatal(err)
-			}
-			var rs receipts
-			for i, v := range []string{"a", "b", "c"} {
-				seq := uint64(i + 1)
-				if rc := rs.deliverWait(t, n, stringEnv(t, seq, seq-1, v)); rc.GetCode() != pb.Receipt_PROCESSED {
-					t.Fatalf("%s: %v", v, rc.GetCode())
-				}
-			}
-			if absent {
-				if err := n.Stop("sink"); err != nil {
-					t.Fatal(err)
-				}
-			}
+			n, s, rs := ranABC(t, absent)
 			w, x := stringEnv(t, 2, 1, "w"), stringEnv(t, 3, 2, "x")
 			rs.deliverWait(t, n, w)
 			if rc := rs.deliverWait(t, n, x); rc.GetCode() != pb.Receipt_DIVERGED {
@@ -163,4 +131,27 @@ func TestOldEpochCopiesAfterAnAbsentActorsDivergedAreDiverged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// ranABC starts a node whose sink ran a, b, c (sequences 1 to 3) of one
+// stream, and stops the sink if absent.
+func ranABC(t *testing.T, absent bool) (*node.Node, *sink, *receipts) {
+	t.Helper()
+	s, rs := &sink{}, &receipts{}
+	n := newNode(t, "n1", t.TempDir(), func(*node.Config) {})
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range []string{"a", "b", "c"} {
+		seq := uint64(i + 1)
+		if rc := rs.deliverWait(t, n, stringEnv(t, seq, seq-1, v)); rc.GetCode() != pb.Receipt_PROCESSED {
+			t.Fatalf("%s: %v", v, rc.GetCode())
+		}
+	}
+	if absent {
+		if err := n.Stop("sink"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n, s, rs
 }
