@@ -257,8 +257,10 @@ type Sent struct {
 // attempt gives no final verdict, it stores the message and returns Queued
 // once fsynced. It returns an error only when the message could not be
 // stored either (then nothing was stored, though after a direct attempt
-// without a verdict the recipient may have run it, which the error says),
-// or ctx ended before anything was done.
+// without a verdict the recipient may have run it: the error wraps
+// ErrOutcomeUnknown), when such an attempt outlasted the message's TTL
+// (dead-lettered "outcome unknown"; ErrOutcomeUnknown too), or when ctx
+// ended before anything was done.
 func (r *Relay) Send(ctx context.Context, sm *pb.StoredMessage, tryDirect bool) (Sent, error) {
 	if r.ctx.Err() != nil {
 		return Sent{}, ErrClosed
