@@ -71,7 +71,8 @@ func chaosKnobs(t *testing.T) (seeds []uint64, messages int, d time.Duration) {
 // DropOldest), handlers that fail transiently or run slowly, and spawn their
 // actor late after a restart; a Tell flood shares the send queue; some sends
 // carry headers over the peers' limit (refused at the call), some are
-// poison, some have a TTL.
+// poison, some have a TTL; and now and then a receiver's actor is stopped
+// and spawned again (a redeploy).
 // It then heals, drains and checks: nothing acknowledged lost, no message
 // run twice in one receiver incarnation, per-stream order, nothing in a
 // dead-letter queue but poison and expired messages, and none there that
@@ -118,6 +119,42 @@ func chaosSink(rec *Recorder, n *node.Node, seed uint64) node.Handler {
 	}
 }
 
+// redeploySinks stops a random node's sink actor now and then and spawns
+// it again a little later, as an application redeploying it does, until
+// ctx ends: copies of messages that ran before the actor stopped (their
+// receipts lost) and emissions that straddle the gap meet a receiver
+// without the actor, which must judge them by the stream's watermark.
+func redeploySinks(ctx context.Context, c *Cluster, rec *Recorder, seed uint64, mailboxes []node.SpawnOption, redeployed *atomic.Int64) {
+	rng := rand.New(rand.NewPCG(seed, 0x72656465))
+	pause := func(d time.Duration) bool {
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for pause(time.Duration(500+rng.IntN(1500)) * time.Millisecond) {
+		j := rng.IntN(len(mailboxes))
+		nd := c.Node(j)
+		if nd == nil {
+			continue
+		}
+		if err := nd.Stop("sink"); err != nil {
+			continue // not there (a restart spawns it late), or the node is stopping
+		}
+		pause(time.Duration(50+rng.IntN(400)) * time.Millisecond)
+		// Spawned again even when ctx ended: the drain needs it. A node
+		// restarted meanwhile has spawned its own (ErrActorExists), and
+		// a closed one takes none.
+		if _, err := nd.Spawn("sink", chaosSink(rec, nd, seed), mailboxes[j]); err == nil {
+			redeployed.Add(1)
+		}
+	}
+}
+
 func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 	const n = 5
 	rng := rand.New(rand.NewPCG(seed, 0x63686171))
@@ -160,6 +197,9 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 				return err
 			}
 			_, err := nd.Spawn("sink", chaosSink(rec, nd, seed), mailboxes[i])
+			if errors.Is(err, node.ErrActorExists) {
+				err = nil // redeployed meanwhile (redeploySinks)
+			}
 			return err
 		}))
 	for i := range n {
@@ -245,6 +285,8 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 			}
 		}
 	})
+	var redeployed atomic.Int64
+	wg.Go(func() { redeploySinks(ctx, c, rec, seed, mailboxes, &redeployed) })
 	nemErr := c.RunNemesis(ctx, steps, &log)
 	// Let the senders finish their quota with every node up.
 	doneSending := make(chan struct{})
@@ -290,6 +332,6 @@ func runChaos(t *testing.T, seed uint64, messages int, d time.Duration) int {
 	if refused.Load() == 0 && sent.Load() >= 500 {
 		t.Errorf("seed %d: no send was refused at the call, though about 1 in 100 carries a 5 MiB header", seed)
 	}
-	t.Logf("seed %d: %d too large (refused at the call)\n%s", seed, refused.Load(), rep)
+	t.Logf("seed %d: %d too large (refused at the call), %d sink actors redeployed\n%s", seed, refused.Load(), redeployed.Load(), rep)
 	return int(sent.Load())
 }
