@@ -28,6 +28,9 @@ const (
 	CodeInternal     = "internal"
 )
 
+// mayHaveRun ends the sentences of a send that may have run (ErrOutcomeUnknown).
+const mayHaveRun = "may have run the message: send it again only with an idempotency key (--key) the recipient still remembers"
+
 func codeOf(status int) string {
 	switch status {
 	case http.StatusBadRequest, http.StatusRequestEntityTooLarge, http.StatusUnsupportedMediaType:
@@ -92,7 +95,7 @@ func Describe(err error) string {
 	case errors.Is(err, node.ErrMailboxFull), errors.Is(err, inbox.ErrFull):
 		return prefix + "the recipient is full: try again later"
 	case errors.Is(err, node.ErrOutcomeUnknown) && !errors.Is(err, node.ErrStoreFailed):
-		return prefix + "no verdict from the recipient in time, and it may have run the message: send it again only with an idempotency key (--key) the recipient still remembers"
+		return prefix + "no verdict from the recipient in time, and it " + mayHaveRun
 	case errors.Is(err, context.DeadlineExceeded):
 		return prefix + "no answer before the deadline"
 	case errors.As(err, &re):
@@ -107,7 +110,7 @@ func Describe(err error) string {
 	case errors.Is(err, node.ErrStoreFailed):
 		msg := prefix + "this node's outbox stopped taking messages: the disk failed to sync a commit (see the node's log); check the disk and restart the node"
 		if errors.Is(err, node.ErrOutcomeUnknown) {
-			msg += "; the recipient may have run the message: send it again only with an idempotency key (--key) the recipient still remembers"
+			msg += "; the recipient " + mayHaveRun
 		}
 		return msg
 	}
