@@ -19,7 +19,9 @@ import (
 // stream that had reached the mailbox by then: its sender sizes what it
 // sends ahead of its receipts by them. m1 runs while m2..m5 wait in a
 // mailbox of 8, and m2 does not end before m1's receipt came: room 4, or
-// 5 with m2 taken (a batch actor takes m2..m5 at once: 8), arrived 5.
+// 5 with m2 taken (a batch actor takes m2..m5 one after another into its
+// batch, and m1's receipt, written when its watermark is durable, may come
+// at any point of that: 4 to 8), arrived 5.
 // Once all ran, the mailbox is empty.
 func TestReceiptsSayTheMailboxRoom(t *testing.T) {
 	for _, batch := range []bool{false, true} {
@@ -75,9 +77,9 @@ func TestReceiptsSayTheMailboxRoom(t *testing.T) {
 					t.Fatalf("%s: %v", id, rc)
 				}
 			}
-			want := map[uint32]bool{4: true, 5: !batch, 8: batch}
+			want := map[uint32]bool{4: true, 5: true, 6: batch, 7: batch, 8: batch}
 			if rc := rs.got["m1"]; rc.GetArrived() != 5 || !want[rc.GetRoom()] {
-				t.Errorf("m1's receipt says room %d, arrived %d; want 4 or %d, and 5", rc.GetRoom(), rc.GetArrived(), map[bool]int{false: 5, true: 8}[batch])
+				t.Errorf("m1's receipt says room %d, arrived %d; want 4 to %d, and 5", rc.GetRoom(), rc.GetArrived(), map[bool]int{false: 5, true: 8}[batch])
 			}
 			if rc := rs.got["m5"]; rc.GetArrived() != 5 || rc.GetRoom() != 8 {
 				t.Errorf("m5's receipt says room %d, arrived %d; want 8 and 5", rc.GetRoom(), rc.GetArrived())
