@@ -29,9 +29,10 @@ vet:
 # The full suite: race detector, shuffled order, fuzz seed corpora included.
 # The packages whose tests take longest run first: two packages run at a
 # time, and started last they would run on alone at the end while a core
-# idles.
+# idles. Tests that mostly wait on real time call t.Parallel, and up to
+# four of them run at once (-parallel 4): they use little CPU.
 test: vet test-32bit
-	$(GO) test -race -shuffle=on -timeout 9m $$($(GO) list $(PKGS) | awk '/\/(node|testnet|transport)$$/ { print; next } { rest = rest " " $$0 } END { print rest }')
+	$(GO) test -race -shuffle=on -parallel 4 -timeout 9m $$($(GO) list $(PKGS) | awk '/\/(node|testnet|transport)$$/ { print; next } { rest = rest " " $$0 } END { print rest }')
 
 # Edge devices run 32-bit ARM, where an int has 32 bits: every package
 # (tests included) must build there, and values from the network, the disk

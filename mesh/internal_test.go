@@ -447,6 +447,7 @@ func TestReconnectRetriesAfterFailure(t *testing.T) {
 // Suspect state still ends once memberlist's longest suspicion timeout has
 // passed, not after the round's Joins.
 func TestSuspicionExpiresWhileJoinsHang(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	var held []net.Conn
 	var heldMu sync.Mutex
 	var seeds []string

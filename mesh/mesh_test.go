@@ -386,6 +386,7 @@ func TestPartitionHeal(t *testing.T) {
 }
 
 func TestSteadyStateNoFalseSuspicion(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	size, hold := 10, 10*time.Second
 	if testing.Short() {
 		hold = 3 * time.Second

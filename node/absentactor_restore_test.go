@@ -26,6 +26,7 @@ import (
 // actor was not there, x was answered NO_SUCH_ACTOR and w DUPLICATE, and w
 // was acknowledged without ever running.
 func TestNewMessageOfARestoredSenderForwardedToAnAbsentActorRuns(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	t.Run("actor present", func(t *testing.T) { forwardedRestore(t, false) })
 	t.Run("actor absent", func(t *testing.T) { forwardedRestore(t, true) })
 }

@@ -208,6 +208,7 @@ func TestTellFloodNeverDeadLettersReliable(t *testing.T) {
 // An application that spawns its actor late loses nothing within the
 // receiver's SpawnGrace; past it, NO_SUCH_ACTOR counts.
 func TestLateSpawn(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	t.Run("within grace", func(t *testing.T) {
 		dir := t.TempDir()
 		n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
@@ -327,6 +328,7 @@ func TestTTLWhilePeerDownReplayAndDrop(t *testing.T) {
 // A simulated crash (Kill) during delivery charges nothing: the relay stops
 // before the connections, as in a real crash where nothing is recorded.
 func TestKillChargesNoAttempts(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	dir := t.TempDir()
 	// One attempt: anything charged would go straight to the DLQ.
 	oneAttempt := func(c *node.Config) { fastRetries(c); c.Outbox.MaxAttempts = 1 }

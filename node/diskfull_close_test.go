@@ -19,6 +19,7 @@ import (
 // firing, when the receiver closes (gracefully or as a crash): Close must
 // return promptly, race-clean and leak-free.
 func TestCloseWithManyCommitRetriesPending(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	for _, kill := range []bool{false, true} {
 		t.Run(fmt.Sprint("kill=", kill), func(t *testing.T) {
 			dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}

@@ -271,6 +271,7 @@ func TestCopyAtADigestlessDurableWatermarkWhileTheStoreIsStopped(t *testing.T) {
 // sent before it, and is none of them. Either way every message runs,
 // once, in order.
 func TestOutboxRestoredFromABackupHandsOutNoSequenceAgain(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	t.Run("outbox.db alone", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{}) })
 	t.Run("whole data directory", func(t *testing.T) { restoredBurstAroundTheWatermark(t, backupCase{wholeDir: true}) })
 	// The receiver comes back before its actor does: the first emission

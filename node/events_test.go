@@ -57,6 +57,7 @@ func waitEvent(t *testing.T, l *eventLog, who, s string) {
 // application's own Config.Mesh.OnEvent callback and a MemberEvents
 // subscriber, with the member's tags.
 func TestMemberEvents(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	var callback, channel eventLog
 	n1 := startNodeWith(t, "n1", t.TempDir(), func(cfg *node.Config) {
 		cfg.Mesh.OnEvent = func(ev mesh.Event) { callback.add(ev.Kind, ev.Member.Name) }

@@ -84,6 +84,7 @@ func tellFloodWithReliable(t *testing.T, overflow mailbox.Overflow) {
 // reach it: the tells of a modest flood (a few hundred a second against a
 // handler of 2.5 a second) do not evict it again.
 func TestSlowDropOldestActorKeepsReliable(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	dir := t.TempDir()
 	n1 := newNode(t, "n1", filepath.Join(dir, "n1"), fastRetries)
 	n2 := startNode(t, "n2", filepath.Join(dir, "n2"), n1.GossipAddr())

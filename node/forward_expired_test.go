@@ -26,6 +26,8 @@ import (
 // "expired" (never ran), which an operator replays: a replay of a message
 // that ran runs it twice.
 func TestExpiredWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
+
 	const ttl = 5 * time.Second // > 2 DeliverTimeouts: the third emission (direct) still has TTL left
 	h := newForwardHold(t, 2*time.Second)
 	// The direct path is back, but A's stream to C is still forwarded: its
@@ -45,6 +47,8 @@ func TestExpiredWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
 // that forwards may have such a copy, so it is dead-lettered "outcome
 // unknown", not "expired" (never ran), and the held copy may then run.
 func TestExpiredAfterARestartWithACopyHeldAtAForwarderIsOutcomeUnknown(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
+
 	const ttl = 8 * time.Second
 	// The direct copy waits in C's mailbox past the TTL: its receipt must
 	// still be read.

@@ -88,6 +88,8 @@ func warm(t *testing.T, c *testnet.Cluster, to int, from ...int) {
 // sender moves to the next forwarder and the messages run there, in
 // order, once, as the sender's.
 func TestTamperingForwarderIsFoundOut(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
+
 	const a, liar, cc, honest = 0, 1, 2, 3 // the forwarders in the order the sender tries them: n1, n3
 	cases := []struct {
 		name    string

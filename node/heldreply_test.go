@@ -84,6 +84,7 @@ func replyScenario(t *testing.T, handlerErr error) (runs int64, got []string) {
 // disk takes a reply repeats its effects (a charge made once per second);
 // the reply it made is kept and stored when the disk allows.
 func TestReplyTheDiskRefusedIsNotMadeAgain(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	runs, got := replyScenario(t, nil)
 	if runs != 1 || len(got) != 1 || got[0] != "charged" {
 		t.Fatalf("handler ran %d times, requester got %q; want once and [charged]", runs, got)
@@ -93,6 +94,7 @@ func TestReplyTheDiskRefusedIsNotMadeAgain(t *testing.T) {
 // The same for a handler's permanent error, which comes back as an error
 // reply.
 func TestErrorReplyTheDiskRefusedIsNotMadeAgain(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	runs, got := replyScenario(t, node.Permanent(errors.New("card declined")))
 	if runs != 1 || len(got) != 1 || got[0] != "error" {
 		t.Fatalf("handler ran %d times, requester got %q; want once and [error]", runs, got)
@@ -290,6 +292,7 @@ func TestKeptReplyIsNotGivenToATellAtItsSequence(t *testing.T) {
 // is unknown, and the application must not be told it did not happen.
 // (Answered NO_SUCH_ACTOR, as it once was, it counted as never run.)
 func TestRequestWhoseReplyTheDiskRefusedIsNotGivenUpAsNeverSent(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	dirs := [2]string{filepath.Join(t.TempDir(), "n0"), filepath.Join(t.TempDir(), "n1")}
 	n0 := startNodeWith(t, "n0", dirs[0], func(c *node.Config) { c.Outbox.MaxClockSkew = 2 * time.Second })
 	n1 := startNode(t, "n1", dirs[1], n0.GossipAddr())

@@ -14,6 +14,14 @@ import (
 	"github.com/meshnode/meshnode/transport"
 )
 
+// TestMain checks that no goroutine outlives the tests.
+//
+// Tests that spend their time waiting on real time (a TTL running out, a
+// retry's backoff, a peer declared dead) and take little CPU call
+// t.Parallel: Go runs them together once the other tests are done (up to
+// -parallel at once; `make test` passes 4). A test that changes anything
+// shared by the package (a hook on a package variable, an environment
+// variable) must not.
 func TestMain(m *testing.M) { testutil.VerifyTestMain(m) }
 
 var (

@@ -204,6 +204,7 @@ func receiverRefusingAWatermark(t *testing.T, ran []*pb.Envelope, refused *pb.En
 // emitted high-water covers the watermark). w goes again in a new epoch
 // and runs.
 func TestCopyOnAStreamMarkedDivergedIsNotAcked(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	const ttl = 3 * time.Second
 	s := newHoldSink("hold")
 	n1, d2 := restoredBurst(t, func(c *node.Config) { c.Outbox.MaxClockSkew = 100 * time.Millisecond },

@@ -82,6 +82,7 @@ func TestOutboxSyncFailureStopsUntilRestart(t *testing.T) {
 // handler run then would run again after the restart. Its senders wait,
 // uncounted, and after the restart every message runs once, in order.
 func TestReceiverWithAFailedStoreRunsNothingTwice(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	for _, batched := range []bool{false, true} {
 		t.Run(fmt.Sprint("batched=", batched), func(t *testing.T) { receiverWithAFailedStore(t, batched) })
 	}

@@ -47,6 +47,7 @@ func TestClusterPartitionQueuesThenDelivers(t *testing.T) {
 }
 
 func TestClusterKillRestart(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	rec := NewRecorder(2)
 	c := New(t, 3, sinks(rec, NoBug))
 	ctx := context.Background()

@@ -27,6 +27,7 @@ import (
 // their ErrFull message after releasing the store's mutex, racing with
 // AckUpTo (and other appends) that change it.
 func TestBreakerInboxPartialFillsUnderReliableLoad(t *testing.T) {
+	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	st, err := inbox.Open(func() inbox.Config {
 		c := inbox.DefaultConfig(filepath.Join(t.TempDir(), "inbox.db"))
 		c.MaxMessages = 7
