@@ -150,9 +150,11 @@ func TestReuseOnEveryPath(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	const maxFrame = 64 << 10 // a reply past it is too large; smaller than the default, so the test allocates less
 	n1, n2 := tracedPair(t, func(c *node.Config) {
 		c.TracerProvider = tp
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		c.Transport.MaxFrameSize = maxFrame
 	})
 	var torn atomic.Int64
 	var firstTorn atomic.Pointer[string]
@@ -181,7 +183,7 @@ func TestReuseOnEveryPath(t *testing.T) {
 			case i%7 == 0:
 				return nil, errors.New("fail " + k)
 			case i%11 == 0:
-				return wrapperspb.String(strings.Repeat("x", 5<<20)), nil // too large for a frame
+				return wrapperspb.String(strings.Repeat("x", maxFrame+1)), nil // too large for a frame
 			}
 			return wrapperspb.String("re v" + k), nil
 		}
@@ -201,7 +203,7 @@ func TestReuseOnEveryPath(t *testing.T) {
 		}
 	}
 	var wg sync.WaitGroup
-	var bad atomic.Int64
+	var bad, tooLarge atomic.Int64
 	var firstBad atomic.Pointer[string]
 	noteBad := func(s string) {
 		bad.Add(1)
@@ -241,6 +243,9 @@ func TestReuseOnEveryPath(t *testing.T) {
 					continue
 				}
 				var re2 *node.RemoteError
+				if errors.As(err, &re2) && strings.Contains(re2.Message, "reply too large for the wire") {
+					tooLarge.Add(1)
+				}
 				if errors.As(err, &re2) && strings.Contains(re2.Message, "fail ") && !strings.Contains(re2.Message, "fail "+k) {
 					noteBad(fmt.Sprintf("ask %s got another's error: %v", k, err))
 				}
@@ -256,6 +261,9 @@ func TestReuseOnEveryPath(t *testing.T) {
 	}
 	if n := bad.Load(); n > 0 {
 		t.Errorf("%d asks got a wrong outcome; first: %s", n, *firstBad.Load())
+	}
+	if tooLarge.Load() == 0 {
+		t.Error("no ask heard that its reply was too large: that path was not taken")
 	}
 }
 
