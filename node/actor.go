@@ -456,7 +456,7 @@ func (a *actor) handleStream(d *delivery) {
 	switch {
 	case n.in.divergent(st, env):
 		n.stats.diverged.Add(1)
-		rc(divergedReceipt(st))
+		n.in.answerDiverged(st, rc)
 		return
 	case seq <= w:
 		n.stats.dedupeHits.Add(1)

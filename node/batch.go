@@ -162,7 +162,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		switch {
 		case n.in.divergent(st, env):
 			n.stats.diverged.Add(1)
-			rc(divergedReceipt(st))
+			n.in.answerDiverged(st, rc)
 		case seq <= w:
 			n.stats.dedupeHits.Add(1)
 			n.in.afterDurable(st, seq, positive(pb.Receipt_DUPLICATE))

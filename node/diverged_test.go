@@ -434,7 +434,8 @@ func restoredBurstAroundTheWatermark(t *testing.T, c backupCase) {
 
 // A restored sender's emission [w (another message under the watermark's
 // sequence 1), x (2, chained to 1)] reaches a receiver whose actor is
-// backlogged: w is answered DIVERGED and marks the stream, x waits in the
+// backlogged: w marks the stream and is answered DIVERGED (once the mark
+// is on disk; CAPACITY while the disk refuses it), x waits in the
 // mailbox behind other work, and the stream is evicted from the cache
 // meanwhile (nothing acquired it). The sender, told DIVERGED, sends both
 // again in a new epoch, so x must not run in the old one: the mark is
@@ -458,6 +459,9 @@ func divergedMarkEvicted(t *testing.T, refuse bool) {
 	var mu sync.Mutex
 	var ran []string
 	gate, started := make(chan struct{}), make(chan struct{})
+	var open sync.Once
+	openGate := func() { open.Do(func() { close(gate) }) }
+	t.Cleanup(openGate) // before the node's Close, which waits for the handler
 	if _, err := n.Spawn("sink", func(ctx context.Context, m *node.Message) (proto.Message, error) {
 		var v wrapperspb.StringValue
 		if err := m.Envelope().GetBody().UnmarshalTo(&v); err != nil {
@@ -492,8 +496,11 @@ func divergedMarkEvicted(t *testing.T, refuse bool) {
 	n.DeliverIncoming(peerP, slow, rs.reply("slow-1"))
 	n.DeliverIncoming(peerP, stringEnv(t, 2, 1, "x"), rs.reply("x-2"))
 	<-started
-	if c := rs.code("w-1"); c != pb.Receipt_DIVERGED {
-		t.Fatalf("w: %v, want DIVERGED", c)
+	// Answered once the mark is on disk: DIVERGED, or CAPACITY while the
+	// disk refuses it.
+	testutil.WaitFor(t, 5*time.Second, "w's receipt", func() bool { return rs.marked("w-1") })
+	if c, want := rs.code("w-1"), pb.Receipt_DIVERGED; refuse && c != pb.Receipt_CAPACITY || !refuse && c != want {
+		t.Fatalf("w: %v, want DIVERGED (CAPACITY while the disk refuses the mark)", c)
 	}
 	if refuse {
 		testutil.WaitFor(t, 5*time.Second, "the mark's commit refused", func() bool { return hits() > 0 })
@@ -504,7 +511,7 @@ func divergedMarkEvicted(t *testing.T, refuse bool) {
 	testutil.WaitFor(t, 5*time.Second, "the diverged stream evicted", func() bool {
 		return n.EvictIdleStreams(0) > 0
 	})
-	close(gate)
+	openGate()
 	testutil.WaitFor(t, 5*time.Second, "x's receipt", func() bool { return rs.len() == 4 })
 	mu.Lock()
 	defer mu.Unlock()

@@ -69,6 +69,13 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
 	}
+	// replyTo is receipt for a receipt made elsewhere (answerDiverged).
+	replyTo := func(r *pb.Receipt) {
+		if reply != nil {
+			r.MsgId = env.GetMsgId()
+			reply(r)
+		}
+	}
 	// copyReceipt is receipt for a stream message of st answered without
 	// its owner (a copy below the durable watermark, or refused for
 	// room), with the digest of the message at the watermark it gives.
@@ -138,7 +145,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
 			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
 				n.stats.diverged.Add(1)
-				receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+				n.in.answerDiverged(st, replyTo)
 			default:
 				answered = false
 			}
@@ -204,7 +211,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			return
 		case earlyDiverged:
 			n.stats.diverged.Add(1)
-			receipt(pb.Receipt_DIVERGED, divergedReceipt(st).GetMessage(), 0, st.w.Load())
+			n.in.answerDiverged(st, replyTo)
 			return
 		}
 	}
@@ -229,7 +236,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		defer n.in.release(held)
 		if n.in.divergentAtRoom(held, env) {
 			n.stats.diverged.Add(1)
-			receipt(pb.Receipt_DIVERGED, divergedReceipt(held).GetMessage(), 0, held.w.Load())
+			n.in.answerDiverged(held, replyTo)
 			return
 		}
 		copyReceipt(held, pb.Receipt_CAPACITY, msg, retry)

@@ -388,6 +388,35 @@ func (st *inStream) watermarkDigest(w uint64) (d uint64, ok bool) {
 	return 0, false
 }
 
+// answerDiverged answers a message of st, a stream marked divergent, with
+// DIVERGED through rc once the mark is durable: at once if it is, else
+// when the commit that records it ends. Told DIVERGED, the sender sends
+// the old epoch's messages again in a new one; a receiver that crashed
+// before its mark reached the disk would load the stream unmarked and run
+// a copy of the old epoch still on its way (held at a forwarder) beside
+// the new epoch's. A commit the disk refused is answered CAPACITY, as for
+// a watermark (onDurable): the sender asks again later.
+func (in *inbound) answerDiverged(st *inStream, rc func(*pb.Receipt)) {
+	fn := func(err error, _ uint64) {
+		if err != nil {
+			rc(&pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(), Message: "mark of divergence not durable: " + err.Error()})
+			return
+		}
+		rc(divergedReceipt(st))
+	}
+	st.cmu.Lock()
+	if st.durableDigest.Load() == divergedMark {
+		st.cmu.Unlock()
+		fn(nil, 0)
+		return
+	}
+	start := st.queue(st.w.Load(), nil, fn) // the next commit reads the mark
+	st.cmu.Unlock()
+	if start {
+		in.commit(st)
+	}
+}
+
 // divergedReceipt answers a message of a stream found divergent.
 func divergedReceipt(st *inStream) *pb.Receipt {
 	return &pb.Receipt{Code: pb.Receipt_DIVERGED, Watermark: st.w.Load(),
