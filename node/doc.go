@@ -196,7 +196,9 @@
 //     (what its sender stored: creation time, correlation id, type, key and
 //     body) and answers another message under the watermark's sequence
 //     DIVERGED (Stats.Diverged), not run, with every later one of the
-//     stream, also when its mailbox has no room for it. Every receipt that
+//     stream, also when its mailbox has no room for it; the answer waits
+//     until the stream's mark of divergence is on disk (CAPACITY while
+//     the disk refuses it). Every receipt that
 //     answers a message without running it (a copy, out of order, refused
 //     for room) gives the watermark with that digest (kept for the newest
 //     watermark and the durable one). The sender compares the digest with
