@@ -612,6 +612,12 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 // this node), and the highest sequence of st that had reached it by then:
 // its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
+	if st != nil && r.GetCode() == pb.Receipt_DUPLICATE && st.digest() == divergedMark {
+		// Decided a copy before the stream was marked divergent, answered
+		// after (answerDiverged says why not DUPLICATE).
+		a.n.in.answerDiverged(st, func(r *pb.Receipt) { a.receipt(d, st, r) })
+		return
+	}
 	r.MsgId = d.env.GetMsgId()
 	size := envBytes(d.env)
 	room := min(a.mb.Room(size), a.n.peerRoom(d.from, size))

@@ -396,9 +396,16 @@ func (st *inStream) watermarkDigest(w uint64) (d uint64, ok bool) {
 // a copy of the old epoch still on its way (held at a forwarder) beside
 // the new epoch's. A commit the disk refused is answered CAPACITY, as for
 // a watermark (onDurable): the sender asks again later.
+//
+// A copy decided before the mark and answered after it is answered so
+// too, not DUPLICATE: the mark took the place of its watermark's digest,
+// and a DUPLICATE without one lets a restored sender take a new message
+// under that sequence for a copy and ack it, where the DIVERGED of its
+// emission, now sent only once the mark is durable, may come too late to
+// stop it (or not at all, if the disk refuses the mark).
 func (in *inbound) answerDiverged(st *inStream, rc func(*pb.Receipt)) {
 	fn := func(err error, _ uint64) {
-		if err != nil {
+		if err != nil && st.durableDigest.Load() != divergedMark { // a commit of its own failed after the mark's
 			rc(&pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(), Message: "mark of divergence not durable: " + err.Error()})
 			return
 		}
