@@ -111,7 +111,10 @@ func checkAgree(tb testing.TB, s *Store, when string) {
 // shared transactions and checks after each that memory and file agree.
 func TestRandomBatchesKeepMemoryAndFileAgreed(t *testing.T) {
 	for seed := batchSeed0; seed < batchSeed0+30; seed++ {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { randomBatches(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			t.Parallel() // each seed its own store; they mostly wait on fsync
+			randomBatches(t, seed)
+		})
 	}
 }
 
