@@ -200,7 +200,9 @@ func TestAnyRoomSaidLosesNothing(t *testing.T) {
 		for sn, say := range says {
 			for range 2 {
 				seed++
+				seed := seed
 				t.Run(fmt.Sprintf("batch %d/%s", bs, sn), func(t *testing.T) {
+					t.Parallel() // each its own store; they mostly wait on retries and fsync
 					rg := newRigOver(t, nil, func(c *partition.Config) { c.BatchSize = bs }, func(f *fake) partition.Deliverer {
 						return &saying{fake: f, rnd: rand.New(rand.NewPCG(seed, 37)), say: say}
 					})
