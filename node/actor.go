@@ -612,11 +612,15 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 // this node), and the highest sequence of st that had reached it by then:
 // its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
-	if st != nil && r.GetCode() == pb.Receipt_DUPLICATE && st.digest() == divergedMark {
-		// Decided a copy before the stream was marked divergent, answered
-		// after (answerDiverged says why not DUPLICATE).
-		a.n.in.answerDiverged(st, func(r *pb.Receipt) { a.receipt(d, st, r) })
-		return
+	if st != nil && digestSaid(r.GetCode()) {
+		wd, marked := a.n.in.digestAt(st, r.GetWatermark())
+		if marked && r.GetCode() == pb.Receipt_DUPLICATE {
+			// Decided a copy before the stream was marked divergent,
+			// answered after (answerDiverged says why not DUPLICATE).
+			a.n.in.answerDiverged(st, func(r *pb.Receipt) { a.receipt(d, st, r) })
+			return
+		}
+		r.WatermarkDigest = wd
 	}
 	r.MsgId = d.env.GetMsgId()
 	size := envBytes(d.env)
@@ -624,9 +628,6 @@ func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	r.Room = uint32(min(uint64(max(room, 0)), math.MaxUint32)) // an int has 32 bits on some platforms
 	if st != nil {
 		r.Arrived = st.arrived.Load()
-		if digestSaid(r.GetCode()) {
-			r.WatermarkDigest = a.n.in.digestAt(st, r.GetWatermark())
-		}
 	}
 	d.receipt(r)
 }

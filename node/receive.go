@@ -80,17 +80,19 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	// its owner (a copy below the durable watermark, or refused for
 	// room), with the digest of the message at the watermark it gives.
 	copyReceipt := func(st *inStream, code pb.Receipt_Code, msg string, retry time.Duration) {
-		if code == pb.Receipt_DUPLICATE && st.digest() == divergedMark {
+		if reply == nil {
+			return
+		}
+		w := n.in.reported(st, st.durable.Load())
+		wd, marked := n.in.digestAt(st, w)
+		if marked && code == pb.Receipt_DUPLICATE {
 			// A copy decided before the stream was marked divergent
 			// (answerDiverged says why not DUPLICATE).
 			n.in.answerDiverged(st, replyTo)
 			return
 		}
-		if reply != nil {
-			w := n.in.reported(st, st.durable.Load())
-			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
-				Watermark: w, WatermarkDigest: n.in.digestAt(st, w)})
-		}
+		reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
+			Watermark: w, WatermarkDigest: wd})
 	}
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)

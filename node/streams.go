@@ -361,16 +361,29 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 // its durable one, for a receipt that gives w as the watermark
 // (watermark_digest): 0 when w is neither (the receipt says what the
 // handler applied, or the watermark moved on meanwhile), the digest is
-// not known, or the stream is marked divergent. Read under cmu, where each
-// watermark and its digest move together.
-func (in *inbound) digestAt(st *inStream, w uint64) uint64 {
-	if w == 0 {
-		return 0
+// not known, or the stream is marked divergent, which marked says. Read
+// under cmu, where each watermark and its digest move together and the
+// mark is set, in one step: a copy's receipt that found no mark carries
+// the digest, and one that found it is answered as a marked stream's
+// message (answerDiverged), with no moment in between when the mark can
+// come and take the digest's place.
+func (in *inbound) digestAt(st *inStream, w uint64) (d uint64, marked bool) {
+	st.cmu.Lock()
+	defer st.cmu.Unlock()
+	if st.w.Load() != 0 && st.past.Load() == divergedMark {
+		return 0, true
 	}
-	if d, _ := st.watermarkDigest(w); d != divergedMark {
-		return d
+	switch {
+	case w == 0:
+	case w == st.w.Load():
+		d = st.past.Load()
+	case w == st.durable.Load():
+		d = st.durableDigest.Load()
 	}
-	return 0
+	if d == divergedMark {
+		d = 0
+	}
+	return d, false
 }
 
 // watermarkDigest returns what st keeps in the digest's place for w, its
