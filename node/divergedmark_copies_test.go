@@ -67,6 +67,35 @@ func (g *metaGate) nextE(t *testing.T, what string) chan struct{} {
 	}
 }
 
+// releaseAll disarms g and lets every stalled commit go on: deferred by a
+// test that arms it, since the node's Close waits for them.
+func (g *metaGate) releaseAll() {
+	g.armed.Store(false)
+	for {
+		select {
+		case rel := <-g.stalled:
+			close(rel)
+		default:
+			return
+		}
+	}
+}
+
+// gatedSink starts n1 with a sink actor and a metaGate on its outbox at
+// path.
+func gatedSink(t *testing.T) (n *node.Node, s *sink, path string, g *metaGate) {
+	t.Helper()
+	dir := t.TempDir()
+	path = filepath.Join(dir, "outbox.db")
+	g = newMetaGate(t, path)
+	n = newNode(t, "n1", dir, func(c *node.Config) {})
+	s = new(sink)
+	if _, err := n.Spawn("sink", s.handler); err != nil {
+		t.Fatal(err)
+	}
+	return n, s, path, g
+}
+
 // barrier waits until the sink's actor has handled everything posted to
 // it before: a tell behind it in the same mailbox has run.
 func barrier(t *testing.T, n *node.Node, s *sink, tag string) {
@@ -106,14 +135,7 @@ func barrierE(t *testing.T, n *node.Node, s *sink, tag string) bool {
 // answered as a message of a marked stream (DIVERGED once the mark is on
 // disk), or say a digest other than x5's.
 func TestCopyDecidedBeforeAMarkOfDivergenceIsNotAckedAsOne(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "outbox.db")
-	g := newMetaGate(t, path)
-	n := newNode(t, "n1", dir, func(c *node.Config) {})
-	var s sink
-	if _, err := n.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
+	n, s, path, g := gatedSink(t)
 	var rs receipts
 	for i := uint64(1); i <= 3; i++ {
 		if c := rs.deliverWait(t, n, stringEnv(t, i, i-1, "a")).GetCode(); c != pb.Receipt_PROCESSED {
@@ -121,28 +143,18 @@ func TestCopyDecidedBeforeAMarkOfDivergenceIsNotAckedAsOne(t *testing.T) {
 		}
 	}
 	g.armed.Store(true)
-	defer func() { // never leave a commit stalled (the node's Close waits for it)
-		g.armed.Store(false)
-		for {
-			select {
-			case rel := <-g.stalled:
-				close(rel)
-			default:
-				return
-			}
-		}
-	}()
+	defer g.releaseAll()
 	n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "a"), rs.reply("a-4"))
 	rel0 := g.next(t, "a4's watermark commit")
 	n.DeliverIncoming(peerP, stringEnv(t, 5, 4, "a"), rs.reply("a-5"))
 	b4 := stringEnv(t, 4, 0, "b") // the restored sender's first emission: prev 0
 	n.DeliverIncoming(peerP, b4, rs.reply("b-4"))
-	barrier(t, n, &s, "t1") // b4 decided: a copy, waiting for a durable watermark of 4
+	barrier(t, n, s, "t1") // b4 decided: a copy, waiting for a durable watermark of 4
 	close(rel0)
 	rel1 := g.next(t, "the commit of watermark 5 (a5's digest), carrying b4's DUPLICATE")
 	x5 := stringEnv(t, 5, 4, "x")
 	n.DeliverIncoming(peerP, x5, rs.reply("x-5"))
-	barrier(t, n, &s, "t2") // x5 decided: the stream is marked
+	barrier(t, n, s, "t2") // x5 decided: the stream is marked
 	restore, hits := faults.FailCommits(path, errors.New("write outbox.db: no space left on device"))
 	defer restore()
 	g.armed.Store(false)
@@ -238,14 +250,7 @@ func (d *toNode) Deliver(ctx context.Context, peer string, envs []*pb.Envelope) 
 // and x5, told DIVERGED once the disk is back, would run in a new epoch
 // without it: b4 lost, neither run, queued nor dead-lettered.
 func TestRestoredSendersNewMessageBesideAnUndurableMarkIsNotLost(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "outbox.db")
-	g := newMetaGate(t, path)
-	n := newNode(t, "n1", dir, func(c *node.Config) {})
-	var s sink
-	if _, err := n.Spawn("sink", s.handler); err != nil {
-		t.Fatal(err)
-	}
+	n, s, path, g := gatedSink(t)
 
 	scfg := outbox.DefaultConfig(filepath.Join(t.TempDir(), "sender.db"))
 	store, err := outbox.Open(scfg)
@@ -294,17 +299,7 @@ func TestRestoredSendersNewMessageBesideAnUndurableMarkIsNotLost(t *testing.T) {
 	// was then restored from a backup taken after a3). a4's watermark
 	// commit is under way (stalled) while a5 runs.
 	g.armed.Store(true)
-	defer func() {
-		g.armed.Store(false)
-		for {
-			select {
-			case rel := <-g.stalled:
-				close(rel)
-			default:
-				return
-			}
-		}
-	}()
+	defer g.releaseAll()
 	var rs receipts
 	lost := func(seq uint64, v string) *pb.Envelope {
 		e := msg(v).GetEnvelope()
@@ -324,15 +319,15 @@ func TestRestoredSendersNewMessageBesideAnUndurableMarkIsNotLost(t *testing.T) {
 			}
 			return func() { close(answered) }
 		}
-		deliver(0)                     // b4
-		ok := barrierE(t, n, &s, "t1") // decided: a copy, waiting for a durable watermark of 4
+		deliver(0)                    // b4
+		ok := barrierE(t, n, s, "t1") // decided: a copy, waiting for a durable watermark of 4
 		close(rel0)
 		var rel1 chan struct{}
 		if ok {
 			rel1 = g.nextE(t, "the commit of watermark 5 carrying b4's DUPLICATE")
 		}
-		deliver(1)                                    // x5
-		if rel1 == nil || !barrierE(t, n, &s, "t2") { // decided: the stream is marked
+		deliver(1)                                   // x5
+		if rel1 == nil || !barrierE(t, n, s, "t2") { // decided: the stream is marked
 			g.armed.Store(false)
 			if rel1 != nil {
 				close(rel1)
