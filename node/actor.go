@@ -613,7 +613,13 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 // its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	if st != nil && digestSaid(r.GetCode()) {
-		wd, marked := a.n.in.digestAt(st, r.GetWatermark())
+		var wd uint64
+		var marked bool
+		if r.GetCode() == pb.Receipt_DUPLICATE {
+			r.Watermark, wd, marked = a.n.in.copyWatermark(st)
+		} else {
+			wd, marked = a.n.in.digestAt(st, r.GetWatermark())
+		}
 		if marked && r.GetCode() == pb.Receipt_DUPLICATE {
 			// Decided a copy before the stream was marked divergent,
 			// answered after (answerDiverged says why not DUPLICATE).

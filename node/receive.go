@@ -83,8 +83,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		if reply == nil {
 			return
 		}
-		w := n.in.reported(st, st.durable.Load())
-		wd, marked := n.in.digestAt(st, w)
+		w, wd, marked := n.in.copyWatermark(st)
 		if marked && code == pb.Receipt_DUPLICATE {
 			// A copy decided before the stream was marked divergent
 			// (answerDiverged says why not DUPLICATE).

@@ -360,16 +360,20 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 // digestAt is the digest of the message that ran at w, st's watermark or
 // its durable one, for a receipt that gives w as the watermark
 // (watermark_digest): 0 when w is neither (the receipt says what the
-// handler applied, or the watermark moved on meanwhile), the digest is
-// not known, or the stream is marked divergent, which marked says. Read
-// under cmu, where each watermark and its digest move together and the
-// mark is set, in one step: a copy's receipt that found no mark carries
-// the digest, and one that found it is answered as a marked stream's
-// message (answerDiverged), with no moment in between when the mark can
-// come and take the digest's place.
+// handler applied), the digest is not known, or the stream is marked
+// divergent, which marked says. Read under cmu, where each watermark and
+// its digest move together and the mark is set, in one step: a receipt
+// that found no mark carries the digest, and a copy's that found it is
+// answered as a marked stream's message (answerDiverged), with no moment
+// in between when the mark can come and take the digest's place. A copy
+// gives the durable watermark read in the same step (copyWatermark).
 func (in *inbound) digestAt(st *inStream, w uint64) (d uint64, marked bool) {
 	st.cmu.Lock()
 	defer st.cmu.Unlock()
+	return in.digestAtLocked(st, w)
+}
+
+func (in *inbound) digestAtLocked(st *inStream, w uint64) (d uint64, marked bool) {
 	if st.w.Load() != 0 && st.past.Load() == divergedMark {
 		return 0, true
 	}
@@ -384,6 +388,25 @@ func (in *inbound) digestAt(st *inStream, w uint64) (d uint64, marked bool) {
 		d = 0
 	}
 	return d, false
+}
+
+// copyWatermark is the watermark a copy's receipt (DUPLICATE) or a room
+// refusal gives, st's durable one as reported says, with its digest
+// (digestAt), read in one step. Read apart, a commit ending in between
+// moved the durable watermark past the one read, whose digest was then
+// no longer kept: the receipt went out without one, and a restored
+// sender whose emission held only a new message under that sequence took
+// it for a copy and acked it. A higher durable watermark than the one a
+// copy was judged by is as true for it.
+func (in *inbound) copyWatermark(st *inStream) (w, d uint64, marked bool) {
+	st.cmu.Lock()
+	durable := st.durable.Load()
+	d, marked = in.digestAtLocked(st, durable)
+	st.cmu.Unlock()
+	if w = in.reported(st, durable); w != durable {
+		d = 0 // what the handler applied: no digest is kept for it
+	}
+	return w, d, marked
 }
 
 // watermarkDigest returns what st keeps in the digest's place for w, its
