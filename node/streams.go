@@ -400,12 +400,12 @@ func (in *inbound) digestAtLocked(st *inStream, w uint64) (d uint64, marked bool
 // copy was judged by is as true for it.
 func (in *inbound) copyWatermark(st *inStream) (w, d uint64, marked bool) {
 	st.cmu.Lock()
-	durable := st.durable.Load()
-	d, marked = in.digestAtLocked(st, durable)
-	st.cmu.Unlock()
-	if w = in.reported(st, durable); w != durable {
-		d = 0 // what the handler applied: no digest is kept for it
-	}
+	defer st.cmu.Unlock()
+	// What the handler applied, when higher, has a digest only if it is
+	// the stream's watermark. (reported takes aheadMu, never held while
+	// taking cmu.)
+	w = in.reported(st, st.durable.Load())
+	d, marked = in.digestAtLocked(st, w)
 	return w, d, marked
 }
 
