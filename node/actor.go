@@ -203,6 +203,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 		return Address{}, fmt.Errorf("%w: %q", ErrActorExists, name)
 	}
 	n.actors[name] = a
+	delete(n.stopped, name)
 	return addr, nil
 }
 
@@ -221,9 +222,51 @@ func (n *Node) Stop(name string) error {
 	n.actorsMu.Lock()
 	if n.actors[name] == a {
 		delete(n.actors, name)
+		n.noteStoppedLocked(name)
 	}
 	n.actorsMu.Unlock()
 	return nil
+}
+
+// noteStoppedLocked records that the actor name stopped now, for
+// stopGraceLeft, and drops the records older than SpawnGrace whenever
+// their number has doubled since the last time (so a node that stops
+// many actors keeps no more than twice those of one grace). Called with
+// actorsMu held.
+func (n *Node) noteStoppedLocked(name string) {
+	if n.cfg.SpawnGrace <= 0 {
+		return
+	}
+	now := n.store.ElapsedMs()
+	if n.stopped == nil {
+		n.stopped = map[string]int64{}
+	}
+	n.stopped[name] = now
+	if len(n.stopped) < max(n.pruneAt, 64) {
+		return
+	}
+	for k, at := range n.stopped {
+		if now-at >= n.cfg.SpawnGrace.Milliseconds() {
+			delete(n.stopped, k)
+		}
+	}
+	n.pruneAt = 2 * len(n.stopped)
+}
+
+// stopGraceLeft is how much of SpawnGrace is left since the actor name
+// stopped (a redeploy: stopped, then spawned again), at most a second, as
+// spawnGraceLeft is for the node's start: a reliable message for it is
+// answered "not yet" meanwhile, and its sender waits without counting an
+// attempt. 0 when it did not stop within the grace.
+func (n *Node) stopGraceLeft(name string) time.Duration {
+	n.actorsMu.RLock()
+	at, ok := n.stopped[name]
+	n.actorsMu.RUnlock()
+	if !ok {
+		return 0
+	}
+	left := time.Duration(at+n.cfg.SpawnGrace.Milliseconds()-n.store.ElapsedMs()) * time.Millisecond
+	return min(max(left, 0), time.Second)
 }
 
 func (n *Node) actor(name string) *actor {

@@ -67,7 +67,9 @@ type Config struct {
 	// SpawnGrace: for this long after Start, a reliable message for an
 	// actor that does not exist here is answered "not yet" (the sender
 	// waits, uncounted) rather than "no such actor" (which counts toward
-	// the message's MaxAttempts), so an application may spawn late.
+	// the message's MaxAttempts), so an application may spawn late; and
+	// so for this long after an actor stopped, so that a redeploy (Stop,
+	// then Spawn again) dead-letters nothing.
 	SpawnGrace time.Duration
 	// HandlerTimeout bounds the context a reliable message's handler runs
 	// with (its TTL may bound it sooner). A handler that returns an error

@@ -73,9 +73,14 @@ type Node struct {
 	tags     map[string]string
 	quicAddr string
 
-	// actorsMu guards the field below.
+	// actorsMu guards the fields below.
 	actorsMu sync.RWMutex
 	actors   map[string]*actor
+	// stopped holds when (the store's elapsed clock, ms) each actor
+	// stopped within the last SpawnGrace (stopGraceLeft); pruneAt is the
+	// size at which Stop next drops the older ones.
+	stopped map[string]int64
+	pruneAt int
 
 	// departedMu guards the field below: when membership last reported
 	// each peer dead or left (absent once it is back or was pruned).

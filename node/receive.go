@@ -164,7 +164,11 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 	}
 	if to.Node != n.name || a == nil {
 		n.stats.noSuchActor.Add(1)
-		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), n.spawnGraceLeft(), 0)
+		retry := n.spawnGraceLeft()
+		if retry == 0 && to.Node == n.name {
+			retry = n.stopGraceLeft(to.Actor)
+		}
+		receipt(pb.Receipt_NO_SUCH_ACTOR, "no actor "+env.GetRecipient(), retry, 0)
 		if ask {
 			n.respond(from.Name, env, nil, ErrNoSuchActor)
 		}
