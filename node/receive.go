@@ -69,7 +69,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
 	}
-	// replyTo is receipt for a receipt made elsewhere (answerDiverged).
+	// replyTo sends r, made elsewhere (answerDiverged), as env's receipt.
 	replyTo := func(r *pb.Receipt) {
 		if reply != nil {
 			r.MsgId = env.GetMsgId()

@@ -373,6 +373,7 @@ func (in *inbound) digestAt(st *inStream, w uint64) (d uint64, marked bool) {
 	return in.digestAtLocked(st, w)
 }
 
+// digestAtLocked is digestAt with cmu held.
 func (in *inbound) digestAtLocked(st *inStream, w uint64) (d uint64, marked bool) {
 	if st.w.Load() != 0 && st.past.Load() == divergedMark {
 		return 0, true
@@ -441,7 +442,9 @@ func (st *inStream) watermarkDigest(w uint64) (d uint64, ok bool) {
 // stop it (or not at all, if the disk refuses the mark).
 func (in *inbound) answerDiverged(st *inStream, rc func(*pb.Receipt)) {
 	fn := func(err error, _ uint64) {
-		if err != nil && st.durableDigest.Load() != divergedMark { // a commit of its own failed after the mark's
+		// A commit that failed after an earlier one made the mark durable
+		// changes nothing: DIVERGED.
+		if err != nil && st.durableDigest.Load() != divergedMark {
 			rc(&pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: notDurableRetry.Milliseconds(), Message: "mark of divergence not durable: " + err.Error()})
 			return
 		}
