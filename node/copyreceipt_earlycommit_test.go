@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
 )
@@ -71,16 +70,7 @@ func TestEarlyCopyRacingACommitIsNeverADigestlessDuplicate(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	testutil.WaitFor(t, 20*time.Second, "every copy answered", func() bool {
-		done := make(chan struct{})
-		go func() { outstanding.Wait(); close(done) }()
-		select {
-		case <-done:
-			return true
-		case <-time.After(10 * time.Millisecond):
-			return false
-		}
-	})
+	waitAll(t, &outstanding, 20*time.Second, "every copy answered")
 	t.Logf("%d copies answered, %d DUPLICATE", answered.Load(), dups.Load())
 	if m := bad.Load(); m != nil {
 		t.Fatal(*m)

@@ -92,17 +92,24 @@ func TestEarlyCopyRacingAMarkOfDivergenceIsNeverADigestlessDuplicate(t *testing.
 				*m, rx.GetCode(), rx.GetMessage(), slices.Contains(s.values(), "b"))
 		}
 	}
-	testutil.WaitFor(t, 20*time.Second, "every copy answered", func() bool {
-		done := make(chan struct{})
-		go func() { outstanding.Wait(); close(done) }()
-		select {
-		case <-done:
-			return true
-		case <-time.After(10 * time.Millisecond):
-			return false
-		}
-	})
+	waitAll(t, &outstanding, 20*time.Second, "every copy answered")
 	if m := bad.Load(); m != nil {
 		t.Fatal(*m)
 	}
+}
+
+// waitAll waits up to d for wg's count to reach zero (every receipt it
+// counts has come), and fails t with what if it does not.
+func waitAll(t *testing.T, wg *sync.WaitGroup, d time.Duration, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	testutil.WaitFor(t, d, what, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
 }
