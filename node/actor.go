@@ -655,21 +655,18 @@ func (in *inbound) onDurable(st *inStream, rc func(*pb.Receipt), code pb.Receipt
 // this node), and the highest sequence of st that had reached it by then:
 // its sender sizes what it sends ahead of its receipts by them.
 func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
-	if st != nil && digestSaid(r.GetCode()) {
-		var wd uint64
+	switch {
+	case st == nil || !digestSaid(r.GetCode()):
+	case r.GetCode() == pb.Receipt_DUPLICATE:
 		var marked bool
-		if r.GetCode() == pb.Receipt_DUPLICATE {
-			r.Watermark, wd, marked = a.n.in.copyWatermark(st)
-		} else {
-			wd, marked = a.n.in.digestAt(st, r.GetWatermark())
-		}
-		if marked && r.GetCode() == pb.Receipt_DUPLICATE {
+		if r.Watermark, r.WatermarkDigest, marked = a.n.in.copyWatermark(st); marked {
 			// Decided a copy before the stream was marked divergent,
 			// answered after (answerDiverged says why not DUPLICATE).
 			a.n.in.answerDiverged(st, func(r *pb.Receipt) { a.receipt(d, st, r) })
 			return
 		}
-		r.WatermarkDigest = wd
+	default:
+		r.WatermarkDigest = a.n.in.digestAt(st, r.GetWatermark())
 	}
 	r.MsgId = d.env.GetMsgId()
 	size := envBytes(d.env)

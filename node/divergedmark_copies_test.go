@@ -112,13 +112,11 @@ func barrierE(t *testing.T, n *node.Node, s *sink, tag string) bool {
 		t.Errorf("barrier %s: %v", tag, err)
 		return false
 	}
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) { // polling interval: the condition decides
-		if slices.Contains(s.values(), tag) {
-			return true
-		}
+	if !testutil.Poll(5*time.Second, func() bool { return slices.Contains(s.values(), tag) }) {
+		t.Errorf("barrier %s: the tell did not run", tag)
+		return false
 	}
-	t.Errorf("barrier %s: the tell did not run", tag)
-	return false
+	return true
 }
 
 // A restored sender's emission [b4, x5] reaches a receiver that ran a1..a5

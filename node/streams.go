@@ -361,19 +361,17 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 // its durable one, for a receipt that gives w as the watermark
 // (watermark_digest): 0 when w is neither (the receipt says what the
 // handler applied), the digest is not known, or the stream is marked
-// divergent, which marked says. Read under cmu, where each watermark and
-// its digest move together and the mark is set, in one step: a receipt
-// that found no mark carries the digest, and a copy's that found it is
-// answered as a marked stream's message (answerDiverged), with no moment
-// in between when the mark can come and take the digest's place. A copy
-// gives the durable watermark read in the same step (copyWatermark).
-func (in *inbound) digestAt(st *inStream, w uint64) (d uint64, marked bool) {
+// divergent. Read under cmu, where each watermark and its digest move
+// together and the mark is set. A copy's receipt uses copyWatermark.
+func (in *inbound) digestAt(st *inStream, w uint64) uint64 {
 	st.cmu.Lock()
 	defer st.cmu.Unlock()
-	return in.digestAtLocked(st, w)
+	d, _ := in.digestAtLocked(st, w)
+	return d
 }
 
-// digestAtLocked is digestAt with cmu held.
+// digestAtLocked is digestAt with cmu held, and says whether the stream
+// is marked divergent.
 func (in *inbound) digestAtLocked(st *inStream, w uint64) (d uint64, marked bool) {
 	if st.w.Load() != 0 && st.past.Load() == divergedMark {
 		return 0, true
@@ -393,7 +391,11 @@ func (in *inbound) digestAtLocked(st *inStream, w uint64) (d uint64, marked bool
 
 // copyWatermark is the watermark a copy's receipt (DUPLICATE) or a room
 // refusal gives, st's durable one as reported says, with its digest
-// (digestAt), read in one step. Read apart, a commit ending in between
+// (digestAt) and whether the stream is marked divergent, read in one step
+// under cmu: a copy that found no mark carries the digest, and one that
+// found it is answered as a marked stream's message (answerDiverged),
+// with no moment in between when the mark can come and take the digest's
+// place. Read apart, a commit ending in between
 // moved the durable watermark past the one read, whose digest was then
 // no longer kept: the receipt went out without one, and a restored
 // sender whose emission held only a new message under that sequence took

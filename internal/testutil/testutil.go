@@ -13,14 +13,22 @@ import (
 // with msg. Tests use it instead of sleeping to wait for a state.
 func WaitFor(tb testing.TB, timeout time.Duration, msg string, cond func() bool) {
 	tb.Helper()
+	if !Poll(timeout, cond) {
+		tb.Fatalf("timed out after %v waiting for: %s", timeout, msg)
+	}
+}
+
+// Poll is WaitFor for a goroutine other than the test's, which must not
+// call FailNow: it reports whether cond came true within timeout.
+func Poll(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	wait := time.Millisecond
 	for {
 		if cond() {
-			return
+			return true
 		}
 		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for: %s", timeout, msg)
+			return false
 		}
 		time.Sleep(wait) // polling interval, not synchronisation: cond decides
 		if wait < 50*time.Millisecond {
