@@ -44,6 +44,19 @@ func (n *Node) deliverIncoming(from transport.PeerInfo, env *pb.Envelope, reply 
 	n.receive(from, env, reply, false)
 }
 
+// receiptOf sends r, made elsewhere (answerDiverged), as env's receipt
+// through reply. Made only where it is used: a closure that escapes,
+// built in receive for every message, would cost each tell two
+// allocations (itself and the variables it captures).
+func receiptOf(env *pb.Envelope, reply func(*pb.Receipt)) func(*pb.Receipt) {
+	return func(r *pb.Receipt) {
+		if reply != nil {
+			r.MsgId = env.GetMsgId()
+			reply(r)
+		}
+	}
+}
+
 // receive is deliverIncoming; decoded says env came from the transport's
 // decoder and nothing but this delivery will refer to it, so that a tell's
 // or an ask's envelope (and a tell's delivery) is reused once its actor
@@ -69,13 +82,6 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
 	}
-	// replyTo sends r, made elsewhere (answerDiverged), as env's receipt.
-	replyTo := func(r *pb.Receipt) {
-		if reply != nil {
-			r.MsgId = env.GetMsgId()
-			reply(r)
-		}
-	}
 	// copyReceipt is receipt for a stream message of st answered without
 	// its owner (a copy below the durable watermark, or refused for
 	// room), with the digest of the message at the watermark it gives.
@@ -87,7 +93,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		if marked && code == pb.Receipt_DUPLICATE {
 			// A copy decided before the stream was marked divergent
 			// (answerDiverged says why not DUPLICATE).
-			n.in.answerDiverged(st, replyTo)
+			n.in.answerDiverged(st, receiptOf(env, reply))
 			return
 		}
 		reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
@@ -152,7 +158,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
 			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
 				n.stats.diverged.Add(1)
-				n.in.answerDiverged(st, replyTo)
+				n.in.answerDiverged(st, receiptOf(env, reply))
 			default:
 				answered = false
 			}
@@ -222,7 +228,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			return
 		case earlyDiverged:
 			n.stats.diverged.Add(1)
-			n.in.answerDiverged(st, replyTo)
+			n.in.answerDiverged(st, receiptOf(env, reply))
 			return
 		}
 	}
@@ -247,7 +253,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		defer n.in.release(held)
 		if n.in.divergentAtRoom(held, env) {
 			n.stats.diverged.Add(1)
-			n.in.answerDiverged(held, replyTo)
+			n.in.answerDiverged(held, receiptOf(env, reply))
 			return
 		}
 		copyReceipt(held, pb.Receipt_CAPACITY, msg, retry)
