@@ -6,7 +6,7 @@ GOLANGCI      := $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lin
 PROTOC_GEN_GO := $(shell $(GO) tool -n protoc-gen-go 2>/dev/null)
 BIN           ?= bin
 
-.PHONY: all build install test test-short test-32bit vet lint generate verify-generate bench demo clean fuzz reports bench-go check-dist chaos fleet fleet-cost sim flood hostile
+.PHONY: all build install test test-allocs test-short test-32bit vet lint generate verify-generate bench demo clean fuzz reports bench-go check-dist chaos fleet fleet-cost sim flood hostile
 
 all: build
 
@@ -31,7 +31,7 @@ vet:
 # time, and started last they would run on alone at the end while a core
 # idles. Tests that mostly wait on real time call t.Parallel, and up to
 # four of them run at once (-parallel 4): they use little CPU.
-test: vet test-32bit
+test: vet test-32bit test-allocs
 	$(GO) test -race -shuffle=on -parallel 4 -timeout 9m $$($(GO) list $(PKGS) | awk '/\/(node|testnet|transport)$$/ { print; next } { rest = rest " " $$0 } END { print rest }')
 
 # Edge devices run 32-bit ARM, where an int has 32 bits: every package
@@ -51,6 +51,12 @@ test-32bit:
 	set -ex; \
 	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'Name|Signer|Ref|Frame|Receipt|Decode|Fuzz' ./transport ./internal/envcodec ./mailbox/...; \
 	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'PastAnInt|DamagedOverflow|PastThisBuild|UnboundedPeerBytes|RetryHint|HugeTTL' ./node ./partition ./outbox ./cmd/meshnode ./internal/storecheck
+
+# The allocation guards of the hot paths (node/allocs_test.go): without
+# the race detector, which drops sync.Pool puts at random, so they are
+# skipped in the race run above. A few seconds once the build is cached.
+test-allocs:
+	$(GO) test -count=1 -run '^TestAllocsPerMessage$$' ./node
 
 test-short:
 	$(GO) test -short -race $(PKGS)
