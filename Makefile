@@ -52,11 +52,12 @@ test-32bit:
 	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'Name|Signer|Ref|Frame|Receipt|Decode|Fuzz' ./transport ./internal/envcodec ./mailbox/...; \
 	CGO_ENABLED=0 GOARCH=386 $(GO) test -count=1 -run 'PastAnInt|DamagedOverflow|PastThisBuild|UnboundedPeerBytes|RetryHint|HugeTTL' ./node ./partition ./outbox ./cmd/meshnode ./internal/storecheck
 
-# The allocation guards of the hot paths (node/allocs_test.go): without
-# the race detector, which drops sync.Pool puts at random, so they are
-# skipped in the race run above. A few seconds once the build is cached.
+# The allocation guards of the hot paths (allocs_test.go in node and
+# transport), without the race detector, which drops sync.Pool puts at
+# random, so they are skipped in the race run above. A few seconds once
+# the build is cached.
 test-allocs:
-	$(GO) test -count=1 -run '^TestAllocsPerMessage$$' ./node
+	$(GO) test -count=1 -run '^TestAllocsPer(Message|Receipt)$$' ./node ./transport
 
 test-short:
 	$(GO) test -short -race $(PKGS)
