@@ -13,10 +13,10 @@ import (
 )
 
 // A Tell of a message that can never fit a frame (body > MaxFrameSize)
-// fails with a permanent error on an uncrowded connection, but while the
-// send queue is crowded Admit (and the lane's early check) refuse it as a
-// *CapacityError: "retry after", for a message no retry can ever send.
-func TestBreakerOversizedTellIsCapacityWhileCrowded(t *testing.T) {
+// fails with a permanent error whether or not the send queue is crowded:
+// refused by Admit (or the lane's early check) as a *CapacityError while
+// it is, it would tell its caller to retry a message no retry can send.
+func TestOversizedTellIsRefusedAsTooLargeWhileCrowded(t *testing.T) {
 	const size = 200 << 10
 	nodes := clusterWith(t, 2, func(i int, cfg *node.Config) {
 		if i == 0 {

@@ -32,7 +32,7 @@ func waitCond(t *testing.T, d time.Duration, what string, f func() bool) {
 // nothing crowded. Then a stalled, crowded connection is closed in the
 // ways a connection ends (ClosePeer, the peer closing): the transport's
 // crowded count must return to 0.
-func TestBreakerQueueCountersSettle(t *testing.T) {
+func TestQueueCountersSettle(t *testing.T) {
 	ca := newCA(t)
 	r := newResolver()
 	release := make(chan struct{})

@@ -15,16 +15,17 @@ import (
 // peerQ is a second fake verified sender.
 var peerQ = transport.PeerInfo{Name: "q", BootID: "b", OutboxID: [16]byte{'q', 1}}
 
-// A batch runs under one context bounded by the earliest TTL among its
-// messages, so a message without a TTL (m2, from p) is cut short by
-// another sender's message with a short one (n1, from q) that happens to
-// wait behind it. The handler, a commit that honours its context as any
-// database call does, fails at that deadline, and m2, which alone would
-// have had HandlerTimeout (30 s) and succeeded, is answered TRANSIENT: an
-// attempt counted against a healthy message for another sender's TTL.
-// Repeated MaxAttempts times (a peer that keeps sending short-TTL
-// messages), m2 is dead-lettered.
-func TestBreakerBatchDeadlineOfAnotherMessageChargesHealthyOne(t *testing.T) {
+// A message's handler deadline is its own, not the earliest TTL of the
+// batch it runs in. Were a batch run under one context bounded by its
+// earliest TTL, a message without a TTL (m2, from p) would be cut short
+// by another sender's message with a short one (n1, from q) that happens
+// to wait behind it: the handler, a commit that honours its context as
+// any database call does, would fail at that deadline, and m2, which
+// alone has HandlerTimeout (30 s) and succeeds, would be answered
+// TRANSIENT, an attempt counted for another sender's TTL; repeated
+// MaxAttempts times (a peer that keeps sending short-TTL messages), m2
+// would be dead-lettered.
+func TestAnotherMessagesDeadlineDoesNotChargeAHealthyOne(t *testing.T) {
 	// A commit that takes a while (a slow disk); q1 has 400 ms to live.
 	rs := batchBehindAnotherSendersTTL(t, 1500*time.Millisecond, 400)
 	if c := rs.code("m2"); c != pb.Receipt_PROCESSED {

@@ -205,14 +205,15 @@ func b3Names(node string, n int) (a, b string) {
 // exclusion made after the scan to be undone, with a wake-up, by the
 // release. But when the direct attempt's l.Release lands between the
 // scan's keep and the exclude's re-check, the re-check finds a free slot
-// and excludes nothing, the release finds nothing to include and wakes
-// nobody: the loop sleeps with no timer and the recipient, queued to a
-// live peer with its slot free, is never sent.
+// and excludes nothing, and the release finds nothing to include: unless
+// the release wakes the loops, the loop sleeps with no timer and the
+// recipient, queued to a live peer with its slot free, is never sent. It
+// must be sent.
 //
 // The interleaving is forced by holding xmu (only timing changes): the
 // loop's scan reaches exclude while Send's direct attempt holds the one
 // slot, then the attempt's release runs its l.Release and waits for xmu.
-func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
+func TestDirectSendsReleaseWakesTheLoop(t *testing.T) {
 	x, y, r, d := b3Relay(t)
 	var closeOnce sync.Once
 	t.Cleanup(func() { closeOnce.Do(func() { close(d.gateOut) }) })
@@ -254,13 +255,13 @@ func TestBreaker3DirectReleaseLeavesLoopAsleep(t *testing.T) {
 // The same missing wake-up through dispatch: a loop whose scan kept x
 // (n2 had a free slot) but whose dispatch then finds the slot taken by a
 // direct Send (TryAcquire returns 0) returns false without excluding n2
-// and without a timer for x (stream.go dispatch). The direct attempt's
-// release then wakes nobody, since n2 was never excluded (scan.go
-// release), and Send notifies only its own recipient's partition: x,
-// queued to a live peer with its slot free, is never sent. The window
+// and without a timer for x (stream.go dispatch). n2 was never excluded
+// and Send notifies only its own recipient's partition, so unless the
+// direct attempt's release wakes the loops, x, queued to a live peer with
+// its slot free, is never sent. It must be sent. The window
 // (from the scan to TryAcquire) is held open with the afterLookup hook,
 // which runs in dispatch's lockStream.
-func TestBreaker3DirectSendStealsSlotFromDispatch(t *testing.T) {
+func TestDispatchThatLosesItsSlotToADirectSendIsRetried(t *testing.T) {
 	x, y, r, d := b3Relay(t)
 	var armed atomic.Bool
 	var hookOnce sync.Once

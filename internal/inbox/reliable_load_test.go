@@ -23,10 +23,10 @@ import (
 // the program once, in order, and none be charged an attempt (MaxAttempts
 // 1 dead-letters at the first).
 //
-// It fails under -race: Append and AppendBatch read the inbox's count for
-// their ErrFull message after releasing the store's mutex, racing with
-// AckUpTo (and other appends) that change it.
-func TestBreakerInboxPartialFillsUnderReliableLoad(t *testing.T) {
+// Under -race it also checks that Append and AppendBatch read the inbox's
+// count for their ErrFull message under the store's mutex, not after
+// releasing it while AckUpTo and other appends change it.
+func TestInboxPartialFillsUnderReliableLoad(t *testing.T) {
 	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	st, err := inbox.Open(func() inbox.Config {
 		c := inbox.DefaultConfig(filepath.Join(t.TempDir(), "inbox.db"))

@@ -14,7 +14,7 @@ import (
 // One goroutine writes every body byte while another reads every string of
 // the same decoded envelope (strings laid out right before and after the
 // body in the same allocation, sub-word sizes): -race must stay quiet.
-func TestAliasBreakerConcurrentBodyWriteStringRead(t *testing.T) {
+func TestBodyWritesDoNotRaceStringReads(t *testing.T) {
 	for _, owned := range []bool{false, true} {
 		for bl := 1; bl <= 17; bl++ {
 			in := &pb.Envelope{MsgId: "i", Type: "t", Body: &anypb.Any{TypeUrl: "u", Value: bytes.Repeat([]byte{7}, bl)},

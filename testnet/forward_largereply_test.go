@@ -13,13 +13,13 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// The reply of a reliable request is held as a message was: C's reply fits
-// the wire (CheckSize) but not with its origin, so while A↔C is cut and B
-// could forward, the reply stream from C to A is stuck behind it; the
-// request ran and was acknowledged, its reply never comes while the cut
-// lasts. Either the reply or an error reply saying it was too large must
-// come (the latter is what a reply too large for the wire gets).
-func TestBreaker2LargeReplyBlocksForwardedStream(t *testing.T) {
+// The same for the reply of a reliable request: C's reply fits the wire
+// (CheckSize) but not with its origin, so while A↔C is cut and B could
+// forward, held back it would hold the reply stream from C to A behind
+// it, and the request, run and acknowledged, would get no reply while the
+// cut lasts. Either the reply or an error reply saying it was too large
+// must come (the latter is what a reply too large for the wire gets).
+func TestReplyTooLargeToForwardDoesNotHoldItsStream(t *testing.T) {
 	const frame = 8192
 	const a, b, cc = 0, 1, 2
 	var got atomic.Int64 // length of the reply body received at A, -1: an error reply

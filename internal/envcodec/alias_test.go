@@ -142,7 +142,7 @@ func checkNoAlias(t *rapid.T, b []byte, owned bool) {
 	}
 }
 
-func TestAliasBreakerNoStringInBody(t *testing.T) {
+func TestAliasNoStringInBody(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		b := genRaw(t)
 		checkNoAlias(t, b, false)
@@ -150,10 +150,9 @@ func TestAliasBreakerNoStringInBody(t *testing.T) {
 	})
 }
 
-// The non-owned path now returns an empty, non-nil body value for an
-// explicitly empty Any.value where proto.Unmarshal (and the old copy,
-// append(nil, s...)) gives nil.
-func TestAliasBreakerEmptyValueNilness(t *testing.T) {
+// An explicitly empty Any.value decodes as nil on every path, as
+// proto.Unmarshal decodes it, not as an empty, non-nil slice.
+func TestEmptyBodyValueDecodesAsNil(t *testing.T) {
 	var a []byte
 	a = protowire.AppendTag(a, 1, protowire.BytesType)
 	a = protowire.AppendString(a, "u")

@@ -14,13 +14,12 @@ import (
 // A message that TellReliable accepts (it fits the frame limit with the
 // room CheckSize keeps for per-emission fields) but that no longer fits
 // once it carries its origin (certificate, outbox id, signature) cannot be
-// forwarded. While A↔C is cut and B can forward, it waits for the direct
-// path, and every later message of its stream waits behind it: the
-// stream is stuck for as long as the partial partition lasts, though a
-// forwarder is there ("gets its reliable messages through another member
-// that can, one hop, with the same guarantees"). A message Queued after it
-// is never delivered while the cut lasts.
-func TestBreaker2LargeMessageBlocksForwardedStream(t *testing.T) {
+// forwarded. While A↔C is cut and B can forward, held back for the
+// direct path, it would hold every later message of its stream behind
+// it for as long as the partial partition lasts, though a forwarder is
+// there. A message queued after it must be delivered while the cut
+// lasts.
+func TestMessageTooLargeToForwardDoesNotHoldItsStream(t *testing.T) {
 	const frame = 8192
 	rec := NewRecorder(44)
 	const a, b, cc = 0, 1, 2

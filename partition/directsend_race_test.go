@@ -11,8 +11,8 @@ import (
 	"github.com/meshnode/meshnode/partition"
 )
 
-// The stall of TestBreaker3DirectSendStealsSlotFromDispatch and
-// TestBreaker3DirectReleaseLeavesLoopAsleep with no hook and no held lock:
+// The stall of TestDispatchThatLosesItsSlotToADirectSendIsRetried and
+// TestDirectSendsReleaseWakesTheLoop with no hook and no held lock:
 // x is queued while direct Sends (1 ms round trips) to y, another
 // recipient of the same node in the other partition, come and go. When a
 // direct attempt holds n2's one slot at the moment x's loop scans or
@@ -20,7 +20,7 @@ import (
 // attempt's release wakes no loop (n2 was never excluded) and Send
 // notifies only y's partition. x, queued to a live peer whose slot is
 // free, is never sent. With release waking every loop, 300 trials pass.
-func TestBreaker3DirectSendRaceStallsQueued(t *testing.T) {
+func TestQueuedMessageIsSentBesideDirectSends(t *testing.T) {
 	rg := newRig(t, nil, func(c *partition.Config) {
 		c.Partitions = 2
 		c.Limiter = partition.LimiterConfig{Initial: 1, Min: 1, Max: 1}

@@ -12,16 +12,16 @@ import (
 // with the keys that took effect with it (one transaction)". The owner
 // stores the watermark (st.w.Store) before it registers the message's keys
 // (afterDurable), and a stream's follow-up commit runs on its own
-// goroutine and reads st.w when it starts: a commit can make watermark 7
-// durable without message 7's idempotency key. A crash then (before the
-// next commit) leaves 7 covered by the watermark (its redelivery is
-// answered DUPLICATE, never run again: outside the documented crash
-// window) and its key unrecorded: the application's own retry under the
-// same key, which the key window exists to catch, runs a second time.
+// goroutine and reads st.w when it starts: such a commit must not make
+// watermark 7 durable without message 7's idempotency key. A crash then
+// (before the next commit) would leave 7 covered by the watermark (its
+// redelivery answered DUPLICATE, never run again) and its key unrecorded:
+// the application's own retry under the same key, which the key window
+// exists to catch, would run a second time.
 // The interleaving is forced step by step (ForceCommitInterleaving); the
 // scheduler produces it when the follow-up commit's goroutine runs in the
 // owner's window between the two calls.
-func TestBreakerWatermarkDurableWithoutItsKey(t *testing.T) {
+func TestWatermarkIsNeverDurableWithoutItsKey(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "r")
 	n := newNode(t, "r", dir, func(*node.Config) {})
 	id := node.StreamID{Node: "p", Outbox: [16]byte{'p', 1}, Actor: "a"}

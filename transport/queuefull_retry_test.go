@@ -56,7 +56,7 @@ func bigEnv(t *testing.T, pad int) *pb.Envelope {
 // connection (connFor/staleFor) and dial the new address, so Admit must
 // not refuse on the old connection's queue: a Tell (Admit, then Send)
 // would otherwise be refused for as long as the old connection lives.
-func TestBreakerAdmitRefusesOnStaleConnection(t *testing.T) {
+func TestAdmitLooksPastAStaleConnectionsQueue(t *testing.T) {
 	const pad = 200 << 10
 	p := stalledPair(t, nil) // old b: alive, not reading
 	a, ca, r := p.a, p.ca, p.r
@@ -114,7 +114,7 @@ func sendRetrying(t *testing.T, a *node, env *pb.Envelope, deadline time.Time) {
 // caller that follows it retries hundreds of times a second. And while
 // the queue is crowded, an envelope that can never fit a frame gets
 // ErrFrameTooLarge, not a retryable QueueFullError.
-func TestBreakerRetryAfterIgnoresStalledWriter(t *testing.T) {
+func TestRetryAfterGrowsWhileTheWriterIsStalled(t *testing.T) {
 	const pad = 200 << 10
 	var stall atomic.Bool
 	p := stalledPair(t, stall.Load)
@@ -167,7 +167,7 @@ func TestBreakerRetryAfterIgnoresStalledWriter(t *testing.T) {
 
 	// A body too large for any frame is not Admit's to refuse: Send says
 	// it can never go (the int64 overflow such sizes caused in RetryAfter
-	// is TestBreakerRetryAfterOverflow's).
+	// is TestRetryAfterOfAHugeExcessDoesNotOverflow's).
 	v := structpb.NewStringValue(strings.Repeat("x", 1<<20))
 	huge := &structpb.ListValue{}
 	for range 10000 {
@@ -215,7 +215,7 @@ func errString(err error) string {
 // smaller one (1 s). Admit's excess is cur+proto.Size(body)-limit, and a
 // body's proto.Size can exceed that while it holds a few MB (a repeated
 // field naming one large sub-message many times).
-func TestBreakerRetryAfterOverflow(t *testing.T) {
+func TestRetryAfterOfAHugeExcessDoesNotOverflow(t *testing.T) {
 	ca := newCA(t)
 	tr := startNode(t, testConfig(t, ca, "a"), newResolver(), &recorder{})
 	const rate = 100 << 20                                 // 100 MiB/s
@@ -236,7 +236,7 @@ func TestBreakerRetryAfterOverflow(t *testing.T) {
 // (possible with MaxFrameSize up to 1 GiB and an unbounded SendQueueBytes)
 // written in 1 s while 8 lanes write overflows, and the connection's
 // rate becomes 1 B/s, so every refusal says "retry in 1 s".
-func TestBreakerWriteRateOverflow(t *testing.T) {
+func TestWriteRateOfAHugeBatchDoesNotOverflow(t *testing.T) {
 	ca := newCA(t)
 	tr := startNode(t, testConfig(t, ca, "a"), newResolver(), &recorder{})
 	n := 1 << 30 // 2 GiB on 64-bit platforms; an int has 32 bits on others

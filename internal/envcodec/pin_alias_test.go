@@ -12,9 +12,10 @@ import (
 )
 
 // Keeping only the 1-byte body of each decoded envelope (non-owned path,
-// the one every peeked frame and outbox record takes) now keeps its whole
-// decoder copy alive: here 32 KiB of headers per kept byte.
-func TestAliasBreakerSmallBodyPinsHeaders(t *testing.T) {
+// the one every peeked frame and outbox record takes) must not keep its
+// whole decoder copy alive (here 32 KiB of headers per kept byte): a
+// small body with much more of its frame around it gets a copy of its own.
+func TestSmallBodyDoesNotPinItsHeaders(t *testing.T) {
 	in := &pb.Envelope{MsgId: "id", Headers: map[string]string{"k": strings.Repeat("h", 32<<10)},
 		Body: &anypb.Any{TypeUrl: "u", Value: []byte{1}}}
 	b, err := proto.Marshal(in)
