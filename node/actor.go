@@ -356,9 +356,12 @@ func (a *actor) expectBack(d *delivery, hint time.Duration) {
 }
 
 // dropped is the mailbox's dead-letter hook: count it and answer whoever
-// waits. A reliable message dropped for room gets CAPACITY: its sender
-// waits and sends it again; what was chained behind it is refused by the
-// watermark check, since the watermark stays behind it.
+// waits. A reliable message dropped for room is answered as one refused
+// for room (refuseForRoom): CAPACITY, its sender waits and sends it again,
+// and what was chained behind it is refused by the watermark check, since
+// the watermark stays behind it; or, another message at the watermark's
+// sequence (a sender restored from a backup), DIVERGED with the stream
+// marked, so that nothing chained behind it runs in the old epoch.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	d.uncharge()
 	a.left(d)
@@ -366,6 +369,10 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	a.n.log.Debug("message dropped", "actor", a.name, "reason", r.String(), "msg", d.env.GetMsgId())
 	if r == mailbox.DroppedOldest && d.stream != (StreamID{}) {
 		a.expectBack(d, a.mb.RetryAfter())
+		if d.receipt != nil {
+			a.n.refuseForRoom(d.stream, a.applied(), d.env, d.receipt, "dropped: "+r.String(), 10*time.Millisecond)
+			return
+		}
 	}
 	if r == mailbox.DroppedNewest {
 		// Post also returns the error for the incoming message, and its

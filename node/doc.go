@@ -196,7 +196,8 @@
 //     (what its sender stored: creation time, correlation id, type, key and
 //     body) and answers another message under the watermark's sequence
 //     DIVERGED (Stats.Diverged), not run, with every later one of the
-//     stream, also when its mailbox has no room for it; the answer waits
+//     stream, also when its mailbox has no room for it or drops it for a
+//     newer message (DropOldest); the answer waits
 //     until the stream's mark of divergence is on disk (CAPACITY while
 //     the disk refuses it). Every receipt that
 //     answers a message without running it (a copy, out of order, refused

@@ -57,6 +57,53 @@ func receiptOf(env *pb.Envelope, reply func(*pb.Receipt)) func(*pb.Receipt) {
 	}
 }
 
+// copyReceipt answers env, a message of st answered without its owner (a
+// copy below the durable watermark, or refused for room), through reply,
+// with the watermark it gives and the digest of the message there.
+func (n *Node) copyReceipt(st *inStream, env *pb.Envelope, reply func(*pb.Receipt), code pb.Receipt_Code, msg string, retry time.Duration) {
+	if reply == nil {
+		return
+	}
+	w, wd, marked := n.in.copyWatermark(st)
+	if marked && code == pb.Receipt_DUPLICATE {
+		// A copy decided before the stream was marked divergent
+		// (answerDiverged says why not DUPLICATE).
+		n.in.answerDiverged(st, receiptOf(env, reply))
+		return
+	}
+	reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
+		Watermark: w, WatermarkDigest: wd})
+}
+
+// refuseForRoom answers env, a message of the stream id refused for room
+// before its owner decided it (refused at its mailbox or its sender's
+// share of this node, or dropped from its mailbox for a newer message),
+// through reply. It did not run: its receipt carries the stream's
+// watermark and its digest, as a DUPLICATE's does, so that a sender
+// restored from a backup whose first emission is refused learns from it
+// that its sequences went back; another message at the watermark is
+// answered DIVERGED and the stream marked, so that the messages chained
+// behind it do not run in the old epoch either. (A CAPACITY for a message
+// that ran, its watermark or reply refused by the disk, carries none.)
+func (n *Node) refuseForRoom(id StreamID, applied func(StreamID) uint64, env *pb.Envelope, reply func(*pb.Receipt), msg string, retry time.Duration) {
+	// Held while it may be marked: evicted in between, the stream would
+	// be loaded again without the mark.
+	held, err := n.in.acquire(id, applied)
+	if err != nil {
+		if reply != nil {
+			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: pb.Receipt_CAPACITY, Message: msg, RetryAfterMs: retry.Milliseconds()})
+		}
+		return
+	}
+	defer n.in.release(held)
+	if n.in.divergentAtRoom(held, env) {
+		n.stats.diverged.Add(1)
+		n.in.answerDiverged(held, receiptOf(env, reply))
+		return
+	}
+	n.copyReceipt(held, env, reply, pb.Receipt_CAPACITY, msg, retry)
+}
+
 // receive is deliverIncoming; decoded says env came from the transport's
 // decoder and nothing but this delivery will refer to it, so that a tell's
 // or an ask's envelope (and a tell's delivery) is reused once its actor
@@ -81,23 +128,6 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		if reply != nil {
 			reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(), Watermark: w})
 		}
-	}
-	// copyReceipt is receipt for a stream message of st answered without
-	// its owner (a copy below the durable watermark, or refused for
-	// room), with the digest of the message at the watermark it gives.
-	copyReceipt := func(st *inStream, code pb.Receipt_Code, msg string, retry time.Duration) {
-		if reply == nil {
-			return
-		}
-		w, wd, marked := n.in.copyWatermark(st)
-		if marked && code == pb.Receipt_DUPLICATE {
-			// A copy decided before the stream was marked divergent
-			// (answerDiverged says why not DUPLICATE).
-			n.in.answerDiverged(st, receiptOf(env, reply))
-			return
-		}
-		reply(&pb.Receipt{MsgId: env.GetMsgId(), Code: code, Message: msg, RetryAfterMs: retry.Milliseconds(),
-			Watermark: w, WatermarkDigest: wd})
 	}
 	refuse := func(code pb.Receipt_Code, err error) {
 		receipt(code, err.Error(), 0, 0)
@@ -155,7 +185,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			switch v := n.in.early(st, env); {
 			case v == earlyCopy:
 				n.stats.dedupeHits.Add(1)
-				copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+				n.copyReceipt(st, env, reply, pb.Receipt_DUPLICATE, "", 0)
 			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
 				n.stats.diverged.Add(1)
 				n.in.answerDiverged(st, receiptOf(env, reply))
@@ -224,7 +254,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 		switch n.in.early(st, env) {
 		case earlyCopy:
 			n.stats.dedupeHits.Add(1)
-			copyReceipt(st, pb.Receipt_DUPLICATE, "", 0)
+			n.copyReceipt(st, env, reply, pb.Receipt_DUPLICATE, "", 0)
 			return
 		case earlyDiverged:
 			n.stats.diverged.Add(1)
@@ -232,31 +262,12 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			return
 		}
 	}
-	// A stream message refused for room did not run: its receipt carries
-	// the stream's watermark and its digest, as a DUPLICATE's does, so
-	// that a sender restored from a backup whose first emission is
-	// refused learns from it that its sequences went back; another message
-	// at the watermark is answered DIVERGED. (A CAPACITY for a message
-	// that ran, its watermark or reply refused by the disk, carries none.)
 	roomRefusal := func(msg string, retry time.Duration) {
 		if st == nil {
 			receipt(pb.Receipt_CAPACITY, msg, retry, 0)
 			return
 		}
-		// Held while it may be marked: evicted in between, the stream
-		// would be loaded again without the mark.
-		held, err := n.in.acquire(d.stream, a.applied())
-		if err != nil {
-			receipt(pb.Receipt_CAPACITY, msg, retry, 0)
-			return
-		}
-		defer n.in.release(held)
-		if n.in.divergentAtRoom(held, env) {
-			n.stats.diverged.Add(1)
-			n.in.answerDiverged(held, receiptOf(env, reply))
-			return
-		}
-		copyReceipt(held, pb.Receipt_CAPACITY, msg, retry)
+		n.refuseForRoom(d.stream, a.applied(), env, reply, msg, retry)
 	}
 	if from.Name != n.name && !n.charge(d, from.Name) {
 		err := &CapacityError{RetryAfter: peerFullRetry}
