@@ -229,7 +229,12 @@ type Mailbox[T any] struct {
 	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
 	ewmaNs  float64       // EWMA of the handle time per item in ns; 0 until the first sample
 	taken   int           // items the running Handle took with TakeIf
-	stats   Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
+	// evicting counts the items DropOldest took out whose OnDrop has not
+	// returned; no item queued after them is handed over until it is 0
+	// (evicted, made at the first eviction, signals it).
+	evicting int
+	evicted  *sync.Cond
+	stats    Stats // counters; Depth/Capacity/Running/Closed filled by Stats()
 }
 
 // New returns an idle mailbox. It starts no goroutine.
@@ -301,9 +306,15 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 			}
 			m.pushLocked(item, size, false)
 			m.stats.DroppedOldest += uint64(len(old))
-			// A runner must exist: the queue was non-empty and runners only
-			// exit on an empty queue.
+			// The items behind the evicted ones wait for their OnDrop
+			// (waitEvictedLocked). A runner must exist: the queue was
+			// non-empty and runners only exit on an empty queue.
+			if m.evicted == nil {
+				m.evicted = sync.NewCond(&m.mu)
+			}
+			m.evicting += len(old)
 			m.mu.Unlock()
+			defer m.evictionsAnswered(len(old))
 			for _, o := range old {
 				m.drop(o, DroppedOldest)
 			}
@@ -342,6 +353,7 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 func (m *Mailbox[T]) TakeIf(take func(T) bool) (item T, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.waitEvictedLocked()
 	if m.n == 0 || m.closed || !take(m.buf[m.head]) {
 		return item, false
 	}
@@ -470,6 +482,10 @@ func (m *Mailbox[T]) run() {
 	var start time.Duration
 	calls, items := 0, 0 // since the last reading
 	for m.n > 0 && !m.closed {
+		if m.evicting > 0 {
+			m.waitEvictedLocked()
+			continue // closed meanwhile, perhaps
+		}
 		item := m.popLocked()
 		m.taken = 0
 		m.mu.Unlock()
@@ -503,6 +519,28 @@ func (m *Mailbox[T]) run() {
 	m.signalIdleLocked()
 	m.mu.Unlock()
 	returned = true
+}
+
+// waitEvictedLocked waits, m.mu held, until the OnDrop of every item
+// DropOldest evicted has returned: an item queued behind an evicted one is
+// not handed over while the evicted one is still being answered (a
+// reliable message's successor must not run before its predecessor's
+// refusal has been decided).
+func (m *Mailbox[T]) waitEvictedLocked() {
+	for m.evicting > 0 {
+		m.evicted.Wait()
+	}
+}
+
+// evictionsAnswered is called once the OnDrop of k evicted items returned
+// (or panicked).
+func (m *Mailbox[T]) evictionsAnswered(k int) {
+	m.mu.Lock()
+	m.evicting -= k
+	if m.evicting == 0 {
+		m.evicted.Broadcast()
+	}
+	m.mu.Unlock()
 }
 
 // sampleLocked adds calls Handle calls that took d ns per item to the
