@@ -70,11 +70,10 @@
 //     running. A Handle that ends its goroutine (runtime.Goexit) is not
 //     counted and its item reaches no OnDrop; the items behind it are
 //     handled by a new goroutine.
-//   - Under DropOldest, the items queued behind an evicted item are not
-//     handed to Handle (nor taken by TakeIf) until the evicted item's
-//     OnDrop has returned: what OnDrop decides about an item (answering a
-//     reliable message's sender, say) comes before anything queued after
-//     it runs. OnDrop must therefore not wait for Handle.
+//   - Under DropOldest, OnEvict (optional) sees each evicted item under
+//     the mailbox's lock, before the items behind it can be handed over;
+//     OnDrop sees it after the lock is released, when Handle may already
+//     run them.
 //   - After Close, Post returns ErrClosed and does not call OnDrop (the
 //     caller holds the item). Close takes queued items at once, waits for the
 //     running Handle, then calls OnDrop(DroppedClosed) for each. Close and

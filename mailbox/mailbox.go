@@ -121,6 +121,14 @@ type Config[T any] struct {
 	// event), on the goroutine of Post, Close or the handler. It must not
 	// block and must not call Post or Close of the same mailbox.
 	OnDrop func(item T, r DropReason)
+	// OnEvict is optional. Under DropOldest it is called for each item
+	// evicted, under the mailbox's lock, before the lock is released and
+	// OnDrop(item, DroppedOldest) is called: until then the items queued
+	// behind it may already be handed to Handle, so a Handle that must
+	// not act on an item's successors before the item's OnDrop has
+	// returned can mark them here. It must be quick and must not call the
+	// mailbox.
+	OnEvict func(item T)
 }
 
 // DefaultConfig returns a Config with every field set to its default.
@@ -133,6 +141,7 @@ func DefaultConfig[T any]() Config[T] {
 		Overflow: Reject,          // refuse and tell the sender when to retry
 		Handle:   nil,             // required: the caller supplies it
 		OnDrop:   nil,             // optional: dead-letter events are counted in Stats anyway
+		OnEvict:  nil,             // optional
 	}
 }
 
@@ -210,6 +219,7 @@ type Mailbox[T any] struct {
 	overflow Overflow
 	handle   func(T)
 	onDrop   func(T, DropReason)
+	onEvict  func(T)
 	runFn    func() // m.run bound once so `go m.runFn()` does not allocate per start
 
 	// wg tracks the handler goroutine so Close can wait for it.
@@ -229,12 +239,7 @@ type Mailbox[T any] struct {
 	idle    chan struct{} // closed when the mailbox becomes idle; nil until Drain waits
 	ewmaNs  float64       // EWMA of the handle time per item in ns; 0 until the first sample
 	taken   int           // items the running Handle took with TakeIf
-	// evicting counts the items DropOldest took out whose OnDrop has not
-	// returned; no item queued after them is handed over until it is 0
-	// (evicted, made at the first eviction, signals it).
-	evicting int
-	evicted  *sync.Cond
-	stats    Stats // counters; Depth/Capacity/Running/Closed filled by Stats()
+	stats   Stats         // counters; Depth/Capacity/Running/Closed filled by Stats()
 }
 
 // New returns an idle mailbox. It starts no goroutine.
@@ -252,6 +257,7 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 		overflow: cfg.Overflow,
 		handle:   cfg.Handle,
 		onDrop:   cfg.OnDrop,
+		onEvict:  cfg.OnEvict,
 	}
 	m.runFn = m.run
 	return m, nil
@@ -302,19 +308,17 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 		case DropOldest:
 			var old []T
 			for m.fullLocked(size) {
-				old = append(old, m.popLocked())
+				o := m.popLocked()
+				if m.onEvict != nil {
+					m.onEvict(o)
+				}
+				old = append(old, o)
 			}
 			m.pushLocked(item, size, false)
 			m.stats.DroppedOldest += uint64(len(old))
-			// The items behind the evicted ones wait for their OnDrop
-			// (waitEvictedLocked). A runner must exist: the queue was
-			// non-empty and runners only exit on an empty queue.
-			if m.evicted == nil {
-				m.evicted = sync.NewCond(&m.mu)
-			}
-			m.evicting += len(old)
+			// A runner must exist: the queue was non-empty and runners only
+			// exit on an empty queue.
 			m.mu.Unlock()
-			defer m.evictionsAnswered(len(old))
 			for _, o := range old {
 				m.drop(o, DroppedOldest)
 			}
@@ -353,7 +357,6 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 func (m *Mailbox[T]) TakeIf(take func(T) bool) (item T, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.waitEvictedLocked()
 	if m.n == 0 || m.closed || !take(m.buf[m.head]) {
 		return item, false
 	}
@@ -482,10 +485,6 @@ func (m *Mailbox[T]) run() {
 	var start time.Duration
 	calls, items := 0, 0 // since the last reading
 	for m.n > 0 && !m.closed {
-		if m.evicting > 0 {
-			m.waitEvictedLocked()
-			continue // closed meanwhile, perhaps
-		}
 		item := m.popLocked()
 		m.taken = 0
 		m.mu.Unlock()
@@ -519,28 +518,6 @@ func (m *Mailbox[T]) run() {
 	m.signalIdleLocked()
 	m.mu.Unlock()
 	returned = true
-}
-
-// waitEvictedLocked waits, m.mu held, until the OnDrop of every item
-// DropOldest evicted has returned: an item queued behind an evicted one is
-// not handed over while the evicted one is still being answered (a
-// reliable message's successor must not run before its predecessor's
-// refusal has been decided).
-func (m *Mailbox[T]) waitEvictedLocked() {
-	for m.evicting > 0 {
-		m.evicted.Wait()
-	}
-}
-
-// evictionsAnswered is called once the OnDrop of k evicted items returned
-// (or panicked).
-func (m *Mailbox[T]) evictionsAnswered(k int) {
-	m.mu.Lock()
-	m.evicting -= k
-	if m.evicting == 0 {
-		m.evicted.Broadcast()
-	}
-	m.mu.Unlock()
 }
 
 // sampleLocked adds calls Handle calls that took d ns per item to the

@@ -116,6 +116,7 @@ type delivery struct {
 	replyCh    chan<- localReply // local ask: where the reply goes
 	remoteAsk  bool              // remote ask: reply goes back as a RESPONSE envelope
 	queued     bool              // a reliable delivery counted in its actor's streamsQueued
+	evicted    bool              // a reliable delivery evicted by DropOldest, counted in Node.evictions until its drop is answered
 	deadlineMs int64             // the store's elapsed clock when its TTL runs out (0 = none)
 	deadline   time.Time         // local tell or ask: the caller's deadline (zero = none)
 	values     context.Context   // local tell or ask: the caller's context, for its values
@@ -187,6 +188,7 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 		Overflow: o.overflow,
 		Handle:   a.handle,
 		OnDrop:   a.dropped,
+		OnEvict:  a.evicting,
 	})
 	if err != nil {
 		return Address{}, fmt.Errorf("node: spawn %q: %w", name, err)
@@ -355,6 +357,16 @@ func (a *actor) expectBack(d *delivery, hint time.Duration) {
 	}
 }
 
+// evicting is the mailbox's eviction hook, called under its lock: a
+// reliable message's stream counts a drop not yet answered (evictions)
+// before the message behind it can be taken.
+func (a *actor) evicting(d *delivery) {
+	if d.stream != (StreamID{}) && d.receipt != nil {
+		d.evicted = true
+		a.n.evictions.evicted(d.stream)
+	}
+}
+
 // dropped is the mailbox's dead-letter hook: count it and answer whoever
 // waits. A reliable message dropped for room is answered as one refused
 // for room (refuseForRoom): CAPACITY, its sender waits and sends it again,
@@ -371,6 +383,9 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 		a.expectBack(d, a.mb.RetryAfter())
 		if d.receipt != nil {
 			a.n.refuseForRoom(d.stream, a.applied(), d.env, d.receipt, "dropped: "+r.String(), 10*time.Millisecond)
+			if d.evicted {
+				a.n.evictions.answered(d.stream)
+			}
 			return
 		}
 	}
@@ -504,6 +519,9 @@ func (a *actor) handleStream(d *delivery) {
 	// the disk: what remains is storing that reply.
 	held := n.held.get(st.key, seq, env)
 	switch {
+	case n.evictions.pending(d.stream):
+		rc(evictionRefusal(w))
+		return
 	case n.in.divergent(st, env):
 		n.stats.diverged.Add(1)
 		n.in.answerDiverged(st, rc)

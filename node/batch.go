@@ -132,6 +132,12 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		return false
 	}
 	rc := func(r *pb.Receipt) { a.receipt(d, st, r) }
+	if n.evictions.pending(d.stream) {
+		rc(evictionRefusal(st.w.Load()))
+		d.uncharge()
+		n.in.release(st)
+		return false
+	}
 	seq, prev := env.GetSequence(), env.GetPrevSequence()
 	var scoped []byte
 	if k := env.GetIdempotencyKey(); k != "" {

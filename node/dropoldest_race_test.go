@@ -48,9 +48,9 @@ func (g *dropGate) Handle(_ context.Context, r slog.Record) error {
 }
 
 // dropGateBound is how long dropGate holds the drop hook: y cannot run
-// while the hook is held (the mailbox hands nothing queued behind an
-// evicted message over until its drop was answered), so the wait for it
-// ends here; without that, y ran within milliseconds.
+// while the hook is held (the actor refuses, for room, a message whose
+// stream has a drop not answered yet), so the wait for it ends here;
+// without that, y ran within milliseconds.
 const dropGateBound = time.Second
 
 // The restored sender's burst [w x y z] (sequences 2..5, the sink's
@@ -125,9 +125,9 @@ func TestDroppedMessageIsAnsweredBeforeTheOneChainedBehindItRuns(t *testing.T) {
 // The same race, nothing held: the logger only reports the drop (a
 // channel closed, not waited on), and the busy handler returns as soon as
 // it hears of it, as a handler that ends at any moment does. The drop hook
-// and the actor taking y then race freely (without the mailbox's wait for
-// the drop, the actor won in about one try of three dozen). Repeated a few
-// times.
+// and the actor taking y then race freely (without the actor's check for
+// a drop not yet answered, the actor won in about one try of three dozen).
+// Repeated a few times.
 func TestDroppedMessageRacingItsActorIsAnsweredFirst(t *testing.T) {
 	t.Parallel() // mostly waits on real time: runs beside the other such tests
 	deadline := time.Now().Add(12 * time.Second)

@@ -45,6 +45,7 @@ type Node struct {
 	relay     *partition.Relay
 	in        *inbound
 	held      heldReplies // replies of requests that ran, waiting for the disk (heldreply.go)
+	evictions evictions   // reliable messages evicted by DropOldest mailboxes, drops not yet answered (evictions.go)
 	responses *mailbox.ResponseRegistry
 
 	ctx       context.Context // cancelled by Close: handlers and sends see it
