@@ -382,10 +382,12 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	if r == mailbox.DroppedOldest && d.stream != (StreamID{}) {
 		a.expectBack(d, a.mb.RetryAfter())
 		if d.receipt != nil {
-			a.n.refuseForRoom(d.stream, a.applied(), d.env, d.receipt, "dropped: "+r.String(), 10*time.Millisecond)
 			if d.evicted {
-				a.n.evictions.answered(d.stream)
+				// Deferred: a stream left counted would have every later
+				// message of it refused.
+				defer a.n.evictions.answered(d.stream)
 			}
+			a.n.refuseForRoom(d.stream, a.applied(), d.env, d.receipt, "dropped: "+r.String(), 10*time.Millisecond)
 			return
 		}
 	}
