@@ -79,47 +79,14 @@ func TestDroppedMessageIsAnsweredBeforeTheOneChainedBehindItRuns(t *testing.T) {
 	n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { _, err := n.Spawn("sink", handler); return err }, &s.sink, burst, nil)
 
 	gate := &dropGate{dropped: make(chan struct{}), wait: yRan}
-	cfg := testConfig(t, "n2", d2)
-	cfg.Join = []string{n1.GossipAddr()}
-	cfg.Logger = slog.New(gate)
-	n2, err := node.Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n2.Close() })
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			s.free("hold")
-		}
-	}
-	t.Cleanup(release)
-	if _, err := n2.Spawn("sink", handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.Tell(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("hold")); err != nil {
-		t.Fatal(err)
-	}
-	<-s.started["hold"]
-	if err := n2.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	n2, release := busyDropOldestReceiver(t, n1, d2, s, handler, slog.New(gate))
 	select {
 	case <-gate.dropped:
 	case <-time.After(15 * time.Second):
 		t.Fatal("no message dropped")
 	}
 	release() // the actor goes on while the drop hook is on its way
-	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
-	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "hold" })
-	if want := append([]string{"a", "b", "c"}, burst...); !slices.Equal(got, want) {
-		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, dropped %d, out of order %d; n1 restores %d)",
-			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().Dropped, n2.Stats().OutOfOrder, n1.Outbox().Stats().Restores)
-	}
-	if dl := deadLetters(t, n1); len(dl) != 0 {
-		t.Fatalf("dead letters %+v", dl)
-	}
+	checkBurstRan(t, n1, n2, s, burst)
 }
 
 // The same race, nothing held: the logger only reports the drop (a

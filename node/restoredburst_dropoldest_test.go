@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,24 +52,37 @@ func restoredBurstMeetingATwoPlaceDropOldestMailbox(t *testing.T, edit func(*nod
 	burst := []string{"w", "x", "y", "z"}
 	n1, d2 := restoredBurst(t, edit, func(n *node.Node) error { _, err := n.Spawn("sink", s.handler); return err }, &s.sink, burst, nil)
 
-	// The receiver comes back with its actor already busy: the burst's
-	// first emission meets it (not the "no such actor" path).
+	n2, release := busyDropOldestReceiver(t, n1, d2, s, s.handler, nil)
+	testutil.WaitFor(t, 15*time.Second, "the burst met the busy actor", func() bool {
+		st := n2.Stats()
+		return st.Dropped >= 1 || st.Diverged > 0 || st.OutOfOrder > 0
+	})
+	whileHeld(t, n1, n2)
+	release()
+	checkBurstRan(t, n1, n2, s, burst)
+}
+
+// busyDropOldestReceiver opens n2 on d2, joining n1, with its sink (run by
+// handler, which records into s) spawned WithMailbox(2, DropOldest) and
+// busy with a local "hold" before the node starts, so that a burst's first
+// emission meets it (not the "no such actor" path); logger, when not nil,
+// is the node's. release frees the hold; it also runs at cleanup, before
+// n2's Close, which waits for the handler.
+func busyDropOldestReceiver(t *testing.T, n1 *node.Node, d2 string, s *holdSink, handler node.Handler, logger *slog.Logger) (n2 *node.Node, release func()) {
+	t.Helper()
 	cfg := testConfig(t, "n2", d2)
 	cfg.Join = []string{n1.GossipAddr()}
+	if logger != nil {
+		cfg.Logger = logger
+	}
 	n2, err := node.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = n2.Close() })
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			s.free("hold")
-		}
-	}
-	t.Cleanup(release) // before n2's Close, which waits for the handler
-	if _, err := n2.Spawn("sink", s.handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
+	release = func() { s.free("hold") }
+	t.Cleanup(release)
+	if _, err := n2.Spawn("sink", handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
 		t.Fatal(err)
 	}
 	if err := n2.Tell(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("hold")); err != nil {
@@ -78,17 +92,18 @@ func restoredBurstMeetingATwoPlaceDropOldestMailbox(t *testing.T, edit func(*nod
 	if err := n2.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, 15*time.Second, "the burst met the busy actor", func() bool {
-		st := n2.Stats()
-		return st.Dropped >= 1 || st.Diverged > 0 || st.OutOfOrder > 0
-	})
-	whileHeld(t, n1, n2)
-	release()
+	return n2, release
+}
+
+// checkBurstRan waits until n1's outbox is empty and fails unless the sink
+// ran a, b, c and then burst, each once, and n1 dead-lettered nothing.
+func checkBurstRan(t *testing.T, n1, n2 *node.Node, s *holdSink, burst []string) {
+	t.Helper()
 	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
 	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "hold" })
 	if want := append([]string{"a", "b", "c"}, burst...); !slices.Equal(got, want) {
-		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, dropped %d, out of order %d; n1 restores %d)",
-			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().Dropped, n2.Stats().OutOfOrder, n1.Outbox().Stats().Restores)
+		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, dropped %d, out of order %d; n1 restores %d, dead letters %d)",
+			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().Dropped, n2.Stats().OutOfOrder, n1.Outbox().Stats().Restores, len(deadLetters(t, n1)))
 	}
 	if dl := deadLetters(t, n1); len(dl) != 0 {
 		t.Fatalf("dead letters %+v", dl)
@@ -107,16 +122,36 @@ func restoredBurstMeetingATwoPlaceDropOldestMailbox(t *testing.T, edit func(*nod
 // sent again alone below the watermark (now 5), would be a copy,
 // DUPLICATE, acked, never run. x must run, in order.
 func TestRestoredBurstStartingAtTheWatermarkWhoseFirstIsDroppedOldestRuns(t *testing.T) {
+	s := newHoldSink("hold")
+	burst := []string{"x", "y", "z"} // under c's sequence (the watermark) and two more
+	n1, d2 := restoredAtTheWatermark(t, s, s.handler, burst)
+	n2, release := busyDropOldestReceiver(t, n1, d2, s, s.handler, nil)
+	testutil.WaitFor(t, 15*time.Second, "the burst met the busy actor", func() bool {
+		st := n2.Stats()
+		return st.Dropped >= 1 || st.Diverged > 0 || st.OutOfOrder > 0
+	})
+	release()
+	checkBurstRan(t, n1, n2, s, burst)
+}
+
+// restoredAtTheWatermark runs a and b on n2's sink (run by handler, which
+// records into s), backs up n1's whole data directory, runs c (the
+// sink's watermark, 3), closes both nodes, restores the directory (on a
+// clock that tells nothing, one sequence a block, so the restored outbox
+// reuses c's sequence) and queues burst on n1 while n2 is down. It
+// returns n1 and n2's data directory.
+func restoredAtTheWatermark(t *testing.T, s *holdSink, handler node.Handler, burst []string) (n1 *node.Node, d2 string) {
+	t.Helper()
 	dir := t.TempDir()
-	d1, d2 := filepath.Join(dir, "n1"), filepath.Join(dir, "n2")
+	d1 := filepath.Join(dir, "n1")
+	d2 = filepath.Join(dir, "n2")
 	clk := clockNotSet()
 	cfg := func(c *node.Config) { fastRetries(c); c.Outbox.SequenceBlock = 1; c.Outbox.Clock = clk }
-	s := newHoldSink("hold")
 	n2 := newNode(t, "n2", d2, func(*node.Config) {})
-	if _, err := n2.Spawn("sink", s.handler); err != nil {
+	if _, err := n2.Spawn("sink", handler); err != nil {
 		t.Fatal(err)
 	}
-	n1 := newNode(t, "n1", d1, cfg, n2.GossipAddr())
+	n1 = newNode(t, "n1", d1, cfg, n2.GossipAddr())
 	waitAlive(t, []*node.Node{n1, n2}, 2)
 	send := func(v string) node.Outcome {
 		t.Helper()
@@ -149,51 +184,10 @@ func TestRestoredBurstStartingAtTheWatermarkWhoseFirstIsDroppedOldestRuns(t *tes
 	}
 	copyDir(t, filepath.Join(dir, "backup"), d1) // the whole directory goes back to before c
 	n1 = newNode(t, "n1", d1, cfg)
-	burst := []string{"x", "y", "z"} // under c's sequence (the watermark) and two more
 	for _, v := range burst {
 		if out := send(v); out != node.Queued {
 			t.Fatalf("%s with its receiver down: %v, want Queued", v, out)
 		}
 	}
-
-	// The receiver comes back with its actor busy.
-	c2 := testConfig(t, "n2", d2)
-	c2.Join = []string{n1.GossipAddr()}
-	n2, err := node.Open(c2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n2.Close() })
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			s.free("hold")
-		}
-	}
-	t.Cleanup(release)
-	if _, err := n2.Spawn("sink", s.handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
-		t.Fatal(err)
-	}
-	if err := n2.Tell(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("hold")); err != nil {
-		t.Fatal(err)
-	}
-	<-s.started["hold"]
-	if err := n2.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 15*time.Second, "the burst met the busy actor", func() bool {
-		st := n2.Stats()
-		return st.Dropped >= 1 || st.Diverged > 0 || st.OutOfOrder > 0
-	})
-	release()
-	testutil.WaitFor(t, 20*time.Second, "burst delivered", func() bool { return n1.Outbox().Stats().Depth == 0 })
-	got := slices.DeleteFunc(s.values(), func(v string) bool { return v == "hold" })
-	if want := append([]string{"a", "b", "c"}, burst...); !slices.Equal(got, want) {
-		t.Fatalf("sink ran %v, want %v (n2 stats: diverged %d, dedupe hits %d, dropped %d, out of order %d; n1 restores %d, dead letters %d)",
-			got, want, n2.Stats().Diverged, n2.Stats().DedupeHits, n2.Stats().Dropped, n2.Stats().OutOfOrder, n1.Outbox().Stats().Restores, len(deadLetters(t, n1)))
-	}
-	if dl := deadLetters(t, n1); len(dl) != 0 {
-		t.Fatalf("dead letters %+v", dl)
-	}
+	return n1, d2
 }
