@@ -375,6 +375,11 @@ func (a *actor) evicting(d *delivery) {
 // sequence (a sender restored from a backup), DIVERGED with the stream
 // marked, so that nothing chained behind it runs in the old epoch.
 func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
+	if d.evicted {
+		// Deferred: a stream left counted would have every later message
+		// of it refused.
+		defer a.n.evictions.answered(d.stream)
+	}
 	d.uncharge()
 	a.left(d)
 	a.n.stats.dropped.Add(1)
@@ -382,11 +387,6 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 	if r == mailbox.DroppedOldest && d.stream != (StreamID{}) {
 		a.expectBack(d, a.mb.RetryAfter())
 		if d.receipt != nil {
-			if d.evicted {
-				// Deferred: a stream left counted would have every later
-				// message of it refused.
-				defer a.n.evictions.answered(d.stream)
-			}
 			a.n.refuseForRoom(d.stream, a.applied(), d.env, d.receipt, "dropped: "+r.String(), 10*time.Millisecond)
 			return
 		}
@@ -522,6 +522,7 @@ func (a *actor) handleStream(d *delivery) {
 	held := n.held.get(st.key, seq, env)
 	switch {
 	case n.evictions.pending(d.stream):
+		a.expectBack(d, evictionRetry) // as for any refusal for room
 		rc(evictionRefusal(w))
 		return
 	case n.in.divergent(st, env):

@@ -133,6 +133,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	}
 	rc := func(r *pb.Receipt) { a.receipt(d, st, r) }
 	if n.evictions.pending(d.stream) {
+		a.expectBack(d, evictionRetry) // as for any refusal for room
 		rc(evictionRefusal(st.w.Load()))
 		d.uncharge()
 		n.in.release(st)
