@@ -62,8 +62,16 @@ const dropGateBound = time.Second
 // stream so that y is answered DIVERGED, it would find y in order (prev 3
 // = w) and run it in the old epoch, before x. The hook is held here until
 // y ran (at most dropGateBound). Every new message must run once, in
-// order: a b c w x y z.
+// order: a b c w x y z; with a Handler, and with a BatchHandler, whose
+// batch takes the messages behind y from the mailbox.
 func TestDroppedMessageIsAnsweredBeforeTheOneChainedBehindItRuns(t *testing.T) {
+	t.Run("handler", func(t *testing.T) { droppedBeforeChained(t, false) })
+	t.Run("batch", func(t *testing.T) { droppedBeforeChained(t, true) })
+}
+
+// droppedBeforeChained is that test, the sink spawned WithBatch when batch
+// is set (the batch takes y, and z, by TakeIf).
+func droppedBeforeChained(t *testing.T, batch bool) {
 	s := newHoldSink("hold")
 	yRan := make(chan struct{})
 	var yOnce sync.Once
@@ -79,7 +87,18 @@ func TestDroppedMessageIsAnsweredBeforeTheOneChainedBehindItRuns(t *testing.T) {
 	n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { _, err := n.Spawn("sink", handler); return err }, &s.sink, burst, nil)
 
 	gate := &dropGate{dropped: make(chan struct{}), wait: yRan}
-	n2, release := busyDropOldestReceiver(t, n1, d2, s, handler, slog.New(gate))
+	var opts []node.SpawnOption
+	if batch {
+		opts = append(opts, node.WithBatch(func(ctx context.Context, msgs []*node.Message) (int, error) {
+			for i, m := range msgs {
+				if _, err := handler(ctx, m); err != nil {
+					return i, err
+				}
+			}
+			return len(msgs), nil
+		}, 8))
+	}
+	n2, release := busyDropOldestReceiver(t, n1, d2, s, handler, slog.New(gate), opts...)
 	select {
 	case <-gate.dropped:
 	case <-time.After(15 * time.Second):

@@ -66,9 +66,10 @@ func restoredBurstMeetingATwoPlaceDropOldestMailbox(t *testing.T, edit func(*nod
 // handler, which records into s) spawned WithMailbox(2, DropOldest) and
 // busy with a local "hold" before the node starts, so that a burst's first
 // emission meets it (not the "no such actor" path); logger, when not nil,
-// is the node's. release frees the hold; it also runs at cleanup, before
-// n2's Close, which waits for the handler.
-func busyDropOldestReceiver(t *testing.T, n1 *node.Node, d2 string, s *holdSink, handler node.Handler, logger *slog.Logger) (n2 *node.Node, release func()) {
+// is the node's, and opts are added to the spawn's. release frees the
+// hold; it also runs at cleanup, before n2's Close, which waits for the
+// handler.
+func busyDropOldestReceiver(t *testing.T, n1 *node.Node, d2 string, s *holdSink, handler node.Handler, logger *slog.Logger, opts ...node.SpawnOption) (n2 *node.Node, release func()) {
 	t.Helper()
 	cfg := testConfig(t, "n2", d2)
 	cfg.Join = []string{n1.GossipAddr()}
@@ -82,7 +83,7 @@ func busyDropOldestReceiver(t *testing.T, n1 *node.Node, d2 string, s *holdSink,
 	t.Cleanup(func() { _ = n2.Close() })
 	release = func() { s.free("hold") }
 	t.Cleanup(release)
-	if _, err := n2.Spawn("sink", handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
+	if _, err := n2.Spawn("sink", handler, append([]node.SpawnOption{node.WithMailbox(2, mailbox.DropOldest)}, opts...)...); err != nil {
 		t.Fatal(err)
 	}
 	if err := n2.Tell(ctxT(t), node.Addr("sink", "n2"), wrapperspb.String("hold")); err != nil {
