@@ -1,14 +1,9 @@
 package node_test
 
 import (
-	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
-
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/node"
@@ -28,16 +23,7 @@ import (
 // never run. x must run, and before y.
 func TestDroppedMessageAtTheWatermarkIsNotLostWhileItsSuccessorsRun(t *testing.T) {
 	s := newHoldSink("hold")
-	zRan := make(chan struct{})
-	var zOnce sync.Once
-	handler := func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		r, err := s.handler(ctx, m)
-		var v wrapperspb.StringValue
-		if m.Decode(&v) == nil && v.GetValue() == "z" {
-			zOnce.Do(func() { close(zRan) })
-		}
-		return r, err
-	}
+	handler, zRan := signalRun(s, "z")
 	burst := []string{"x", "y", "z"}
 	n1, d2 := restoredAtTheWatermark(t, s, handler, burst)
 

@@ -47,6 +47,20 @@ func (g *dropGate) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// signalRun is s.handler, and a channel closed once it ran the message v.
+func signalRun(s *holdSink, v string) (node.Handler, <-chan struct{}) {
+	ran := make(chan struct{})
+	var once sync.Once
+	return func(ctx context.Context, m *node.Message) (proto.Message, error) {
+		r, err := s.handler(ctx, m)
+		var got wrapperspb.StringValue
+		if m.Decode(&got) == nil && got.GetValue() == v {
+			once.Do(func() { close(ran) })
+		}
+		return r, err
+	}, ran
+}
+
 // dropGateBound is how long dropGate holds the drop hook: y cannot run
 // while the hook is held (the actor refuses, for room, a message whose
 // stream has a drop not answered yet), so the wait for it ends here;
@@ -73,16 +87,7 @@ func TestDroppedMessageIsAnsweredBeforeTheOneChainedBehindItRuns(t *testing.T) {
 // is set (the batch takes y, and z, by TakeIf).
 func droppedBeforeChained(t *testing.T, batch bool) {
 	s := newHoldSink("hold")
-	yRan := make(chan struct{})
-	var yOnce sync.Once
-	handler := func(ctx context.Context, m *node.Message) (proto.Message, error) {
-		r, err := s.handler(ctx, m)
-		var v wrapperspb.StringValue
-		if m.Decode(&v) == nil && v.GetValue() == "y" {
-			yOnce.Do(func() { close(yRan) })
-		}
-		return r, err
-	}
+	handler, yRan := signalRun(s, "y")
 	burst := []string{"w", "x", "y", "z"}
 	n1, d2 := restoredBurst(t, func(*node.Config) {}, func(n *node.Node) error { _, err := n.Spawn("sink", handler); return err }, &s.sink, burst, nil)
 

@@ -95,8 +95,13 @@ func (w *rpWorld) handler(actor string) node.Handler {
 			w.failOnce[tag] = false
 		}
 		w.mu.Unlock()
-		if d > 0 {
-			time.Sleep(d) // the handler's work, not a wait for a state
+		if d > 0 { // the handler's work, cut short as a handler honouring ctx is
+			tm := time.NewTimer(d)
+			select {
+			case <-tm.C:
+			case <-ctx.Done():
+				tm.Stop()
+			}
 		}
 		if fail {
 			return nil, errors.New("transient: try again")
