@@ -79,6 +79,9 @@
 //     running Handle, then calls OnDrop(DroppedClosed) for each. Close and
 //     Drain must not be called from Handle or OnDrop (they would wait for
 //     themselves).
+//   - An OnDrop that panics does not cost the other items one Post (several
+//     evicted) or Close drops their OnDrop: they are handed to it while
+//     the panic unwinds, and the panic then reaches the caller unchanged.
 //   - The ring buffer starts at 8 slots, doubles up to Capacity, and is
 //     released when the queue drains if it grew beyond 8 slots.
 //   - ResponseRegistry: waiters in 16 shards by FNV-1a of the correlation

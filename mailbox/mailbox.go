@@ -119,7 +119,9 @@ type Config[T any] struct {
 	Handle func(T)
 	// OnDrop is optional. It is called for every dropped item (a dead-letter
 	// event), on the goroutine of Post, Close or the handler. It must not
-	// block and must not call Post or Close of the same mailbox.
+	// block and must not call Post or Close of the same mailbox. Should it
+	// panic, the other items the same Post or Close drops still reach it
+	// before the panic goes on to that caller.
 	OnDrop func(item T, r DropReason)
 	// OnEvict is optional. Under DropOldest it is called for each item
 	// evicted, under the mailbox's lock, before the lock is released and
@@ -319,9 +321,7 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 			// A runner must exist: the queue was non-empty and runners only
 			// exit on an empty queue.
 			m.mu.Unlock()
-			for _, o := range old {
-				m.drop(o, DroppedOldest)
-			}
+			m.dropAll(old, DroppedOldest)
 			return nil
 		case DropNewest:
 			m.stats.DroppedNewest++
@@ -436,9 +436,7 @@ func (m *Mailbox[T]) Close() {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
-	for _, it := range left {
-		m.drop(it, DroppedClosed)
-	}
+	m.dropAll(left, DroppedClosed)
 }
 
 // Drain blocks until the mailbox is empty and no Handle call runs, or ctx
@@ -561,6 +559,26 @@ func (m *Mailbox[T]) safeHandle(item T) (panicked bool) {
 func (m *Mailbox[T]) drop(item T, r DropReason) {
 	if m.onDrop != nil {
 		m.onDrop(item, r)
+	}
+}
+
+// dropAll hands each of items to OnDrop. An OnDrop that panics (or ends
+// its goroutine) does not cost the items after it theirs: they are handed
+// over while the panic unwinds, and the panic then goes on to the caller
+// as it came.
+func (m *Mailbox[T]) dropAll(items []T, r DropReason) {
+	if m.onDrop == nil {
+		return
+	}
+	next := 0
+	defer func() {
+		if next < len(items) {
+			m.dropAll(items[next+1:], r)
+		}
+	}()
+	for _, it := range items {
+		m.onDrop(it, r)
+		next++
 	}
 }
 
