@@ -1,9 +1,11 @@
 package node
 
 import (
+	"cmp"
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +51,15 @@ type inbound struct {
 	aheadMu sync.Mutex
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
+
+	// refused holds, per stream key, the sequences and digests of
+	// messages refused without running above the watermark
+	// (divergentAtRoom), until the watermark passes them; nRefused is
+	// len(refused), read without the lock. Taken under cmu, never the
+	// other way round.
+	refusedMu sync.Mutex
+	refused   map[string][]refusedMsg
+	nRefused  atomic.Int32
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -322,8 +333,9 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 }
 
 // divergentAtRoom is divergent for a message of st refused for room (its
-// mailbox or its sender's share of this node full) before the owner could
-// decide it, called from the goroutine that received it. The receiver
+// mailbox or its sender's share of this node full, or dropped from its
+// mailbox for a newer message) before the owner could decide it, called
+// from the goroutine that received it or dropped it. The receiver
 // answers messages below its durable watermark as copies without looking
 // at them and checks only the one at the watermark: were that one refused
 // for room, a sender restored from a backup would take the new messages it
@@ -331,17 +343,24 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 // a message at the watermark's sequence with other contents is answered
 // DIVERGED here too, and the stream is marked as divergent marks it, under
 // cmu, where the owner moves the watermark (and keeps the mark). A message
-// that cannot be checked (the watermark moved meanwhile, or its digest is
-// unknown) is refused for room, as before.
+// above the watermark is refused for room, and its sequence and digest
+// are kept (noteRefused) until the watermark passes it: the message that
+// moves the watermark there is compared with it then (wait), since another
+// message under that sequence may be queued or running already (the old
+// sender's, while its restored self sends the refused one), and the
+// messages chained behind the refused one must not run after it.
 func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 	seq := env.GetSequence()
-	if d := st.digest(); d != divergedMark && (seq != st.w.Load() || d == 0) {
-		return false // the common refusal: nothing to compare
+	if d := st.digest(); d != divergedMark && (seq < st.w.Load() || seq == st.w.Load() && d == 0) {
+		return false // the common refusal of a copy: nothing to compare
 	}
 	sd := pb.StreamDigest(env)
 	st.cmu.Lock()
 	w, d := st.w.Load(), st.past.Load()
 	if w == 0 || d != divergedMark && (seq != w || d == 0 || d == sd) {
+		if seq > w {
+			in.noteRefused(st, seq, sd)
+		}
 		st.cmu.Unlock()
 		return false
 	}
@@ -355,6 +374,86 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 		in.commit(st)
 	}
 	return true
+}
+
+// refusedMsg is a message refused above its stream's watermark (refused).
+type refusedMsg struct{ seq, digest uint64 }
+
+// maxRefused bounds what refused keeps of one stream: its lowest
+// sequences, where a second history shows first.
+const maxRefused = 8
+
+// noteRefused keeps that a message of st under seq, above its watermark,
+// with digest d was refused without running. Two refused under one
+// sequence with other contents leave divergedMark there, which no message
+// that runs under it matches. Called with st.cmu held.
+func (in *inbound) noteRefused(st *inStream, seq, d uint64) {
+	in.refusedMu.Lock()
+	defer in.refusedMu.Unlock()
+	rs := in.refused[st.key]
+	i, found := slices.BinarySearchFunc(rs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
+	switch {
+	case found:
+		if rs[i].digest != d {
+			rs[i].digest = divergedMark
+		}
+		return
+	case i >= maxRefused:
+		return
+	}
+	rs = slices.Insert(rs, i, refusedMsg{seq: seq, digest: d})
+	if len(rs) > maxRefused {
+		rs = rs[:maxRefused]
+	}
+	if in.refused == nil {
+		in.refused = map[string][]refusedMsg{}
+	}
+	in.refused[st.key] = rs
+	in.nRefused.Store(int32(len(in.refused)))
+}
+
+// otherThanRefused reports whether the message that moves st's watermark
+// to seq, whose digest is d, is another than one refused under seq
+// before (noteRefused): the stream's sender then has two histories, and
+// what is chained behind the refused one must not run in this one. It
+// forgets what the watermark passes. Called with st.cmu held.
+func (in *inbound) otherThanRefused(st *inStream, seq, d uint64) bool {
+	if in.nRefused.Load() == 0 {
+		return false
+	}
+	in.refusedMu.Lock()
+	defer in.refusedMu.Unlock()
+	rs, ok := in.refused[st.key]
+	if !ok {
+		return false
+	}
+	other, i := false, 0
+	for ; i < len(rs) && rs[i].seq <= seq; i++ {
+		other = other || rs[i].seq == seq && rs[i].digest != d
+	}
+	switch {
+	case i == len(rs):
+		in.forgetRefusedLocked(st.key)
+	case i > 0:
+		in.refused[st.key] = slices.Clone(rs[i:])
+	}
+	return other
+}
+
+// forgetRefused drops what refused keeps of the stream key (evicted from
+// the cache).
+func (in *inbound) forgetRefused(key string) {
+	if in.nRefused.Load() == 0 {
+		return
+	}
+	in.refusedMu.Lock()
+	defer in.refusedMu.Unlock()
+	in.forgetRefusedLocked(key)
+}
+
+func (in *inbound) forgetRefusedLocked(key string) {
+	delete(in.refused, key)
+	in.nRefused.Store(int32(len(in.refused)))
 }
 
 // digestAt is the digest of the message that ran at w, st's watermark or
@@ -538,6 +637,7 @@ func (in *inbound) evictIdle(idleMs int64) int {
 		if !busy {
 			delete(in.streams, k)
 			delete(in.unapplied, k)
+			in.forgetRefused(k)
 			n++
 		}
 	}
@@ -587,6 +687,11 @@ func (in *inbound) wait(st *inStream, seq, digest uint64, keys [][]byte, move bo
 	}
 	st.cmu.Lock()
 	if move {
+		if in.otherThanRefused(st, seq, digest) {
+			// Marked as divergent marks it: what ran under seq is not
+			// what its sender sent there last (see divergentAtRoom).
+			digest = divergedMark
+		}
 		// A mark set meanwhile by divergentAtRoom stays: the owner decided
 		// seq before it, and the sender's history differs from here on
 		// whatever ran.
