@@ -152,7 +152,10 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		// The stream has messages in the batch: only its next message can
 		// be decided now; anything else is decided once they are.
 		expired := d.deadlineMs > 0 && n.store.ElapsedMs() >= d.deadlineMs
-		if seq <= pw || (prev != 0 && prev != pw) || expired {
+		// Nor one chained to a message refused under pw before: the
+		// one at pw here may be another (the stream's sender restored
+		// from a backup), found out only once it moved the watermark.
+		if seq <= pw || (prev != 0 && prev != pw) || expired || n.in.refusedAt(st, pw) {
 			n.in.release(st)
 			return true
 		}

@@ -28,6 +28,14 @@ func (n *Node) OutboxID() [16]byte { return n.store.OutboxID() }
 // given idle time, and returns how many streams it forgot.
 func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(idle.Milliseconds()) }
 
+// RefusedStreams is how many streams the receiver keeps refused messages
+// of (to compare with what later runs under their sequences).
+func (n *Node) RefusedStreams() int { return int(n.in.nRefused.Load()) }
+
+// ExpireRefused forgets the refused messages of streams whose last one was
+// noted more than keep ago.
+func (n *Node) ExpireRefused(keep time.Duration) { n.in.expireRefused(keep.Milliseconds()) }
+
 // ElapsedMs reads n's elapsed clock, the one its streams' last use and
 // deadlines are kept in.
 func (n *Node) ElapsedMs() int64 { return n.store.ElapsedMs() }

@@ -54,11 +54,13 @@ type inbound struct {
 
 	// refused holds, per stream key, the sequences and digests of
 	// messages refused without running above the watermark
-	// (divergentAtRoom), until the watermark passes them; nRefused is
-	// len(refused), read without the lock. Taken under cmu, never the
+	// (divergentAtRoom), until the watermark passes them or they are
+	// refusedKeep old; nRefused is len(refused), read without the lock.
+	// Kept apart from the cache: a stream evicted while messages of it
+	// wait in a mailbox keeps them. Taken under cmu and mu, never the
 	// other way round.
 	refusedMu sync.Mutex
-	refused   map[string][]refusedMsg
+	refused   map[string]*refusedSet
 	nRefused  atomic.Int32
 
 	// mu guards the fields below.
@@ -376,12 +378,27 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 	return true
 }
 
-// refusedMsg is a message refused above its stream's watermark (refused).
+// refusedSet is what refused keeps of one stream: its refused messages
+// by sequence, and when the last was noted (the store's elapsed clock).
+type refusedSet struct {
+	msgs []refusedMsg
+	atMs int64
+}
+
+// refusedMsg is a message refused above its stream's watermark.
 type refusedMsg struct{ seq, digest uint64 }
 
-// maxRefused bounds what refused keeps of one stream: its lowest
-// sequences, where a second history shows first.
-const maxRefused = 8
+// maxRefused bounds what refused keeps of one stream (its lowest
+// sequences): twice a relay's largest emission, the most of one sender
+// history that can be refused above a watermark before it moves, with
+// room to spare.
+const maxRefused = 4096
+
+// refusedKeep is how long refused keeps a stream's messages after the
+// last was noted, when its watermark does not pass them: their sender
+// sends a refused message again within its retry hints, and one that
+// does not (given up, wiped) would keep them for good.
+const refusedKeep = time.Hour
 
 // noteRefused keeps that a message of st under seq, above its watermark,
 // with digest d was refused without running. Two refused under one
@@ -390,26 +407,45 @@ const maxRefused = 8
 func (in *inbound) noteRefused(st *inStream, seq, d uint64) {
 	in.refusedMu.Lock()
 	defer in.refusedMu.Unlock()
-	rs := in.refused[st.key]
-	i, found := slices.BinarySearchFunc(rs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
+	set := in.refused[st.key]
+	if set == nil {
+		set = &refusedSet{}
+		if in.refused == nil {
+			in.refused = map[string]*refusedSet{}
+		}
+		in.refused[st.key] = set
+		in.nRefused.Store(int32(len(in.refused)))
+	}
+	set.atMs = in.store.ElapsedMs()
+	i, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
 	switch {
 	case found:
-		if rs[i].digest != d {
-			rs[i].digest = divergedMark
+		if set.msgs[i].digest != d {
+			set.msgs[i].digest = divergedMark
 		}
-		return
-	case i >= maxRefused:
-		return
+	case i < maxRefused:
+		set.msgs = slices.Insert(set.msgs, i, refusedMsg{seq: seq, digest: d})
+		if len(set.msgs) > maxRefused {
+			set.msgs = set.msgs[:maxRefused]
+		}
 	}
-	rs = slices.Insert(rs, i, refusedMsg{seq: seq, digest: d})
-	if len(rs) > maxRefused {
-		rs = rs[:maxRefused]
+}
+
+// refusedAt reports whether a message of st under seq was refused and
+// is kept (noteRefused): a batch does not run a message chained to seq
+// beside the one under seq, which may be another.
+func (in *inbound) refusedAt(st *inStream, seq uint64) bool {
+	if in.nRefused.Load() == 0 {
+		return false
 	}
-	if in.refused == nil {
-		in.refused = map[string][]refusedMsg{}
+	in.refusedMu.Lock()
+	defer in.refusedMu.Unlock()
+	set := in.refused[st.key]
+	if set == nil {
+		return false
 	}
-	in.refused[st.key] = rs
-	in.nRefused.Store(int32(len(in.refused)))
+	_, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
+	return found
 }
 
 // otherThanRefused reports whether the message that moves st's watermark
@@ -423,36 +459,38 @@ func (in *inbound) otherThanRefused(st *inStream, seq, d uint64) bool {
 	}
 	in.refusedMu.Lock()
 	defer in.refusedMu.Unlock()
-	rs, ok := in.refused[st.key]
-	if !ok {
+	set := in.refused[st.key]
+	if set == nil {
 		return false
 	}
-	other, i := false, 0
-	for ; i < len(rs) && rs[i].seq <= seq; i++ {
-		other = other || rs[i].seq == seq && rs[i].digest != d
+	i, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
+	other := found && set.msgs[i].digest != d
+	if found {
+		i++
 	}
-	switch {
-	case i == len(rs):
-		in.forgetRefusedLocked(st.key)
-	case i > 0:
-		in.refused[st.key] = slices.Clone(rs[i:])
+	if i == len(set.msgs) {
+		delete(in.refused, st.key)
+		in.nRefused.Store(int32(len(in.refused)))
+	} else if i > 0 {
+		set.msgs = slices.Clone(set.msgs[i:])
 	}
 	return other
 }
 
-// forgetRefused drops what refused keeps of the stream key (evicted from
-// the cache).
-func (in *inbound) forgetRefused(key string) {
+// expireRefused forgets what refused keeps of streams whose last refused
+// message was noted more than keepMs ago.
+func (in *inbound) expireRefused(keepMs int64) {
 	if in.nRefused.Load() == 0 {
 		return
 	}
+	cutoff := in.store.ElapsedMs() - keepMs
 	in.refusedMu.Lock()
 	defer in.refusedMu.Unlock()
-	in.forgetRefusedLocked(key)
-}
-
-func (in *inbound) forgetRefusedLocked(key string) {
-	delete(in.refused, key)
+	for k, set := range in.refused {
+		if set.atMs < cutoff {
+			delete(in.refused, k)
+		}
+	}
 	in.nRefused.Store(int32(len(in.refused)))
 }
 
@@ -622,6 +660,7 @@ func (in *inbound) evictIdle(idleMs int64) int {
 	// lastUse is rounded down to the second, so a stream is kept while
 	// lastUse >= the cutoff's second: never evicted before idleMs has
 	// passed, at most a second after.
+	in.expireRefused(refusedKeep.Milliseconds())
 	cutoff := (in.store.ElapsedMs() - idleMs) / 1000
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -637,7 +676,6 @@ func (in *inbound) evictIdle(idleMs int64) int {
 		if !busy {
 			delete(in.streams, k)
 			delete(in.unapplied, k)
-			in.forgetRefused(k)
 			n++
 		}
 	}
