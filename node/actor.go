@@ -522,8 +522,7 @@ func (a *actor) handleStream(d *delivery) {
 	held := n.held.get(st.key, seq, env)
 	switch {
 	case n.evictions.pending(d.stream):
-		a.expectBack(d, evictionRetry) // as for any refusal for room
-		rc(evictionRefusal(w))
+		a.refuseWhileEvicting(d, rc)
 		return
 	case n.in.divergent(st, env):
 		n.stats.diverged.Add(1)

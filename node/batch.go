@@ -133,8 +133,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	}
 	rc := func(r *pb.Receipt) { a.receipt(d, st, r) }
 	if n.evictions.pending(d.stream) {
-		a.expectBack(d, evictionRetry) // as for any refusal for room
-		rc(evictionRefusal(st.w.Load()))
+		a.refuseWhileEvicting(d, rc)
 		d.uncharge()
 		n.in.release(st)
 		return false
@@ -155,7 +154,7 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		// Nor one chained to a message refused under pw before: the
 		// one at pw here may be another (the stream's sender restored
 		// from a backup), found out only once it moved the watermark.
-		if seq <= pw || (prev != 0 && prev != pw) || expired || n.in.refusedAt(st, pw) {
+		if seq <= pw || (prev != 0 && prev != pw) || expired || n.in.refused.at(st.key, pw) {
 			n.in.release(st)
 			return true
 		}

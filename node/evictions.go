@@ -16,7 +16,7 @@ import (
 // restored sender's message chained to the watermark's sequence would then
 // run in the old epoch before the dropped one was found to be another
 // message there. So an actor that takes a message of a stream with a drop
-// still unanswered refuses it for room (evictionRefusal); its sender sends
+// still unanswered refuses it for room (refuseWhileEvicting); its sender sends
 // it again a moment later. Counted under the mailbox's lock (OnEvict),
 // before anything behind the evicted message can be taken.
 type evictions struct {
@@ -64,10 +64,13 @@ func (e *evictions) pending(id StreamID) bool {
 // microseconds.
 const evictionRetry = 10 * time.Millisecond
 
-// evictionRefusal is the receipt of a message taken while an earlier
-// message of its stream is being dropped (evictions); w is the stream's
-// watermark.
-func evictionRefusal(w uint64) *pb.Receipt {
-	return &pb.Receipt{Code: pb.Receipt_CAPACITY, RetryAfterMs: evictionRetry.Milliseconds(), Watermark: w,
-		Message: "not run: an earlier message of its stream was just dropped for room"}
+// refuseWhileEvicting answers d, a message of a stream whose evicted
+// message's drop is not answered yet (evictions), taken by its actor: as
+// a refusal for room (refuseForRoom), which compares it with the message
+// at the watermark, or keeps it to compare with the one that later runs
+// under its sequence, as any refusal before the owner decided does. Its
+// answer goes through rc.
+func (a *actor) refuseWhileEvicting(d *delivery, rc func(*pb.Receipt)) {
+	a.expectBack(d, evictionRetry) // as for any refusal for room
+	a.n.refuseForRoom(d.stream, a.applied(), d.env, rc, "not run: an earlier message of its stream was just dropped for room", evictionRetry)
 }

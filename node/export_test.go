@@ -30,11 +30,17 @@ func (n *Node) EvictIdleStreams(idle time.Duration) int { return n.in.evictIdle(
 
 // RefusedStreams is how many streams the receiver keeps refused messages
 // of (to compare with what later runs under their sequences).
-func (n *Node) RefusedStreams() int { return int(n.in.nRefused.Load()) }
+func (n *Node) RefusedStreams() int { _, k := n.in.refused.kept(); return k }
+
+// RefusedKept is how many refused messages the receiver keeps, over all
+// streams.
+func (n *Node) RefusedKept() int { k, _ := n.in.refused.kept(); return k }
 
 // ExpireRefused forgets the refused messages of streams whose last one was
 // noted more than keep ago.
-func (n *Node) ExpireRefused(keep time.Duration) { n.in.expireRefused(keep.Milliseconds()) }
+func (n *Node) ExpireRefused(keep time.Duration) {
+	n.in.refused.expire(n.store.ElapsedMs() - keep.Milliseconds())
+}
 
 // ElapsedMs reads n's elapsed clock, the one its streams' last use and
 // deadlines are kept in.

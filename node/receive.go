@@ -96,7 +96,7 @@ func (n *Node) refuseForRoom(id StreamID, applied func(StreamID) uint64, env *pb
 		return
 	}
 	defer n.in.release(held)
-	if n.in.divergentAtRoom(held, env) {
+	if n.in.divergentAtRoom(held, id.Node, env) {
 		n.stats.diverged.Add(1)
 		n.in.answerDiverged(held, receiptOf(env, reply))
 		return
@@ -186,7 +186,7 @@ func (n *Node) receive(from transport.PeerInfo, env *pb.Envelope, reply func(*pb
 			case v == earlyCopy:
 				n.stats.dedupeHits.Add(1)
 				n.copyReceipt(st, env, reply, pb.Receipt_DUPLICATE, "", 0)
-			case v == earlyDiverged || n.in.divergentAtRoom(st, env):
+			case v == earlyDiverged || n.in.divergentAtRoom(st, id.Node, env):
 				n.stats.diverged.Add(1)
 				n.in.answerDiverged(st, receiptOf(env, reply))
 			default:

@@ -1,11 +1,9 @@
 package node
 
 import (
-	"cmp"
 	"encoding/hex"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,16 +50,10 @@ type inbound struct {
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
 
-	// refused holds, per stream key, the sequences and digests of
-	// messages refused without running above the watermark
-	// (divergentAtRoom), until the watermark passes them or they are
-	// refusedKeep old; nRefused is len(refused), read without the lock.
-	// Kept apart from the cache: a stream evicted while messages of it
-	// wait in a mailbox keeps them. Taken under cmu and mu, never the
-	// other way round.
-	refusedMu sync.Mutex
-	refused   map[string]*refusedSet
-	nRefused  atomic.Int32
+	// refused holds the messages refused without running above their
+	// stream's watermark (divergentAtRoom), to compare with what later
+	// runs under their sequences (refusals).
+	refused refusals
 
 	// mu guards the fields below.
 	mu      sync.Mutex
@@ -346,12 +338,12 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 // DIVERGED here too, and the stream is marked as divergent marks it, under
 // cmu, where the owner moves the watermark (and keeps the mark). A message
 // above the watermark is refused for room, and its sequence and digest
-// are kept (noteRefused) until the watermark passes it: the message that
+// are kept (refusals) until the watermark passes it: the message that
 // moves the watermark there is compared with it then (wait), since another
 // message under that sequence may be queued or running already (the old
 // sender's, while its restored self sends the refused one), and the
 // messages chained behind the refused one must not run after it.
-func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
+func (in *inbound) divergentAtRoom(st *inStream, peer string, env *pb.Envelope) bool {
 	seq := env.GetSequence()
 	if d := st.digest(); d != divergedMark && (seq < st.w.Load() || seq == st.w.Load() && d == 0) {
 		return false // the common refusal of a copy: nothing to compare
@@ -361,7 +353,7 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 	w, d := st.w.Load(), st.past.Load()
 	if w == 0 || d != divergedMark && (seq != w || d == 0 || d == sd) {
 		if seq > w {
-			in.noteRefused(st, seq, sd)
+			in.refused.note(st.key, peer, seq, sd, in.store.ElapsedMs())
 		}
 		st.cmu.Unlock()
 		return false
@@ -376,122 +368,6 @@ func (in *inbound) divergentAtRoom(st *inStream, env *pb.Envelope) bool {
 		in.commit(st)
 	}
 	return true
-}
-
-// refusedSet is what refused keeps of one stream: its refused messages
-// by sequence, and when the last was noted (the store's elapsed clock).
-type refusedSet struct {
-	msgs []refusedMsg
-	atMs int64
-}
-
-// refusedMsg is a message refused above its stream's watermark.
-type refusedMsg struct{ seq, digest uint64 }
-
-// maxRefused bounds what refused keeps of one stream (its lowest
-// sequences): twice a relay's largest emission, the most of one sender
-// history that can be refused above a watermark before it moves, with
-// room to spare.
-const maxRefused = 4096
-
-// refusedKeep is how long refused keeps a stream's messages after the
-// last was noted, when its watermark does not pass them: their sender
-// sends a refused message again within its retry hints, and one that
-// does not (given up, wiped) would keep them for good.
-const refusedKeep = time.Hour
-
-// noteRefused keeps that a message of st under seq, above its watermark,
-// with digest d was refused without running. Two refused under one
-// sequence with other contents leave divergedMark there, which no message
-// that runs under it matches. Called with st.cmu held.
-func (in *inbound) noteRefused(st *inStream, seq, d uint64) {
-	in.refusedMu.Lock()
-	defer in.refusedMu.Unlock()
-	set := in.refused[st.key]
-	if set == nil {
-		set = &refusedSet{}
-		if in.refused == nil {
-			in.refused = map[string]*refusedSet{}
-		}
-		in.refused[st.key] = set
-		in.nRefused.Store(int32(len(in.refused)))
-	}
-	set.atMs = in.store.ElapsedMs()
-	i, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
-	switch {
-	case found:
-		if set.msgs[i].digest != d {
-			set.msgs[i].digest = divergedMark
-		}
-	case i < maxRefused:
-		set.msgs = slices.Insert(set.msgs, i, refusedMsg{seq: seq, digest: d})
-		if len(set.msgs) > maxRefused {
-			set.msgs = set.msgs[:maxRefused]
-		}
-	}
-}
-
-// refusedAt reports whether a message of st under seq was refused and
-// is kept (noteRefused): a batch does not run a message chained to seq
-// beside the one under seq, which may be another.
-func (in *inbound) refusedAt(st *inStream, seq uint64) bool {
-	if in.nRefused.Load() == 0 {
-		return false
-	}
-	in.refusedMu.Lock()
-	defer in.refusedMu.Unlock()
-	set := in.refused[st.key]
-	if set == nil {
-		return false
-	}
-	_, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
-	return found
-}
-
-// otherThanRefused reports whether the message that moves st's watermark
-// to seq, whose digest is d, is another than one refused under seq
-// before (noteRefused): the stream's sender then has two histories, and
-// what is chained behind the refused one must not run in this one. It
-// forgets what the watermark passes. Called with st.cmu held.
-func (in *inbound) otherThanRefused(st *inStream, seq, d uint64) bool {
-	if in.nRefused.Load() == 0 {
-		return false
-	}
-	in.refusedMu.Lock()
-	defer in.refusedMu.Unlock()
-	set := in.refused[st.key]
-	if set == nil {
-		return false
-	}
-	i, found := slices.BinarySearchFunc(set.msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
-	other := found && set.msgs[i].digest != d
-	if found {
-		i++
-	}
-	if i == len(set.msgs) {
-		delete(in.refused, st.key)
-		in.nRefused.Store(int32(len(in.refused)))
-	} else if i > 0 {
-		set.msgs = slices.Clone(set.msgs[i:])
-	}
-	return other
-}
-
-// expireRefused forgets what refused keeps of streams whose last refused
-// message was noted more than keepMs ago.
-func (in *inbound) expireRefused(keepMs int64) {
-	if in.nRefused.Load() == 0 {
-		return
-	}
-	cutoff := in.store.ElapsedMs() - keepMs
-	in.refusedMu.Lock()
-	defer in.refusedMu.Unlock()
-	for k, set := range in.refused {
-		if set.atMs < cutoff {
-			delete(in.refused, k)
-		}
-	}
-	in.nRefused.Store(int32(len(in.refused)))
 }
 
 // digestAt is the digest of the message that ran at w, st's watermark or
@@ -660,7 +536,7 @@ func (in *inbound) evictIdle(idleMs int64) int {
 	// lastUse is rounded down to the second, so a stream is kept while
 	// lastUse >= the cutoff's second: never evicted before idleMs has
 	// passed, at most a second after.
-	in.expireRefused(refusedKeep.Milliseconds())
+	in.refused.expire(in.store.ElapsedMs() - refusedKeep.Milliseconds())
 	cutoff := (in.store.ElapsedMs() - idleMs) / 1000
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -725,7 +601,7 @@ func (in *inbound) wait(st *inStream, seq, digest uint64, keys [][]byte, move bo
 	}
 	st.cmu.Lock()
 	if move {
-		if in.otherThanRefused(st, seq, digest) {
+		if in.refused.passed(st.key, seq, digest) {
 			// Marked as divergent marks it: what ran under seq is not
 			// what its sender sent there last (see divergentAtRoom).
 			digest = divergedMark

@@ -124,10 +124,10 @@ func TestOwnersMoveKeepsAMarkSetMeanwhile(t *testing.T) {
 	}
 	// The owner has decided message 2 and runs it; meanwhile another
 	// message under 1 is refused for room.
-	if in.divergentAtRoom(st, env(1, "a")) {
+	if in.divergentAtRoom(st, "p", env(1, "a")) {
 		t.Fatal("a copy of the message at the watermark taken for another history")
 	}
-	if !in.divergentAtRoom(st, env(1, "b")) {
+	if !in.divergentAtRoom(st, "p", env(1, "b")) {
 		t.Fatal("another message at the watermark not found divergent")
 	}
 	in.advance(st, 2, pb.StreamDigest(env(2, "c")), nil, func(err error, _ uint64) { done <- err })

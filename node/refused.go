@@ -1,0 +1,185 @@
+package node
+
+import (
+	"cmp"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// refusals keeps, by stream key, the messages refused for room without
+// running above their stream's watermark (divergentAtRoom): their
+// sequences and digests. The message that later moves the stream's
+// watermark to one of those sequences is compared with the one refused
+// there (passed); another marks the stream divergent, since within one
+// sender history a sequence names one message. Kept apart from the
+// stream cache (a stream may leave it while its messages wait in a
+// mailbox), until the watermark passes them or refusedKeep after the
+// stream's last refusal; at most maxRefused a stream and
+// maxRefusedPerPeer for all the streams of one sender node, which picks
+// its streams' epochs and sequences. Its lock is taken under a stream's
+// cmu and never the other way round.
+type refusals struct {
+	mu      sync.Mutex
+	streams map[string]*refusedSet
+	perPeer map[string]int // messages kept per sender node
+	n       atomic.Int32   // len(streams), read without mu
+}
+
+// refusedSet is what refusals keeps of one stream: its refused messages
+// by sequence, its sender node, and when the last was noted (the store's
+// elapsed clock).
+type refusedSet struct {
+	msgs []refusedMsg
+	peer string
+	atMs int64
+}
+
+// refusedMsg is a message refused above its stream's watermark.
+type refusedMsg struct{ seq, digest uint64 }
+
+// maxRefused bounds what refusals keeps of one stream (its lowest
+// sequences): twice a relay's largest emission, the most of one sender
+// history that can be refused above a watermark before it moves, with
+// room to spare.
+const maxRefused = 4096
+
+// maxRefusedPerPeer bounds what refusals keeps of all the streams of one
+// sender node (16 bytes each, about 1 MiB): sixteen streams refused
+// as far as maxRefused at once.
+const maxRefusedPerPeer = 16 * maxRefused
+
+// refusedKeep is how long refusals keeps a stream's messages after its
+// last refusal when its watermark does not pass them: their sender sends
+// a refused message again within its retry hints, and one that does not
+// (given up, wiped) would keep them for good. A day: an old message that
+// waits in a mailbox longer than that after the refusal is not compared.
+const refusedKeep = 24 * time.Hour
+
+// find is the index of seq in msgs, or where it would go.
+func find(msgs []refusedMsg, seq uint64) (int, bool) {
+	return slices.BinarySearchFunc(msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
+}
+
+// note keeps that a message of the stream key, from peer, under seq
+// with digest d was refused without running, at nowMs. Two refused
+// under one sequence with other contents leave divergedMark there, which
+// no message that runs under it matches. Past the bounds it keeps
+// nothing more.
+func (r *refusals) note(key, peer string, seq, d uint64, nowMs int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	set := r.streams[key]
+	if set == nil {
+		if r.perPeer[peer] >= maxRefusedPerPeer {
+			return
+		}
+		set = &refusedSet{peer: peer}
+		if r.streams == nil {
+			r.streams, r.perPeer = map[string]*refusedSet{}, map[string]int{}
+		}
+		r.streams[key] = set
+		r.n.Store(int32(len(r.streams)))
+	}
+	set.atMs = nowMs
+	i, found := find(set.msgs, seq)
+	switch {
+	case found:
+		if set.msgs[i].digest != d {
+			set.msgs[i].digest = divergedMark
+		}
+	case i < maxRefused && r.perPeer[peer] < maxRefusedPerPeer:
+		set.msgs = slices.Insert(set.msgs, i, refusedMsg{seq: seq, digest: d})
+		r.perPeer[peer]++
+		if len(set.msgs) > maxRefused {
+			set.msgs = set.msgs[:maxRefused]
+			r.perPeer[peer]--
+		}
+	}
+	if len(set.msgs) == 0 {
+		r.dropLocked(key, set)
+	}
+}
+
+// at reports whether a message of the stream key under seq was refused
+// and is kept: a batch does not run a message chained to seq beside the
+// one under seq, which may be another.
+func (r *refusals) at(key string, seq uint64) bool {
+	if r.n.Load() == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	set := r.streams[key]
+	if set == nil {
+		return false
+	}
+	_, found := find(set.msgs, seq)
+	return found
+}
+
+// passed reports whether the message that moves the watermark of the
+// stream key to seq, whose digest is d, is another than one refused
+// under seq before: the stream's sender then has two histories, and
+// what is chained behind the refused one must not run in this one. It
+// forgets what the watermark passes.
+func (r *refusals) passed(key string, seq, d uint64) (other bool) {
+	if r.n.Load() == 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	set := r.streams[key]
+	if set == nil {
+		return false
+	}
+	i, found := find(set.msgs, seq)
+	other = found && set.msgs[i].digest != d
+	if found {
+		i++
+	}
+	switch {
+	case i == len(set.msgs):
+		r.dropLocked(key, set)
+	case i > 0:
+		set.msgs = slices.Clone(set.msgs[i:])
+		r.perPeer[set.peer] -= i
+	}
+	return other
+}
+
+// expire forgets the streams whose last refusal was noted before
+// cutoffMs.
+func (r *refusals) expire(cutoffMs int64) {
+	if r.n.Load() == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, set := range r.streams {
+		if set.atMs < cutoffMs {
+			r.dropLocked(k, set)
+		}
+	}
+}
+
+// kept is how many refused messages are kept, and of how many streams.
+func (r *refusals) kept() (msgs, streams int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, k := range r.perPeer {
+		msgs += k
+	}
+	return msgs, len(r.streams)
+}
+
+func (r *refusals) dropLocked(key string, set *refusedSet) {
+	delete(r.streams, key)
+	r.n.Store(int32(len(r.streams)))
+	if k := r.perPeer[set.peer] - len(set.msgs); k > 0 {
+		r.perPeer[set.peer] = k
+	} else {
+		delete(r.perPeer, set.peer)
+	}
+}

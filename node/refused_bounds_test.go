@@ -1,0 +1,211 @@
+package node_test
+
+import (
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/meshnode/meshnode/internal/testutil"
+	"github.com/meshnode/meshnode/mailbox"
+	"github.com/meshnode/meshnode/mailbox/pb"
+	"github.com/meshnode/meshnode/node"
+	"github.com/meshnode/meshnode/outbox"
+)
+
+// blockingReply is a receipt callback that records its receipt, signals
+// called and then waits for release: the goroutine that answers it (for a
+// message evicted from a DropOldest mailbox, the one that posted the newer
+// message) is held between the eviction and the end of its drop, as a
+// preempted goroutine would be.
+type blockingReply struct {
+	called, release chan struct{}
+	once, freed     sync.Once
+	mu              sync.Mutex
+	got             *pb.Receipt
+}
+
+func newBlockingReply() *blockingReply {
+	return &blockingReply{called: make(chan struct{}), release: make(chan struct{})}
+}
+
+// free lets the held callback (and any later one) return; once is enough.
+func (b *blockingReply) free() { b.freed.Do(func() { close(b.release) }) }
+
+func (b *blockingReply) reply(rc *pb.Receipt) {
+	b.mu.Lock()
+	b.got = rc
+	b.mu.Unlock()
+	b.once.Do(func() { close(b.called) })
+	<-b.release
+}
+
+// The old sender's c (3) runs slowly, so the old sender sends a copy c'
+// (3), which waits in a three-place DropOldest mailbox; the sender is then
+// restored from a backup and its emission [x y] (x under 3 with other
+// contents, y 4 chained to x) arrives, with another stream's o between
+// them: y's post evicts c'. While that drop is being answered (its stream
+// has an eviction pending) c ends, the watermark moves to 3, and the actor
+// takes x, which it refuses for room until the drop is answered. What
+// must hold: that refusal compares x with the watermark's message (c's)
+// as any refusal for room does, so y, chained to 3, does not run after c
+// in the old history, and x sent again is not answered as a copy.
+func TestRestoredMessageTakenWhileAnEarlierDropIsAnsweredIsNotLost(t *testing.T) {
+	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {})
+	h := newHoldSink("c", "o")
+	defer h.freeAll()
+	if _, err := n.Spawn("sink", h.handler, node.WithMailbox(3, mailbox.DropOldest)); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	runAB(t, n, &rs)
+	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
+	waitStarted(t, h, "c")
+	// The old sender's copy of c (its emission timed out while c ran).
+	cc := stringEnv(t, 3, 2, "c")
+	cc.MsgId = "c-copy"
+	br := newBlockingReply()
+	defer br.free()
+	n.DeliverIncoming(peerP, cc, br.reply)
+	// The restored sender's x under 3, another stream's o, then y, whose
+	// post evicts c' (the oldest); y's poster answers the drop.
+	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "x"), rs.reply("x"))
+	o := stringEnv(t, 1, 0, "o")
+	o.StreamEpoch = 7
+	n.DeliverIncoming(peerP, o, rs.reply("o"))
+	posted := make(chan struct{})
+	go func() {
+		defer close(posted)
+		n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "y"), rs.reply("y"))
+	}()
+	waitClosed(t, br.called, "the drop of c'")
+	h.free("c")
+	testutil.WaitFor(t, 10*time.Second, "c and x answered", func() bool { return rs.code("c") != 0 && rs.code("x") != 0 })
+	waitStarted(t, h, "o") // the actor took x, and holds o
+	rs.mu.Lock()
+	t.Logf("c: %v; x: %v", rs.got["c"], rs.got["x"])
+	rs.mu.Unlock()
+	br.free()
+	<-posted
+	h.free("o")
+	testutil.WaitFor(t, 10*time.Second, "y answered", func() bool { return rs.code("y") != 0 })
+	t.Logf("y: %v", rs.code("y"))
+	checkRefusedNotLost(t, n, h, &rs, stringEnv(t, 3, 2, "x"), "x", "y")
+}
+
+// The restored sender's x (3) is refused for room (its sender's share is
+// full: a slow message of another stream holds it), while the old
+// sender's c (3) and the restored sender's y (4, chained to x) wait in the
+// mailbox behind the slow message for more than an hour, x's sender
+// away meanwhile, and the node prunes as it does every few seconds. What
+// must hold: the refusal is still kept when c runs (a day after the
+// stream's last refusal), so y does not run after c in the old history,
+// and x sent again is not answered as a copy.
+func TestRefusalOutlivesAnHourLongWaitOfTheOldMessage(t *testing.T) {
+	clk := outbox.NewManualClock(time.Now())
+	big := strings.Repeat("x", 2000)
+	x := stringEnv(t, 3, 2, big)
+	budget := int64(proto.Size(x)) + 10
+	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {
+		c.PeerQueuedBytes = budget
+		c.Outbox.Clock = clk
+	})
+	h := newHoldSink("hold")
+	defer h.freeAll()
+	if _, err := n.Spawn("sink", h.handler); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	runAB(t, n, &rs)
+	other := stringEnv(t, 1, 0, "hold")
+	other.StreamEpoch = 7
+	n.DeliverIncoming(peerP, other, rs.reply("hold"))
+	waitStarted(t, h, "hold")
+	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
+	n.DeliverIncoming(peerP, x, rs.reply(big))
+	testutil.WaitFor(t, 5*time.Second, "x answered", func() bool { return rs.code(big) != 0 })
+	if got := rs.code(big); got != pb.Receipt_CAPACITY {
+		t.Fatalf("x answered %v, want CAPACITY", got)
+	}
+	n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "y"), rs.reply("y"))
+	// c and y still wait, an hour and a minute later; the node prunes as
+	// its pruneLoop does.
+	clk.Advance(time.Hour + time.Minute)
+	n.EvictIdleStreams(10 * time.Minute)
+	h.free("hold")
+	testutil.WaitFor(t, 10*time.Second, "c and y answered", func() bool {
+		return rs.code("c") != 0 && rs.code("y") != 0
+	})
+	checkRefusedNotLost(t, n, h, &rs, stringEnv(t, 3, 2, big), big, "y")
+}
+
+// A member chooses the epochs of its streams and their sequences: once
+// its share of the node is full (one slow message of its own holds it),
+// every further message is refused for room, and each refusal above its
+// stream's watermark is kept, apart from the stream cache. What must
+// hold: what one member makes the node keep so is bounded (the refusals
+// of all its streams together), so the second half of the refusals, on
+// as many new epochs, adds no live heap once the first reached the
+// bound, after the node forgot every cached stream (its own pruning, at
+// once here).
+func TestRefusedMessagesKeptForOneSenderAreBounded(t *testing.T) {
+	const epochs, perEpoch = 16, 4096
+	big := stringEnv(t, 1, 0, strings.Repeat("h", 2000))
+	big.StreamEpoch = 1 << 40
+	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = int64(proto.Size(big)) + 10 })
+	h := newHoldSink(strings.Repeat("h", 2000))
+	defer h.freeAll()
+	if _, err := n.Spawn("sink", h.handler); err != nil {
+		t.Fatal(err)
+	}
+	var rs receipts
+	n.DeliverIncoming(peerP, big, rs.reply("hold"))
+	waitStarted(t, h, strings.Repeat("h", 2000))
+	var refused, other atomic.Int64
+	reply := func(rc *pb.Receipt) {
+		if rc.GetCode() == pb.Receipt_CAPACITY {
+			refused.Add(1)
+		} else {
+			other.Add(1)
+		}
+	}
+	heap := func() uint64 {
+		n.EvictIdleStreams(0)
+		runtime.GC()
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	env := stringEnv(t, 1, 0, "")
+	send := func(firstEpoch uint64) {
+		for e := firstEpoch; e < firstEpoch+epochs; e++ {
+			for s := uint64(1); s <= perEpoch; s++ {
+				m := proto.Clone(env).(*pb.Envelope)
+				m.StreamEpoch, m.Sequence, m.MsgId = e, s, "m"
+				n.DeliverIncoming(peerP, m, reply)
+			}
+		}
+	}
+	base := heap()
+	send(100)
+	mid := heap()
+	send(100 + epochs)
+	end := heap()
+	want := int64(2 * epochs * perEpoch)
+	testutil.WaitFor(t, 10*time.Second, "every message answered", func() bool { return refused.Load()+other.Load() >= want })
+	if other.Load() != 0 {
+		t.Fatalf("%d messages answered other than CAPACITY", other.Load())
+	}
+	first, second := int64(mid)-int64(base), int64(end)-int64(mid)
+	t.Logf("%d refusals on %d epochs: live heap +%d KiB, then %d more on %d new epochs: +%d KiB (%d refusals kept on %d streams, %.1f B each)",
+		want/2, epochs, first>>10, want/2, epochs, second>>10, n.RefusedKept(), n.RefusedStreams(), float64(end-base)/float64(want))
+	if second > first/2 && second > 1<<20 {
+		t.Errorf("what one member's refused messages make the node keep grows with what it sends: the second %d refusals added %d KiB, as the first added %d KiB",
+			want/2, second>>10, first>>10)
+	}
+}
