@@ -143,7 +143,13 @@ func (r *refusals) passed(key string, seq, d uint64) (other bool) {
 	case i == len(set.msgs):
 		r.dropLocked(key, set)
 	case i > 0:
-		set.msgs = slices.Clone(set.msgs[i:])
+		// Cut from the front in place, and copied into a fitting array
+		// only once most of it is passed: a stream whose watermark moves
+		// one message at a time does not copy its refusals each time.
+		set.msgs = set.msgs[i:]
+		if cap(set.msgs) > 4*len(set.msgs)+16 {
+			set.msgs = slices.Clone(set.msgs)
+		}
 		r.perPeer[set.peer] -= i
 	}
 	return other
