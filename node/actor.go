@@ -695,6 +695,13 @@ func (a *actor) receipt(d *delivery, st *inStream, r *pb.Receipt) {
 	default:
 		r.WatermarkDigest = a.n.in.digestAt(st, r.GetWatermark())
 	}
+	if st != nil {
+		switch r.GetCode() {
+		case pb.Receipt_PROCESSED, pb.Receipt_DUPLICATE, pb.Receipt_DIVERGED:
+		default:
+			a.n.in.notRun(st, d.stream.Node, d.env)
+		}
+	}
 	r.MsgId = d.env.GetMsgId()
 	size := envBytes(d.env)
 	room := min(a.mb.Room(size), a.n.peerRoom(d.from, size))

@@ -151,10 +151,11 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 		// The stream has messages in the batch: only its next message can
 		// be decided now; anything else is decided once they are.
 		expired := d.deadlineMs > 0 && n.store.ElapsedMs() >= d.deadlineMs
-		// Nor one chained to a message refused under pw before: the
-		// one at pw here may be another (the stream's sender restored
-		// from a backup), found out only once it moved the watermark.
-		if seq <= pw || (prev != 0 && prev != pw) || expired || n.in.refused.at(st.key, pw) {
+		// Nor one chained to pw when another message than the batch's
+		// was refused under pw (the stream's sender restored from a
+		// backup): that is found out only once the batch's moved the
+		// watermark.
+		if seq <= pw || (prev != 0 && prev != pw) || expired || b.otherRefusedAt(n.in, st, pw) {
 			n.in.release(st)
 			return true
 		}
@@ -224,6 +225,20 @@ func (a *actor) add(b *batch, d *delivery) (wait bool) {
 	b.last[st] = seq
 	b.items = append(b.items, it)
 	b.msgs = append(b.msgs, &d.Message)
+	return false
+}
+
+// otherRefusedAt reports whether a message of st other than b's last one
+// of st, under pw, was refused under pw and is kept (refusals.other).
+func (b *batch) otherRefusedAt(in *inbound, st *inStream, pw uint64) bool {
+	if in.refused.n.Load() == 0 {
+		return false
+	}
+	for i := len(b.items) - 1; i >= 0; i-- {
+		if it := b.items[i]; it.st == st {
+			return in.refused.other(st.key, pw, pb.StreamDigest(it.d.env))
+		}
+	}
 	return false
 }
 

@@ -200,10 +200,11 @@
 //     newer message (DropOldest); the answer waits
 //     until the stream's mark of divergence is on disk (CAPACITY while
 //     the disk refuses it). A message refused for room above the
-//     watermark is kept in memory by its digest until the watermark
-//     passes its sequence: another message moving the watermark there
-//     (the old sender's, queued or running when the restored one's was
-//     refused) marks the stream so too. Every receipt that
+//     watermark, or answered by the actor without its effect, is kept in
+//     memory by its digest until the watermark passes its sequence:
+//     another message moving the watermark there (the old sender's,
+//     queued or running when the restored one's was refused) marks the
+//     stream so too. Every receipt that
 //     answers a message without running it (a copy, out of order, refused
 //     for room) gives the watermark with that digest (kept for the newest
 //     watermark and the durable one). The sender compares the digest with

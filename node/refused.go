@@ -8,9 +8,10 @@ import (
 	"time"
 )
 
-// refusals keeps, by stream key, the messages refused for room without
-// running above their stream's watermark (divergentAtRoom): their
-// sequences and digests. The message that later moves the stream's
+// refusals keeps, by stream key, the messages above their stream's
+// watermark that were refused for room (divergentAtRoom) or answered by
+// their actor without their effect (inbound.notRun): their sequences and
+// digests. The message that later moves the stream's
 // watermark to one of those sequences is compared with the one refused
 // there (passed); another marks the stream divergent, since within one
 // sender history a sequence names one message. Kept apart from the
@@ -28,13 +29,18 @@ type refusals struct {
 }
 
 // refusedSet is what refusals keeps of one stream: its refused messages
-// by sequence, its sender node, and when the last was noted (the store's
-// elapsed clock).
+// by sequence (msgs[off:]: those the watermark passed are cut from the
+// front, and the array copied once they are half of it), its sender
+// node, and when the last was noted (the store's elapsed clock).
 type refusedSet struct {
 	msgs []refusedMsg
+	off  int
 	peer string
 	atMs int64
 }
+
+// live is the set's kept messages.
+func (set *refusedSet) live() []refusedMsg { return set.msgs[set.off:] }
 
 // refusedMsg is a message refused above its stream's watermark.
 type refusedMsg struct{ seq, digest uint64 }
@@ -46,9 +52,15 @@ type refusedMsg struct{ seq, digest uint64 }
 const maxRefused = 4096
 
 // maxRefusedPerPeer bounds what refusals keeps of all the streams of one
-// sender node (16 bytes each, about 1 MiB): sixteen streams refused
-// as far as maxRefused at once.
-const maxRefusedPerPeer = 16 * maxRefused
+// sender node, about 1 MiB: a refused message counts 1 (16 bytes), and
+// each stream refusedStreamWeight more for its own keeping (its key and
+// entry, about 250 bytes), since the sender picks its streams' epochs.
+// Sixteen streams refused as far as maxRefused at once.
+const maxRefusedPerPeer = 16 * (maxRefused + refusedStreamWeight)
+
+// refusedStreamWeight is what a stream's own keeping counts against
+// maxRefusedPerPeer, in refused messages.
+const refusedStreamWeight = 16
 
 // refusedKeep is how long refusals keeps a stream's messages after its
 // last refusal when its watermark does not pass them: their sender sends
@@ -72,7 +84,7 @@ func (r *refusals) note(key, peer string, seq, d uint64, nowMs int64) {
 	defer r.mu.Unlock()
 	set := r.streams[key]
 	if set == nil {
-		if r.perPeer[peer] >= maxRefusedPerPeer {
+		if r.perPeer[peer]+refusedStreamWeight+1 > maxRefusedPerPeer {
 			return
 		}
 		set = &refusedSet{peer: peer}
@@ -80,32 +92,36 @@ func (r *refusals) note(key, peer string, seq, d uint64, nowMs int64) {
 			r.streams, r.perPeer = map[string]*refusedSet{}, map[string]int{}
 		}
 		r.streams[key] = set
+		r.perPeer[peer] += refusedStreamWeight
 		r.n.Store(int32(len(r.streams)))
 	}
 	set.atMs = nowMs
-	i, found := find(set.msgs, seq)
+	live := set.live()
+	i, found := find(live, seq)
 	switch {
 	case found:
-		if set.msgs[i].digest != d {
-			set.msgs[i].digest = divergedMark
+		if live[i].digest != d {
+			live[i].digest = divergedMark
 		}
 	case i < maxRefused && r.perPeer[peer] < maxRefusedPerPeer:
-		set.msgs = slices.Insert(set.msgs, i, refusedMsg{seq: seq, digest: d})
+		set.msgs = slices.Insert(set.msgs, set.off+i, refusedMsg{seq: seq, digest: d})
 		r.perPeer[peer]++
-		if len(set.msgs) > maxRefused {
-			set.msgs = set.msgs[:maxRefused]
+		if len(set.live()) > maxRefused {
+			set.msgs = set.msgs[:len(set.msgs)-1]
 			r.perPeer[peer]--
 		}
 	}
-	if len(set.msgs) == 0 {
+	if len(set.live()) == 0 {
 		r.dropLocked(key, set)
 	}
 }
 
-// at reports whether a message of the stream key under seq was refused
-// and is kept: a batch does not run a message chained to seq beside the
-// one under seq, which may be another.
-func (r *refusals) at(key string, seq uint64) bool {
+// other reports whether a message of the stream key refused under seq
+// is kept with another digest than d: a batch does not run a message
+// chained to seq beside the one under seq whose digest is d, which is
+// another than the refused one, before that one moved the watermark and
+// was found so.
+func (r *refusals) other(key string, seq, d uint64) bool {
 	if r.n.Load() == 0 {
 		return false
 	}
@@ -115,8 +131,9 @@ func (r *refusals) at(key string, seq uint64) bool {
 	if set == nil {
 		return false
 	}
-	_, found := find(set.msgs, seq)
-	return found
+	live := set.live()
+	i, found := find(live, seq)
+	return found && live[i].digest != d
 }
 
 // passed reports whether the message that moves the watermark of the
@@ -134,23 +151,25 @@ func (r *refusals) passed(key string, seq, d uint64) (other bool) {
 	if set == nil {
 		return false
 	}
-	i, found := find(set.msgs, seq)
-	other = found && set.msgs[i].digest != d
+	live := set.live()
+	i, found := find(live, seq)
+	other = found && live[i].digest != d
 	if found {
 		i++
 	}
 	switch {
-	case i == len(set.msgs):
+	case i == len(live):
 		r.dropLocked(key, set)
 	case i > 0:
-		// Cut from the front in place, and copied into a fitting array
-		// only once most of it is passed: a stream whose watermark moves
-		// one message at a time does not copy its refusals each time.
-		set.msgs = set.msgs[i:]
-		if cap(set.msgs) > 4*len(set.msgs)+16 {
-			set.msgs = slices.Clone(set.msgs)
-		}
+		// Cut from the front, and the rest copied into an array of its
+		// own once the cut part is half of it: a stream whose watermark
+		// moves one message at a time neither copies its refusals each
+		// time nor keeps the array of those it passed.
+		set.off += i
 		r.perPeer[set.peer] -= i
+		if set.off > len(set.msgs)/2 {
+			set.msgs, set.off = slices.Clone(set.live()), 0
+		}
 	}
 	return other
 }
@@ -174,8 +193,8 @@ func (r *refusals) expire(cutoffMs int64) {
 func (r *refusals) kept() (msgs, streams int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, k := range r.perPeer {
-		msgs += k
+	for _, set := range r.streams {
+		msgs += len(set.live())
 	}
 	return msgs, len(r.streams)
 }
@@ -183,7 +202,7 @@ func (r *refusals) kept() (msgs, streams int) {
 func (r *refusals) dropLocked(key string, set *refusedSet) {
 	delete(r.streams, key)
 	r.n.Store(int32(len(r.streams)))
-	if k := r.perPeer[set.peer] - len(set.msgs); k > 0 {
+	if k := r.perPeer[set.peer] - len(set.live()) - refusedStreamWeight; k > 0 {
 		r.perPeer[set.peer] = k
 	} else {
 		delete(r.perPeer, set.peer)

@@ -370,6 +370,19 @@ func (in *inbound) divergentAtRoom(st *inStream, peer string, env *pb.Envelope) 
 	return true
 }
 
+// notRun keeps env, a message of st from peer answered without moving
+// the watermark (its handler failed, it was not run, out of order,
+// expired, refused for room), as refused (refusals) when it is above the
+// watermark: the message that then moves the watermark to its sequence
+// is compared with it, so that another one there (the old sender's, its
+// restored self's failing first) marks the stream divergent before what
+// is chained behind env runs.
+func (in *inbound) notRun(st *inStream, peer string, env *pb.Envelope) {
+	if seq := env.GetSequence(); seq > st.w.Load() {
+		in.refused.note(st.key, peer, seq, pb.StreamDigest(env), in.store.ElapsedMs())
+	}
+}
+
 // digestAt is the digest of the message that ran at w, st's watermark or
 // its durable one, for a receipt that gives w as the watermark
 // (watermark_digest): 0 when w is neither (the receipt says what the
