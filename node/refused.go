@@ -127,13 +127,18 @@ func (r *refusals) other(key string, seq, d uint64) bool {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	set := r.streams[key]
-	if set == nil {
-		return false
+	set, i, found := r.findLocked(key, seq)
+	return found && set.live()[i].digest != d
+}
+
+// findLocked is the kept messages of the stream key (nil: none) and
+// where seq is among them, or would go.
+func (r *refusals) findLocked(key string, seq uint64) (set *refusedSet, i int, found bool) {
+	if set = r.streams[key]; set == nil {
+		return nil, 0, false
 	}
-	live := set.live()
-	i, found := find(live, seq)
-	return found && live[i].digest != d
+	i, found = find(set.live(), seq)
+	return set, i, found
 }
 
 // passed reports whether the message that moves the watermark of the
@@ -147,18 +152,16 @@ func (r *refusals) passed(key string, seq, d uint64) (other bool) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	set := r.streams[key]
+	set, i, found := r.findLocked(key, seq)
 	if set == nil {
 		return false
 	}
-	live := set.live()
-	i, found := find(live, seq)
-	other = found && live[i].digest != d
+	other = found && set.live()[i].digest != d
 	if found {
 		i++
 	}
 	switch {
-	case i == len(live):
+	case i == len(set.live()):
 		r.dropLocked(key, set)
 	case i > 0:
 		// Cut from the front, and the rest copied into an array of its

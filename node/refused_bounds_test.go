@@ -116,22 +116,8 @@ func TestRefusalOutlivesAnHourLongWaitOfTheOldMessage(t *testing.T) {
 	})
 	h := newHoldSink("hold")
 	defer h.freeAll()
-	if _, err := n.Spawn("sink", h.handler); err != nil {
-		t.Fatal(err)
-	}
 	var rs receipts
-	runAB(t, n, &rs)
-	other := stringEnv(t, 1, 0, "hold")
-	other.StreamEpoch = 7
-	n.DeliverIncoming(peerP, other, rs.reply("hold"))
-	waitStarted(t, h, "hold")
-	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
-	n.DeliverIncoming(peerP, x, rs.reply(big))
-	testutil.WaitFor(t, 5*time.Second, "x answered", func() bool { return rs.code(big) != 0 })
-	if got := rs.code(big); got != pb.Receipt_CAPACITY {
-		t.Fatalf("x answered %v, want CAPACITY", got)
-	}
-	n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "y"), rs.reply("y"))
+	queueCBehindAHoldRefuseX(t, n, h, &rs, x, big)
 	// c and y still wait, an hour and a minute later; the node prunes as
 	// its pruneLoop does.
 	clk.Advance(time.Hour + time.Minute)

@@ -153,10 +153,13 @@ func checkRefusedNotLost(t *testing.T, n *node.Node, h interface{ values() []str
 }
 
 // holdBatch is a BatchHandler that records the values it ran and holds a
-// call holding one of held until it is freed.
+// call holding one of held until it is freed; with counted set, it also
+// records how many counted values each call ran (calls).
 type holdBatch struct {
 	mu      sync.Mutex
 	ran     []string
+	sizes   []int
+	counted func(v string) bool
 	started map[string]chan struct{}
 	release map[string]chan struct{}
 	freed   map[string]bool
@@ -204,6 +207,11 @@ func (h *holdBatch) handle(_ context.Context, msgs []*node.Message) (int, error)
 	}
 	h.mu.Lock()
 	h.ran = append(h.ran, vals...)
+	if h.counted != nil {
+		if k := len(slices.DeleteFunc(vals, func(v string) bool { return !h.counted(v) })); k > 0 {
+			h.sizes = append(h.sizes, k)
+		}
+	}
 	h.mu.Unlock()
 	return len(msgs), nil
 }
@@ -212,6 +220,12 @@ func (h *holdBatch) values() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]string(nil), h.ran...)
+}
+
+func (h *holdBatch) calls() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.sizes...)
 }
 
 // A batch actor: the restored sender's x (3) is refused for room (its
@@ -271,22 +285,8 @@ func refusedComparedAfterEviction(t *testing.T, evict bool) {
 	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = budget })
 	h := newHoldSink("hold")
 	defer h.freeAll()
-	if _, err := n.Spawn("sink", h.handler); err != nil {
-		t.Fatal(err)
-	}
 	var rs receipts
-	runAB(t, n, &rs)
-	other := stringEnv(t, 1, 0, "hold")
-	other.StreamEpoch = 7
-	n.DeliverIncoming(peerP, other, rs.reply("hold"))
-	waitStarted(t, h, "hold")
-	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
-	n.DeliverIncoming(peerP, x, rs.reply(big))
-	testutil.WaitFor(t, 5*time.Second, "x answered", func() bool { return rs.code(big) != 0 })
-	if got := rs.code(big); got != pb.Receipt_CAPACITY {
-		t.Fatalf("x answered %v, want CAPACITY", got)
-	}
-	n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "y"), rs.reply("y"))
+	queueCBehindAHoldRefuseX(t, n, h, &rs, x, big)
 	// c and y wait behind hold past the cache's idle time.
 	if evict {
 		testutil.WaitFor(t, 5*time.Second, "the stream evicted", func() bool { return n.EvictIdleStreams(0) > 0 })
@@ -406,4 +406,29 @@ func TestRefusedMessagesAreForgottenOncePassedOrOld(t *testing.T) {
 			}
 		})
 	}
+}
+
+// queueCBehindAHoldRefuseX spawns h's handler as sink on n and brings
+// its stream to where the eviction and expiry tests start: a and b ran;
+// another stream's "hold" runs, held, its bytes filling the sender's
+// share of the node; the old sender's c (3) waits behind it; the
+// restored sender's x (3, of big) is refused for room; y (4, chained to
+// x) waits behind c.
+func queueCBehindAHoldRefuseX(t *testing.T, n *node.Node, h *holdSink, rs *receipts, x *pb.Envelope, big string) {
+	t.Helper()
+	if _, err := n.Spawn("sink", h.handler); err != nil {
+		t.Fatal(err)
+	}
+	runAB(t, n, rs)
+	other := stringEnv(t, 1, 0, "hold")
+	other.StreamEpoch = 7
+	n.DeliverIncoming(peerP, other, rs.reply("hold"))
+	waitStarted(t, h, "hold")
+	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
+	n.DeliverIncoming(peerP, x, rs.reply(big))
+	testutil.WaitFor(t, 5*time.Second, "x answered", func() bool { return rs.code(big) != 0 })
+	if got := rs.code(big); got != pb.Receipt_CAPACITY {
+		t.Fatalf("x answered %v, want CAPACITY", got)
+	}
+	n.DeliverIncoming(peerP, stringEnv(t, 4, 3, "y"), rs.reply("y"))
 }

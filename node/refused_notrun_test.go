@@ -150,60 +150,6 @@ func TestRestoredMessageNotRunBeforeTheOldOneRanIsNotLost(t *testing.T) {
 	}
 }
 
-// sizedBatch is a BatchHandler that holds a call holding one of held
-// until it is freed, and records the size of each call for values it is
-// told to count.
-type sizedBatch struct {
-	mu      sync.Mutex
-	sizes   []int // per call: how many counted values it ran
-	started map[string]chan struct{}
-	release map[string]chan struct{}
-	freed   map[string]bool
-	counted func(v string) bool
-}
-
-func (h *sizedBatch) free(v string) {
-	if !h.freed[v] {
-		h.freed[v] = true
-		close(h.release[v])
-	}
-}
-
-func (h *sizedBatch) freeAll() {
-	for v := range h.release {
-		h.free(v)
-	}
-}
-
-func (h *sizedBatch) handle(_ context.Context, msgs []*node.Message) (int, error) {
-	k := 0
-	for _, m := range msgs {
-		var v wrapperspb.StringValue
-		if err := m.Decode(&v); err != nil {
-			return 0, err
-		}
-		if ch, ok := h.started[v.GetValue()]; ok {
-			close(ch)
-			<-h.release[v.GetValue()]
-		}
-		if h.counted(v.GetValue()) {
-			k++
-		}
-	}
-	h.mu.Lock()
-	if k > 0 {
-		h.sizes = append(h.sizes, k)
-	}
-	h.mu.Unlock()
-	return len(msgs), nil
-}
-
-func (h *sizedBatch) calls() []int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]int(nil), h.sizes...)
-}
-
 // A healthy flood of one stream to a batch actor (a BatchHandler exists
 // for handlers with a fixed cost per call, an fsync): the sender's
 // emission is larger than the mailbox, so its tail is refused for room,
@@ -216,10 +162,7 @@ func (h *sizedBatch) calls() []int {
 // restored; the copies are the same messages.
 func TestRefusedTailOfAHealthyFloodStillRunsInBatches(t *testing.T) {
 	const room, tail = 32, 32
-	h := &sizedBatch{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}, freed: map[string]bool{}}
-	for _, v := range []string{"hold1", "hold2"} {
-		h.started[v], h.release[v] = make(chan struct{}), make(chan struct{})
-	}
+	h := newHoldBatch("hold1", "hold2")
 	h.counted = func(v string) bool { return len(v) > 0 && v[0] == 'm' }
 	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {})
 	defer h.freeAll()
