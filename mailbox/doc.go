@@ -81,7 +81,8 @@
 //     themselves).
 //   - An OnDrop that panics does not cost the other items one Post (several
 //     evicted) or Close drops their OnDrop: they are handed to it while
-//     the panic unwinds, and the panic then reaches the caller unchanged.
+//     the panic unwinds, and the panic then reaches the caller (the last
+//     one, should several OnDrop calls panic).
 //   - The ring buffer starts at 8 slots, doubles up to Capacity, and is
 //     released when the queue drains if it grew beyond 8 slots.
 //   - ResponseRegistry: waiters in 16 shards by FNV-1a of the correlation

@@ -1,6 +1,7 @@
 package mailbox_test
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -10,15 +11,16 @@ import (
 // An OnDrop that panics for one item does not cost the other items the
 // same call drops their OnDrop: a Post that evicts several under
 // DropOldest, and Close, hand every item over, and the panic still
-// reaches their caller.
+// reaches their caller (the last of two, as Go's deferred calls give it).
 func TestPanickingOnDropStillDropsTheRest(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		drop func(m *mailbox.Mailbox[int]) error
-		want []int
+		name   string
+		drop   func(m *mailbox.Mailbox[int]) error
+		reason mailbox.DropReason
+		want   []int
 	}{
-		{"post evicting three", func(m *mailbox.Mailbox[int]) error { return m.Post(30) }, []int{2, 3, 4}},
-		{"close", func(m *mailbox.Mailbox[int]) error { m.Close(); return nil }, []int{2, 3, 4}},
+		{"post evicting three", func(m *mailbox.Mailbox[int]) error { return m.Post(30) }, mailbox.DroppedOldest, []int{2, 3, 4}},
+		{"close", func(m *mailbox.Mailbox[int]) error { m.Close(); return nil }, mailbox.DroppedClosed, []int{2, 3, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			started, free := make(chan struct{}), make(chan struct{})
@@ -37,7 +39,7 @@ func TestPanickingOnDropStillDropsTheRest(t *testing.T) {
 				OnDrop: func(i int, r mailbox.DropReason) {
 					dropped = append(dropped, i)
 					if i == 2 || i == 3 {
-						panic("drop hook failed on " + r.String())
+						panic(fmt.Sprintf("drop hook failed on %d (%v)", i, r))
 					}
 				},
 			})
@@ -60,8 +62,8 @@ func TestPanickingOnDropStillDropsTheRest(t *testing.T) {
 				defer func() { raised = recover() }()
 				_ = tc.drop(m)
 			}()
-			if raised == nil {
-				t.Error("the hook's panic did not reach the caller")
+			if want := fmt.Sprintf("drop hook failed on 3 (%v)", tc.reason); raised != want {
+				t.Errorf("the caller recovered %v, want the last hook's panic, %q", raised, want)
 			}
 			if !slices.Equal(dropped, tc.want) {
 				t.Errorf("OnDrop saw %v, want %v", dropped, tc.want)

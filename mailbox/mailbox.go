@@ -565,7 +565,8 @@ func (m *Mailbox[T]) drop(item T, r DropReason) {
 // dropAll hands each of items to OnDrop. An OnDrop that panics (or ends
 // its goroutine) does not cost the items after it theirs: they are handed
 // over while the panic unwinds, and the panic then goes on to the caller
-// as it came.
+// (a later OnDrop's panic replaces an earlier one, as Go does for a
+// panic in a deferred call).
 func (m *Mailbox[T]) dropAll(items []T, r DropReason) {
 	if m.onDrop == nil {
 		return
