@@ -236,7 +236,7 @@ func (b *batch) otherRefusedAt(in *inbound, st *inStream, pw uint64) bool {
 	}
 	for i := len(b.items) - 1; i >= 0; i-- {
 		if it := b.items[i]; it.st == st {
-			return in.refused.other(st.key, pw, pb.StreamDigest(it.d.env))
+			return in.refused.other(st.key, pw, func() uint64 { return pb.StreamDigest(it.d.env) })
 		}
 	}
 	return false

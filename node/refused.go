@@ -117,18 +117,18 @@ func (r *refusals) note(key, peer string, seq, d uint64, nowMs int64) {
 }
 
 // other reports whether a message of the stream key refused under seq
-// is kept with another digest than d: a batch does not run a message
-// chained to seq beside the one under seq whose digest is d, which is
-// another than the refused one, before that one moved the watermark and
-// was found so.
-func (r *refusals) other(key string, seq, d uint64) bool {
+// is kept with another digest than digest gives (called only then): a
+// batch does not run a message chained to seq beside the one under seq
+// whose digest that is, which is another than the refused one, before
+// that one moved the watermark and was found so.
+func (r *refusals) other(key string, seq uint64, digest func() uint64) bool {
 	if r.n.Load() == 0 {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	set, i, found := r.findLocked(key, seq)
-	return found && set.live()[i].digest != d
+	return found && set.live()[i].digest != digest()
 }
 
 // findLocked is the kept messages of the stream key (nil: none) and

@@ -41,7 +41,8 @@ func TestRefusalsCountWhatTheyKeepPerSender(t *testing.T) {
 		t.Fatal("a sequence refused with two contents matched one of them")
 	}
 	check("6 passed", 5, 2)
-	if r.passed("s1", 10, 10) || !r.other("s2", 3, 4) || r.other("s2", 3, 3) || r.other("s1", 10, 11) {
+	digest := func(d uint64) func() uint64 { return func() uint64 { return d } }
+	if r.passed("s1", 10, 10) || !r.other("s2", 3, digest(4)) || r.other("s2", 3, digest(3)) || r.other("s1", 10, digest(11)) {
 		t.Fatal("wrong after the watermark passed all of s1")
 	}
 	check("all of s1 passed", 1, 1)
