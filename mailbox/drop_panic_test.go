@@ -2,8 +2,10 @@ package mailbox_test
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/meshnode/meshnode/mailbox"
 )
@@ -55,7 +57,15 @@ func TestPanickingOnDropStillDropsTheRest(t *testing.T) {
 				}
 			}
 			if tc.name == "close" {
-				close(free) // Close waits for the running Handle
+				// Close takes 2, 3 and 4 at once, then waits for the
+				// running Handle: free it only once they are taken, or it
+				// would handle them first.
+				go func() {
+					for deadline := time.Now().Add(10 * time.Second); m.Stats().DroppedClosed < 3 && time.Now().Before(deadline); {
+						runtime.Gosched()
+					}
+					close(free)
+				}()
 			}
 			var raised any
 			func() {

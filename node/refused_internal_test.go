@@ -94,10 +94,10 @@ func TestRefusalsOfOneSenderStayNearAMiB(t *testing.T) {
 // healthy flood's refused tail, sent again and run) must not keep the
 // array of those it passed: what a stream keeps is what its remaining
 // refusals take, since the per-sender bound counts refusals. 256 streams
-// of 4,096 refusals, all but the last of each passed, hold well under
-// 512 KiB (pinned arrays held 1.3 MiB).
+// of 1,024 refusals, all but the last of each passed, hold well under
+// 512 KiB (arrays never compacted would hold 4 MiB).
 func TestPassedRefusalsDoNotPinTheirArrays(t *testing.T) {
-	const streams = 256
+	const streams, perStream = 256, 1024
 	var r refusals
 	var id [16]byte
 	keys := make([]string, streams)
@@ -108,12 +108,12 @@ func TestPassedRefusalsDoNotPinTheirArrays(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	for _, k := range keys {
-		for seq := uint64(1); seq <= maxRefused; seq++ {
+		for seq := uint64(1); seq <= perStream; seq++ {
 			r.note(k, "p", seq, seq, 100)
 		}
 		// The watermark passes them one at a time (each sent again and
 		// run, as a healthy flood's refused tail is), but the last.
-		for seq := uint64(1); seq < maxRefused; seq++ {
+		for seq := uint64(1); seq < perStream; seq++ {
 			if r.passed(k, seq, seq) {
 				t.Fatal("a copy taken for another message")
 			}
