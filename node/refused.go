@@ -11,10 +11,10 @@ import (
 // refusals keeps, by stream key, the messages above their stream's
 // watermark that were refused for room (divergentAtRoom) or answered by
 // their actor without their effect (inbound.notRun): their sequences and
-// digests. The message that later moves the stream's
-// watermark to one of those sequences is compared with the one refused
-// there (passed); another marks the stream divergent, since within one
-// sender history a sequence names one message. Kept apart from the
+// digests. The message that later moves the stream's watermark to one of
+// those sequences is compared with the one refused there (passed);
+// another marks the stream divergent, since within one sender history a
+// sequence names one message. Kept apart from the
 // stream cache (a stream may leave it while its messages wait in a
 // mailbox), until the watermark passes them or refusedKeep after the
 // stream's last refusal; at most maxRefused a stream and
@@ -24,7 +24,7 @@ import (
 type refusals struct {
 	mu      sync.Mutex
 	streams map[string]*refusedSet
-	perPeer map[string]int // messages kept per sender node
+	perPeer map[string]int // per sender node: its messages kept, and refusedStreamWeight a stream
 	n       atomic.Int32   // len(streams), read without mu
 }
 
@@ -69,8 +69,8 @@ const refusedStreamWeight = 16
 // waits in a mailbox longer than that after the refusal is not compared.
 const refusedKeep = 24 * time.Hour
 
-// find is the index of seq in msgs, or where it would go.
-func find(msgs []refusedMsg, seq uint64) (int, bool) {
+// findRefused is the index of seq in msgs, or where it would go.
+func findRefused(msgs []refusedMsg, seq uint64) (int, bool) {
 	return slices.BinarySearchFunc(msgs, seq, func(r refusedMsg, s uint64) int { return cmp.Compare(r.seq, s) })
 }
 
@@ -97,7 +97,7 @@ func (r *refusals) note(key, peer string, seq, d uint64, nowMs int64) {
 	}
 	set.atMs = nowMs
 	live := set.live()
-	i, found := find(live, seq)
+	i, found := findRefused(live, seq)
 	switch {
 	case found:
 		if live[i].digest != d {
@@ -137,7 +137,7 @@ func (r *refusals) findLocked(key string, seq uint64) (set *refusedSet, i int, f
 	if set = r.streams[key]; set == nil {
 		return nil, 0, false
 	}
-	i, found = find(set.live(), seq)
+	i, found = findRefused(set.live(), seq)
 	return set, i, found
 }
 

@@ -50,9 +50,10 @@ type inbound struct {
 	ahead   map[string]uint64
 	nAhead  atomic.Int32
 
-	// refused holds the messages refused without running above their
-	// stream's watermark (divergentAtRoom), to compare with what later
-	// runs under their sequences (refusals).
+	// refused holds the messages above their stream's watermark refused
+	// for room (divergentAtRoom) or answered without their effect
+	// (notRun), to compare with what later runs under their sequences
+	// (refusals).
 	refused refusals
 
 	// mu guards the fields below.
@@ -546,10 +547,10 @@ func (in *inbound) release(st *inStream) {
 // whose watermark is durable and that wait for nothing, no commit nor a
 // retry of one: their state is on disk.
 func (in *inbound) evictIdle(idleMs int64) int {
+	in.refused.expire(in.store.ElapsedMs() - refusedKeep.Milliseconds())
 	// lastUse is rounded down to the second, so a stream is kept while
 	// lastUse >= the cutoff's second: never evicted before idleMs has
 	// passed, at most a second after.
-	in.refused.expire(in.store.ElapsedMs() - refusedKeep.Milliseconds())
 	cutoff := (in.store.ElapsedMs() - idleMs) / 1000
 	in.mu.Lock()
 	defer in.mu.Unlock()
