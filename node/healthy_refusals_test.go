@@ -26,14 +26,13 @@ type flakyHandler struct {
 	rng  *rand.Rand
 	runs map[string]int
 	fail float64
-	cap  bool // capacity errors only
 }
 
 func (f *flakyHandler) one(v string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch r := f.rng.Float64(); {
-	case r < f.fail/2 && !f.cap:
+	case r < f.fail/2:
 		return errors.New("flaky")
 	case r < f.fail:
 		return &node.CapacityError{RetryAfter: time.Millisecond}
