@@ -46,9 +46,9 @@ func (set *refusedSet) live() []refusedMsg { return set.msgs[set.off:] }
 type refusedMsg struct{ seq, digest uint64 }
 
 // maxRefused bounds what refusals keeps of one stream (its lowest
-// sequences): twice a relay's largest emission, the most of one sender
-// history that can be refused above a watermark before it moves, with
-// room to spare.
+// sequences): twice what a relay has in flight on a stream by default
+// (two emissions of 1,024), the most of one sender history that is
+// refused above a watermark before it moves.
 const maxRefused = 4096
 
 // maxRefusedPerPeer bounds what refusals keeps of all the streams of one
