@@ -18,25 +18,36 @@ import (
 	"github.com/meshnode/meshnode/node"
 )
 
-// holdSink runs every value at once except those in vals, whose handler
-// signals started[v] and waits for free(v). A test defers freeAll, so that
-// its nodes, closed after it, find no handler held.
-type holdSink struct {
-	sink
+// holds holds a handler's run of each value in vals: it signals
+// started[v] and waits for free(v); a later copy of v is not held. A test
+// defers freeAll, so that its nodes, closed after it, find no handler held.
+type holds struct {
 	started, release map[string]chan struct{}
 	freed            map[string]bool // used by the test's goroutine only
 }
 
-func newHoldSink(vals ...string) *holdSink {
-	h := &holdSink{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}, freed: map[string]bool{}}
+func newHolds(vals ...string) holds {
+	h := holds{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}, freed: map[string]bool{}}
 	for _, v := range vals {
 		h.started[v], h.release[v] = make(chan struct{}), make(chan struct{})
 	}
 	return h
 }
 
-// free lets the held handler of v return; once is enough.
-func (h *holdSink) free(v string) {
+// hold holds the run of v if v is held and this is its first run.
+func (h *holds) hold(v string) {
+	if ch, ok := h.started[v]; ok {
+		select {
+		case <-ch: // a later copy: the first ran
+		default:
+			close(ch)
+			<-h.release[v]
+		}
+	}
+}
+
+// free lets the held run of v return; once is enough.
+func (h *holds) free(v string) {
 	if !h.freed[v] {
 		h.freed[v] = true
 		close(h.release[v])
@@ -44,25 +55,26 @@ func (h *holdSink) free(v string) {
 }
 
 // freeAll frees every held value.
-func (h *holdSink) freeAll() {
+func (h *holds) freeAll() {
 	for v := range h.release {
 		h.free(v)
 	}
 }
+
+// holdSink runs every value at once except those in vals (holds).
+type holdSink struct {
+	sink
+	holds
+}
+
+func newHoldSink(vals ...string) *holdSink { return &holdSink{holds: newHolds(vals...)} }
 
 func (h *holdSink) handler(ctx context.Context, m *node.Message) (proto.Message, error) {
 	var v wrapperspb.StringValue
 	if err := m.Decode(&v); err != nil {
 		return nil, err
 	}
-	if ch, ok := h.started[v.GetValue()]; ok {
-		select {
-		case <-ch: // a later copy: the first ran
-		default:
-			close(ch)
-			<-h.release[v.GetValue()]
-		}
-	}
+	h.hold(v.GetValue())
 	return h.sink.handler(ctx, m)
 }
 

@@ -153,38 +153,17 @@ func checkRefusedNotLost(t *testing.T, n *node.Node, h interface{ values() []str
 }
 
 // holdBatch is a BatchHandler that records the values it ran and holds a
-// call holding one of held until it is freed; with counted set, it also
-// records how many counted values each call ran (calls).
+// call holding one of held until it is freed (holds); with counted set,
+// it also records how many counted values each call ran (calls).
 type holdBatch struct {
+	holds
 	mu      sync.Mutex
 	ran     []string
 	sizes   []int
 	counted func(v string) bool
-	started map[string]chan struct{}
-	release map[string]chan struct{}
-	freed   map[string]bool
 }
 
-func newHoldBatch(vals ...string) *holdBatch {
-	h := &holdBatch{started: map[string]chan struct{}{}, release: map[string]chan struct{}{}, freed: map[string]bool{}}
-	for _, v := range vals {
-		h.started[v], h.release[v] = make(chan struct{}), make(chan struct{})
-	}
-	return h
-}
-
-func (h *holdBatch) free(v string) {
-	if !h.freed[v] {
-		h.freed[v] = true
-		close(h.release[v])
-	}
-}
-
-func (h *holdBatch) freeAll() {
-	for v := range h.release {
-		h.free(v)
-	}
-}
+func newHoldBatch(vals ...string) *holdBatch { return &holdBatch{holds: newHolds(vals...)} }
 
 func (h *holdBatch) handle(_ context.Context, msgs []*node.Message) (int, error) {
 	vals := make([]string, len(msgs))
@@ -196,14 +175,7 @@ func (h *holdBatch) handle(_ context.Context, msgs []*node.Message) (int, error)
 		vals[i] = v.GetValue()
 	}
 	for _, v := range vals {
-		if ch, ok := h.started[v]; ok {
-			select {
-			case <-ch:
-			default:
-				close(ch)
-				<-h.release[v]
-			}
-		}
+		h.hold(v)
 	}
 	h.mu.Lock()
 	h.ran = append(h.ran, vals...)
