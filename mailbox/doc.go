@@ -23,10 +23,7 @@
 //   - An idle Mailbox holds no goroutine and no queue buffer (about 240 bytes
 //     fresh, about 300 bytes after use; see TestIdleMailboxMemory). Post
 //     starts one handler goroutine when it finds the mailbox idle; it exits
-//     when the queue is empty. Close waits for it. With Runners in its
-//     Config, the goroutine is one that parked there after running an
-//     earlier mailbox (its stack already grown), and it parks there again;
-//     Runners keeps a bounded number parked, shared by all its mailboxes.
+//     when the queue is empty. Close waits for it.
 //   - ResponseRegistry.Deliver and RegisterChan never block (a caller's
 //     channel found full loses the response, counted in Dropped), and
 //     Deliver hands a response only to a waiter that named the peer it

@@ -131,10 +131,6 @@ type Config[T any] struct {
 	// returned can mark them here. It must be quick and must not call the
 	// mailbox.
 	OnEvict func(item T)
-	// Runners is optional: Handle runs on a goroutine taken from it, and
-	// the goroutine is kept there after. Nil: a new goroutine each time
-	// the mailbox starts. Many mailboxes share one.
-	Runners *Runners
 }
 
 // DefaultConfig returns a Config with every field set to its default.
@@ -148,7 +144,6 @@ func DefaultConfig[T any]() Config[T] {
 		Handle:   nil,             // required: the caller supplies it
 		OnDrop:   nil,             // optional: dead-letter events are counted in Stats anyway
 		OnEvict:  nil,             // optional
-		Runners:  nil,             // optional: a goroutine of its own each time it starts
 	}
 }
 
@@ -227,8 +222,7 @@ type Mailbox[T any] struct {
 	handle   func(T)
 	onDrop   func(T, DropReason)
 	onEvict  func(T)
-	runFn    func() // m.run bound once so starting it does not allocate
-	runners  *Runners
+	runFn    func() // m.run bound once so `go m.runFn()` does not allocate per start
 
 	// wg tracks the handler goroutine so Close can wait for it.
 	wg sync.WaitGroup
@@ -266,7 +260,6 @@ func New[T any](cfg Config[T]) (*Mailbox[T], error) {
 		handle:   cfg.Handle,
 		onDrop:   cfg.OnDrop,
 		onEvict:  cfg.OnEvict,
-		runners:  cfg.Runners,
 	}
 	m.runFn = m.run
 	return m, nil
@@ -348,7 +341,7 @@ func (m *Mailbox[T]) post(item T, low bool, keepBytes int64) error {
 		m.running = true
 		m.stats.Wakeups++
 		m.wg.Add(1)
-		m.runners.run(m.runFn)
+		go m.runFn()
 	}
 	m.mu.Unlock()
 	return nil
@@ -535,7 +528,7 @@ func (m *Mailbox[T]) sampleLocked(d float64, calls int) {
 	m.ewmaNs += groupWeight[calls] * (d - m.ewmaNs)
 }
 
-// handOver carries on in another goroutine after a Handle ended run's own
+// handOver carries on in a new goroutine after a Handle ended run's own
 // (runtime.Goexit, as testing's FailNow does): the items behind it are
 // handled, and the mailbox does not stay "running" with nobody running it.
 func (m *Mailbox[T]) handOver() {
@@ -545,7 +538,7 @@ func (m *Mailbox[T]) handOver() {
 	if m.n > 0 && !m.closed {
 		m.running = true
 		m.wg.Add(1) // before run's own Done: a Close waiting sees no gap
-		m.runners.run(m.runFn)
+		go m.runFn()
 		return
 	}
 	m.signalIdleLocked()

@@ -189,7 +189,6 @@ func (n *Node) Spawn(name string, h Handler, opts ...SpawnOption) (Address, erro
 		Handle:   a.handle,
 		OnDrop:   a.dropped,
 		OnEvict:  a.evicting,
-		Runners:  n.runners,
 	})
 	if err != nil {
 		return Address{}, fmt.Errorf("node: spawn %q: %w", name, err)

@@ -77,9 +77,6 @@ type Node struct {
 	// actorsMu guards the fields below.
 	actorsMu sync.RWMutex
 	actors   map[string]*actor
-	// runners run the actors' mailboxes, and stay parked between runs
-	// with the stacks replies made them grow.
-	runners *mailbox.Runners
 	// stopped holds when (the store's elapsed clock, ms) each actor
 	// stopped within the last SpawnGrace (stopGraceLeft); pruneAt is the
 	// size at which Stop next drops the older ones.
@@ -147,7 +144,6 @@ func Open(cfg Config) (*Node, error) {
 		claimLog:  ratelog.New(time.Minute),
 		responses: responses,
 		actors:    make(map[string]*actor),
-		runners:   mailbox.NewRunners(0),
 		asks:      make(map[string]map[string]struct{}),
 		departed:  make(map[string]time.Time),
 		tags:      maps.Clone(cfg.Tags),
@@ -334,7 +330,6 @@ func (n *Node) shutdown(graceful bool) error {
 			a.mb.Close()
 		}
 		n.wg.Wait()
-		n.runners.Close()
 		n.events.wait()
 		n.in.settle()
 		if graceful {
