@@ -418,6 +418,9 @@ func (a *actor) dropped(d *delivery, r mailbox.DropReason) {
 
 // handle runs on the mailbox goroutine, one delivery at a time.
 func (a *actor) handle(d *delivery) {
+	if d.remoteAsk {
+		growForReply()
+	}
 	a.left(d)
 	if a.n.ctx.Err() != nil {
 		// The node is closing: what is still queued is dropped and counted
@@ -478,6 +481,31 @@ func (a *actor) handle(d *delivery) {
 	finished = true
 	d.finish()
 }
+
+// replyStack is about what answering a remote ask takes of the stack
+// below an actor's handle: the response built, encoded and queued into
+// the transport.
+const replyStack = 3 << 10
+
+// growForReply makes room on the stack for a reply's send, here where the
+// stack holds a few frames. An idle actor has no goroutine: a message
+// starts one, with Go's smallest stack (2 KiB), and a reply's path into
+// the transport runs deeper, so every ask to an idle actor copied its
+// stack, frame by frame, as it grew deep in that path (about 3 µs of a
+// 23 µs round trip on loopback). Grown here the copy is a few frames;
+// on a goroutine that has grown already, this is a call that clears
+// 3 KiB.
+//
+//go:noinline
+func growForReply() {
+	var room [replyStack]byte
+	touchLast(room[:])
+}
+
+// touchLast keeps growForReply's frame from being optimised away.
+//
+//go:noinline
+func touchLast(b []byte) { b[len(b)-1] = 1 }
 
 // answer sends a tell's or an ask's outcome to whoever waits for it.
 func (a *actor) answer(d *delivery, reply proto.Message, err error) {
