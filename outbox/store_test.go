@@ -888,3 +888,35 @@ func TestUnencodableMessageLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("next version: %v, want Replaced (of v1)", r)
 	}
 }
+
+// A sequence is refused when taken, whether the record holding it was
+// stored by an earlier commit or earlier in the same one, below or at
+// the highest sequence stored; a free one below the highest is stored.
+func TestTakenSequenceIsRefusedInTheSameCommitAndAfter(t *testing.T) {
+	e := open(t, nil)
+	var s [3]uint64
+	for i := range s {
+		seq, err := e.ReserveSequence()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s[i] = seq
+	}
+	m := func(seq uint64, typ string) *pb.StoredMessage {
+		return &pb.StoredMessage{Envelope: &pb.Envelope{Recipient: "a@n1", Sender: "app@n0", Type: typ, Sequence: seq}}
+	}
+	_, errs := e.EnqueueBatch(context.Background(), []*pb.StoredMessage{m(s[1], "b"), m(s[1], "b twin"), m(s[0], "a"), m(s[2], "c"), m(s[2], "c twin")})
+	for i, want := range []error{nil, outbox.ErrBadMessage, nil, nil, outbox.ErrBadMessage} {
+		if !errors.Is(errs[i], want) || (want == nil) != (errs[i] == nil) {
+			t.Fatalf("message %d in one commit: %v, want %v", i, errs[i], want)
+		}
+	}
+	for _, seq := range []uint64{s[0], s[1], s[2]} {
+		if _, err := e.Enqueue(context.Background(), m(seq, "later twin")); !errors.Is(err, outbox.ErrBadMessage) {
+			t.Fatalf("sequence %d again in a later commit: %v, want ErrBadMessage", seq, err)
+		}
+	}
+	if got := e.types(t, "a@n1"); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("queue %v, want [a b c]", got)
+	}
+}
