@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/meshnode/meshnode/internal/testutil"
 	"github.com/meshnode/meshnode/mailbox"
 	"github.com/meshnode/meshnode/mailbox/pb"
 	"github.com/meshnode/meshnode/node"
@@ -207,7 +206,6 @@ func TestHealthyStreamsRefusedAndFailingNeverDiverge(t *testing.T) {
 					}
 				}
 			}
-			_ = testutil.WaitFor
 		})
 	}
 }

@@ -57,11 +57,8 @@ func TestRestoredMessageTakenWhileAnEarlierDropIsAnsweredIsNotLost(t *testing.T)
 	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {})
 	h := newHoldSink("c", "o")
 	defer h.freeAll()
-	if _, err := n.Spawn("sink", h.handler, node.WithMailbox(3, mailbox.DropOldest)); err != nil {
-		t.Fatal(err)
-	}
 	var rs receipts
-	runAB(t, n, &rs)
+	spawnHoldSinkRunAB(t, n, h, &rs, node.WithMailbox(3, mailbox.DropOldest))
 	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
 	waitStarted(t, h, "c")
 	// The old sender's copy of c (its emission timed out while c ran).

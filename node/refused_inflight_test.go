@@ -30,11 +30,8 @@ func TestRestoredMessageDroppedWhileTheOneAtItsSequenceRunsIsNotLost(t *testing.
 	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) {})
 	h := newHoldSink("c")
 	defer h.freeAll()
-	if _, err := n.Spawn("sink", h.handler, node.WithMailbox(2, mailbox.DropOldest)); err != nil {
-		t.Fatal(err)
-	}
 	var rs receipts
-	runAB(t, n, &rs)
+	spawnHoldSinkRunAB(t, n, h, &rs, node.WithMailbox(2, mailbox.DropOldest))
 	n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
 	waitStarted(t, h, "c")
 	// The restored sender's emission [x y z] under 3, 4, 5; z evicts x.
@@ -67,11 +64,8 @@ func TestRestoredMessageRefusedForRoomBesideTheOneAtItsSequenceIsNotLost(t *test
 			n := newNode(t, "n1", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = budget })
 			h := newHoldSink("c", "hold")
 			defer h.freeAll()
-			if _, err := n.Spawn("sink", h.handler); err != nil {
-				t.Fatal(err)
-			}
 			var rs receipts
-			runAB(t, n, &rs)
+			spawnHoldSinkRunAB(t, n, h, &rs)
 			if tc.oldFirst {
 				n.DeliverIncoming(peerP, stringEnv(t, 3, 2, "c"), rs.reply("c"))
 				waitStarted(t, h, "c")
@@ -112,6 +106,16 @@ func runAB(t *testing.T, n *node.Node, rs *receipts) {
 			t.Fatalf("%s: %v", m.v, rc)
 		}
 	}
+}
+
+// spawnHoldSinkRunAB spawns h's handler as the actor "sink" of n (with
+// opts) and runs a and b on its stream (runAB), their receipts in rs.
+func spawnHoldSinkRunAB(t *testing.T, n *node.Node, h *holdSink, rs *receipts, opts ...node.SpawnOption) {
+	t.Helper()
+	if _, err := n.Spawn("sink", h.handler, opts...); err != nil {
+		t.Fatal(err)
+	}
+	runAB(t, n, rs)
 }
 
 // waitStarted waits until h's handler holds v.
@@ -290,11 +294,8 @@ func restoredRefusedAfterOthers(t *testing.T, first int) {
 	n := newNode(t, "n1", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = budget })
 	h := newHoldSink("c")
 	defer h.freeAll()
-	if _, err := n.Spawn("sink", h.handler); err != nil {
-		t.Fatal(err)
-	}
 	var rs receipts
-	runAB(t, n, &rs)
+	spawnHoldSinkRunAB(t, n, h, &rs)
 	// The old history: c (11), chained to b (2), runs.
 	n.DeliverIncoming(peerP, stringEnv(t, 11, 2, "c"), rs.reply("c"))
 	waitStarted(t, h, "c")
@@ -342,11 +343,8 @@ func TestRefusedMessagesAreForgottenOncePassedOrOld(t *testing.T) {
 			n := newNode(t, "n1", t.TempDir(), func(c *node.Config) { c.PeerQueuedBytes = int64(proto.Size(x)) + 10 })
 			h := newHoldSink("c")
 			defer h.freeAll()
-			if _, err := n.Spawn("sink", h.handler); err != nil {
-				t.Fatal(err)
-			}
 			var rs receipts
-			runAB(t, n, &rs)
+			spawnHoldSinkRunAB(t, n, h, &rs)
 			other := stringEnv(t, 1, 0, "c") // another stream's, holding the share
 			other.StreamEpoch = 7
 			n.DeliverIncoming(peerP, other, rs.reply("c"))
@@ -388,10 +386,7 @@ func TestRefusedMessagesAreForgottenOncePassedOrOld(t *testing.T) {
 // x) waits behind c.
 func queueCBehindAHoldRefuseX(t *testing.T, n *node.Node, h *holdSink, rs *receipts, x *pb.Envelope, big string) {
 	t.Helper()
-	if _, err := n.Spawn("sink", h.handler); err != nil {
-		t.Fatal(err)
-	}
-	runAB(t, n, rs)
+	spawnHoldSinkRunAB(t, n, h, rs)
 	other := stringEnv(t, 1, 0, "hold")
 	other.StreamEpoch = 7
 	n.DeliverIncoming(peerP, other, rs.reply("hold"))

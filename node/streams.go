@@ -346,7 +346,7 @@ func (in *inbound) early(st *inStream, env *pb.Envelope) earlyVerdict {
 // messages chained behind the refused one must not run after it.
 func (in *inbound) divergentAtRoom(st *inStream, peer string, env *pb.Envelope) bool {
 	seq := env.GetSequence()
-	if d := st.digest(); d != divergedMark && (seq < st.w.Load() || seq == st.w.Load() && d == 0) {
+	if d, w := st.digest(), st.w.Load(); d != divergedMark && (seq < w || seq == w && d == 0) {
 		return false // the common refusal of a copy: nothing to compare
 	}
 	sd := pb.StreamDigest(env)
