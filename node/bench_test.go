@@ -322,7 +322,7 @@ func BenchmarkTellReliableOffline(b *testing.B) {
 // over several), keeping at most window Pendings unresolved; every message
 // is fsynced before its Pending resolves.
 func BenchmarkTellReliableAsyncOffline(b *testing.B) {
-	for _, tc := range []struct{ window, recipients int }{{64, 1}, {1024, 1}, {1024, 64}} {
+	for _, tc := range []struct{ window, recipients int }{{64, 1}, {1024, 1}, {4096, 1}, {1024, 64}} {
 		window := tc.window
 		b.Run(fmt.Sprintf("window=%d,recipients=%d", window, tc.recipients), func(b *testing.B) {
 			n := startNode(b, "n1", filepath.Join(b.TempDir(), "n1"))

@@ -114,8 +114,13 @@ func (r *Relay) complete() {
 			return
 		}
 		buf = r.committed.take(buf)
-		for _, s := range buf {
-			r.doneStoring(s.st, s.seq)
+		for run := buf; len(run) > 0; {
+			n := 1 // the run of commits to one stream
+			for n < len(run) && run[n].st == run[0].st {
+				n++
+			}
+			r.doneStoringRun(run[0].st, run[:n])
+			run = run[n:]
 		}
 		clear(buf)
 	}

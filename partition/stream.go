@@ -522,9 +522,42 @@ func (r *Relay) waitStored(st *stream, lower []uint64) bool {
 // doneStoring removes seq from st's storing list and wakes the relay.
 func (r *Relay) doneStoring(st *stream, seq uint64) {
 	st.mu.Lock()
-	if i := slices.Index(st.storing, seq); i >= 0 {
-		st.storing = slices.Delete(st.storing, i, i+1)
+	st.storing = removeSeq(st.storing, seq)
+	r.storedLocked(st)
+}
+
+// doneStoringRun is doneStoring for a run of st's commits at once: one
+// pass over its storing list, one wake-up. A pipelining producer keeps
+// thousands of sequences storing, and they commit from the list's front:
+// taking them off one by one moved the whole list for every message.
+func (r *Relay) doneStoringRun(st *stream, run []storedSeq) {
+	st.mu.Lock()
+	list := st.storing
+	k := 0 // the run's first k are the list's first k, in order
+	for k < len(run) && k < len(list) && list[k] == run[k].seq {
+		k++
 	}
+	if k > 0 {
+		list = list[:copy(list, list[k:])]
+	}
+	for _, s := range run[k:] {
+		list = removeSeq(list, s.seq)
+	}
+	st.storing = list
+	r.storedLocked(st)
+}
+
+// removeSeq removes seq from list, if it is there.
+func removeSeq(list []uint64, seq uint64) []uint64 {
+	if i := slices.Index(list, seq); i >= 0 {
+		return slices.Delete(list, i, i+1)
+	}
+	return list
+}
+
+// storedLocked ends doneStoring: st's storing list changed. It unlocks
+// st.mu, which the caller holds.
+func (r *Relay) storedLocked(st *stream) {
 	st.waitStoring = false
 	st.updateBlocked(r.cfg.MaxAckPending)
 	st.mu.Unlock()
