@@ -229,6 +229,27 @@ func sendAsync(t *testing.T, r *Relay, rcpt string, g, i int, cbs *sync.WaitGrou
 	return s
 }
 
+// produce runs producers goroutines, each calling send for i from 0 to
+// n-1, and returns every message they sent once all have returned.
+func produce(producers, n int, send func(g, i int) *sentMsg) []*sentMsg {
+	var mu sync.Mutex
+	var sent []*sentMsg
+	var wg sync.WaitGroup
+	for g := range producers {
+		wg.Go(func() {
+			mine := make([]*sentMsg, 0, n)
+			for i := range n {
+				mine = append(mine, send(g, i))
+			}
+			mu.Lock()
+			sent = append(sent, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return sent
+}
+
 // Several producers pipeline SendAsync to the same recipients (and to
 // others between, so one commit's callbacks interleave streams): every
 // message runs once, each producer's in call order, nothing is sent above
@@ -239,25 +260,14 @@ func TestPipelinedProducersToOneRecipientRunOnceInOrder(t *testing.T) {
 			p := newRulePeer()
 			r, _ := startedRelay(t, p, parts, nil)
 			rcpts := []string{"a@n1", "b@n1", "c@n2"}
-			var mu sync.Mutex
-			var sent []*sentMsg
-			var wg, cbs sync.WaitGroup
-			for g := range 6 {
-				wg.Go(func() {
-					var mine []*sentMsg
-					for i := range 1500 {
-						rc := rcpts[0]
-						if g%2 == 1 && i%3 != 0 {
-							rc = rcpts[1+(i%2)]
-						}
-						mine = append(mine, sendAsync(t, r, rc, g, i, &cbs))
-					}
-					mu.Lock()
-					sent = append(sent, mine...)
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
+			var cbs sync.WaitGroup
+			sent := produce(6, 1500, func(g, i int) *sentMsg {
+				rc := rcpts[0]
+				if g%2 == 1 && i%3 != 0 {
+					rc = rcpts[1+(i%2)]
+				}
+				return sendAsync(t, r, rc, g, i, &cbs)
+			})
 			cbs.Wait()
 			checkAll(t, r, p, rcpts, sent, false)
 		})
@@ -270,42 +280,29 @@ func TestEveryKindOfSendOnOneStreamRunsOnceInOrder(t *testing.T) {
 	p := newRulePeer()
 	r, _ := startedRelay(t, p, 2, nil)
 	rcpts := []string{"a@n1", "b@n1"}
-	var mu sync.Mutex
-	var sent []*sentMsg
-	var wg, cbs sync.WaitGroup
-	for g := range 6 {
-		wg.Go(func() {
-			var mine []*sentMsg
-			for i := range 600 {
-				rc := rcpts[(g+i)%2]
-				switch g % 3 {
-				case 0, 1:
-					mine = append(mine, sendAsync(t, r, rc, g, i, &cbs))
-				case 2:
-					s := &sentMsg{typ: fmt.Sprintf("%s/g%d-i%d", rc, g, i), rcpt: rc, g: g, i: i}
-					var err error
-					switch i % 3 {
-					case 0:
-						_, err = r.Send(context.Background(), message(rc, s.typ, 0), true)
-					case 1:
-						_, err = r.Send(context.Background(), message(rc, s.typ, 0), false)
-					case 2:
-						err = r.Store(context.Background(), []*pb.StoredMessage{message(rc, s.typ, 0)})[0]
-					}
-					if err != nil {
-						s.failed.Add(1)
-					} else {
-						s.ok.Add(1)
-					}
-					mine = append(mine, s)
-				}
-			}
-			mu.Lock()
-			sent = append(sent, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	var cbs sync.WaitGroup
+	sent := produce(6, 600, func(g, i int) *sentMsg {
+		rc := rcpts[(g+i)%2]
+		if g%3 != 2 {
+			return sendAsync(t, r, rc, g, i, &cbs)
+		}
+		s := &sentMsg{typ: fmt.Sprintf("%s/g%d-i%d", rc, g, i), rcpt: rc, g: g, i: i}
+		var err error
+		switch i % 3 {
+		case 0:
+			_, err = r.Send(context.Background(), message(rc, s.typ, 0), true)
+		case 1:
+			_, err = r.Send(context.Background(), message(rc, s.typ, 0), false)
+		case 2:
+			err = r.Store(context.Background(), []*pb.StoredMessage{message(rc, s.typ, 0)})[0]
+		}
+		if err != nil {
+			s.failed.Add(1)
+		} else {
+			s.ok.Add(1)
+		}
+		return s
+	})
 	cbs.Wait()
 	checkAll(t, r, p, rcpts, sent, false)
 }
@@ -330,25 +327,12 @@ func TestFailedCommitsWhilePipeliningLeaveNoStreamStuck(t *testing.T) {
 			testutil.Poll(time.Second, func() bool { return hits() > 0 })
 			restore()
 			// let a few commits through
-			var fs uint64 = r.store.Stats().Fsyncs
+			fs := r.store.Stats().Fsyncs
 			testutil.Poll(time.Second, func() bool { return r.store.Stats().Fsyncs >= fs+uint64(1+k%3) })
 		}
 	})
-	var mu sync.Mutex
-	var sent []*sentMsg
-	var wg, cbs sync.WaitGroup
-	for g := range 4 {
-		wg.Go(func() {
-			var mine []*sentMsg
-			for i := range 1500 {
-				mine = append(mine, sendAsync(t, r, rcpts[(g/2+i%2)%2], g, i, &cbs))
-			}
-			mu.Lock()
-			sent = append(sent, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	var cbs sync.WaitGroup
+	sent := produce(4, 1500, func(g, i int) *sentMsg { return sendAsync(t, r, rcpts[(g/2+i%2)%2], g, i, &cbs) })
 	cbs.Wait()
 	close(stop)
 	flip.Wait()
@@ -387,34 +371,21 @@ func TestReplayWhilePipeliningRunsEveryMessageOnce(t *testing.T) {
 		s.ok.Add(1)
 		dead = append(dead, s)
 	}
-	var mu sync.Mutex
-	sent := slices.Clone(dead)
-	var wg, cbs sync.WaitGroup
-	for g := range 4 {
-		wg.Go(func() {
-			var mine []*sentMsg
-			for i := range 1500 {
-				mine = append(mine, sendAsync(t, r, rcpts[(g+i)%2], g, i, &cbs))
-			}
-			mu.Lock()
-			sent = append(sent, mine...)
-			mu.Unlock()
-		})
-	}
 	replayed := 0
-	wg.Go(func() {
+	var replays sync.WaitGroup
+	replays.Go(func() {
 		for range 50 {
 			n, err := r.store.Replay(outbox.DLQFilter{All: true, Limit: 4})
 			if err != nil {
 				t.Errorf("Replay: %v", err)
 				return
 			}
-			mu.Lock()
 			replayed += n
-			mu.Unlock()
 		}
 	})
-	wg.Wait()
+	var cbs sync.WaitGroup
+	sent := append(slices.Clone(dead), produce(4, 1500, func(g, i int) *sentMsg { return sendAsync(t, r, rcpts[(g+i)%2], g, i, &cbs) })...)
+	replays.Wait()
 	cbs.Wait()
 	for {
 		n, err := r.store.Replay(outbox.DLQFilter{All: true})
@@ -457,21 +428,8 @@ func TestPipelinedSendsThroughAFlappingPeerRunOnceInOrder(t *testing.T) {
 			testutil.Poll(50*time.Millisecond, func() bool { return r.Stats().Delivered > d+200 })
 		}
 	})
-	var mu sync.Mutex
-	var sent []*sentMsg
-	var wg, cbs sync.WaitGroup
-	for g := range 4 {
-		wg.Go(func() {
-			var mine []*sentMsg
-			for i := range 2000 {
-				mine = append(mine, sendAsync(t, r, rcpts[(g+i)%3], g, i, &cbs))
-			}
-			mu.Lock()
-			sent = append(sent, mine...)
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
+	var cbs sync.WaitGroup
+	sent := produce(4, 2000, func(g, i int) *sentMsg { return sendAsync(t, r, rcpts[(g+i)%3], g, i, &cbs) })
 	cbs.Wait()
 	close(stop)
 	flip.Wait()
