@@ -33,8 +33,17 @@ func newTestRelay(tb testing.TB, d Deliverer) *Relay { return newTestRelayWith(t
 
 // newTestRelayWith is newTestRelay with smut applied to the store's config.
 func newTestRelayWith(tb testing.TB, d Deliverer, smut func(*outbox.Config)) *Relay {
+	r, _ := newTestRelayConfig(tb, d, smut, nil)
+	return r
+}
+
+// newTestRelayConfig is newTestRelayWith with rmut applied to the relay's
+// config too (one partition unless it says otherwise); it also returns
+// the store's path.
+func newTestRelayConfig(tb testing.TB, d Deliverer, smut func(*outbox.Config), rmut func(*Config)) (*Relay, string) {
 	tb.Helper()
-	scfg := outbox.DefaultConfig(filepath.Join(tb.TempDir(), "outbox.db"))
+	path := filepath.Join(tb.TempDir(), "outbox.db")
+	scfg := outbox.DefaultConfig(path)
 	scfg.Logger = slog.New(slog.DiscardHandler)
 	if smut != nil {
 		smut(&scfg)
@@ -46,6 +55,9 @@ func newTestRelayWith(tb testing.TB, d Deliverer, smut func(*outbox.Config)) *Re
 	cfg := DefaultConfig()
 	cfg.Partitions = 1
 	cfg.Logger = scfg.Logger
+	if rmut != nil {
+		rmut(&cfg)
+	}
 	r, err := New(cfg, s, d)
 	if err != nil {
 		tb.Fatal(err)
@@ -54,7 +66,7 @@ func newTestRelayWith(tb testing.TB, d Deliverer, smut func(*outbox.Config)) *Re
 		_ = r.Close()
 		_ = s.Close()
 	})
-	return r
+	return r, path
 }
 
 // waitBlocked waits until some goroutine is blocked on a lock with fn on

@@ -3,8 +3,6 @@ package partition
 import (
 	"context"
 	"fmt"
-	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -115,34 +113,16 @@ func (p *rulePeer) ranTypes(rcpt string) []string {
 	return out
 }
 
-// startedRelay is a started relay over a real store at path (in a temp dir)
-// and p, with parts partitions.
-func startedRelay(t *testing.T, p *rulePeer, parts int, smut func(*outbox.Config)) (*Relay, string) {
+// startedRelay is a started relay over a real store (in a temp dir, its
+// path returned) and p, with parts partitions and short backoffs.
+func startedRelay(t *testing.T, p *rulePeer, parts int) (*Relay, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "outbox.db")
-	scfg := outbox.DefaultConfig(path)
-	scfg.Logger = slog.New(slog.DiscardHandler)
-	if smut != nil {
-		smut(&scfg)
-	}
-	s, err := outbox.Open(scfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Partitions = parts
-	cfg.Logger = scfg.Logger
-	cfg.Backoff = BackoffConfig{Base: time.Millisecond, Cap: 5 * time.Millisecond}
-	cfg.DownRecheck = 20 * time.Millisecond
-	r, err := New(cfg, s, p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.r = r
-	t.Cleanup(func() {
-		_ = r.Close()
-		_ = s.Close()
+	r, path := newTestRelayConfig(t, p, nil, func(c *Config) {
+		c.Partitions = parts
+		c.Backoff = BackoffConfig{Base: time.Millisecond, Cap: 5 * time.Millisecond}
+		c.DownRecheck = 20 * time.Millisecond
 	})
+	p.r = r
 	r.Start()
 	return r, path
 }
@@ -258,7 +238,7 @@ func TestPipelinedProducersToOneRecipientRunOnceInOrder(t *testing.T) {
 	for _, parts := range []int{1, 4} {
 		t.Run(fmt.Sprintf("parts=%d", parts), func(t *testing.T) {
 			p := newRulePeer()
-			r, _ := startedRelay(t, p, parts, nil)
+			r, _ := startedRelay(t, p, parts)
 			rcpts := []string{"a@n1", "b@n1", "c@n2"}
 			var cbs sync.WaitGroup
 			sent := produce(6, 1500, func(g, i int) *sentMsg {
@@ -278,7 +258,7 @@ func TestPipelinedProducersToOneRecipientRunOnceInOrder(t *testing.T) {
 // doneStoring and doneStoringRun take from the same list.
 func TestEveryKindOfSendOnOneStreamRunsOnceInOrder(t *testing.T) {
 	p := newRulePeer()
-	r, _ := startedRelay(t, p, 2, nil)
+	r, _ := startedRelay(t, p, 2)
 	rcpts := []string{"a@n1", "b@n1"}
 	var cbs sync.WaitGroup
 	sent := produce(6, 600, func(g, i int) *sentMsg {
@@ -312,7 +292,7 @@ func TestEveryKindOfSendOnOneStreamRunsOnceInOrder(t *testing.T) {
 // in order, and no sequence stays storing (the stream drains).
 func TestFailedCommitsWhilePipeliningLeaveNoStreamStuck(t *testing.T) {
 	p := newRulePeer()
-	r, path := startedRelay(t, p, 1, nil)
+	r, path := startedRelay(t, p, 1)
 	rcpts := []string{"a@n1", "b@n1"}
 	stop := make(chan struct{})
 	var flip sync.WaitGroup
@@ -352,7 +332,7 @@ func TestFailedCommitsWhilePipeliningLeaveNoStreamStuck(t *testing.T) {
 // pipeline to it (Reserve waits on the storing list).
 func TestReplayWhilePipeliningRunsEveryMessageOnce(t *testing.T) {
 	p := newRulePeer()
-	r, _ := startedRelay(t, p, 1, nil)
+	r, _ := startedRelay(t, p, 1)
 	rcpts := []string{"a@n1", "b@n1"}
 	ctx := context.Background()
 	var dead []*sentMsg
@@ -406,7 +386,7 @@ func TestReplayWhilePipeliningRunsEveryMessageOnce(t *testing.T) {
 // The peer goes down and comes back while producers pipeline to it.
 func TestPipelinedSendsThroughAFlappingPeerRunOnceInOrder(t *testing.T) {
 	p := newRulePeer()
-	r, _ := startedRelay(t, p, 2, nil)
+	r, _ := startedRelay(t, p, 2)
 	rcpts := []string{"a@n1", "b@n1", "c@n2"}
 	stop := make(chan struct{})
 	var flip sync.WaitGroup
@@ -442,7 +422,7 @@ func TestCloseWithThousandsOfPipelinedSendsInFlight(t *testing.T) {
 	for round := range 5 {
 		t.Run(fmt.Sprint(round), func(t *testing.T) {
 			p := newRulePeer()
-			r, _ := startedRelay(t, p, 2, nil)
+			r, _ := startedRelay(t, p, 2)
 			var accepted, called, twice atomic.Int64
 			var wg, cbs sync.WaitGroup
 			for g := range 4 {
