@@ -526,22 +526,26 @@ func (r *Relay) doneStoring(st *stream, seq uint64) {
 	r.storedLocked(st)
 }
 
-// doneStoringRun is doneStoring for a run of st's commits at once: one
-// pass over its storing list, one wake-up. A pipelining producer keeps
-// thousands of sequences storing, and they commit from the list's front:
-// taking them off one by one moved the whole list for every message.
+// doneStoringRun is doneStoring for a run of st's commits at once, with
+// one wake-up. A pipelining producer keeps thousands of sequences storing
+// and they commit in the list's order: taking them off one by one moved
+// the rest of the list for every message. Each stretch of the run that
+// lies side by side in the list leaves it in one move.
 func (r *Relay) doneStoringRun(st *stream, run []storedSeq) {
 	st.mu.Lock()
 	list := st.storing
-	k := 0 // the run's first k are the list's first k, in order
-	for k < len(run) && k < len(list) && list[k] == run[k].seq {
-		k++
-	}
-	if k > 0 {
-		list = list[:copy(list, list[k:])]
-	}
-	for _, s := range run[k:] {
-		list = removeSeq(list, s.seq)
+	for len(run) > 0 {
+		i := slices.Index(list, run[0].seq)
+		if i < 0 {
+			run = run[1:]
+			continue
+		}
+		k := 1
+		for k < len(run) && i+k < len(list) && list[i+k] == run[k].seq {
+			k++
+		}
+		list = slices.Delete(list, i, i+k)
+		run = run[k:]
 	}
 	st.storing = list
 	r.storedLocked(st)
