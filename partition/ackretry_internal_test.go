@@ -143,7 +143,12 @@ func TestFailingAcksDoNotResendProcessedMessages(t *testing.T) {
 
 // coalescedVersion is an OVERWRITE message of coalesce key "state" for a@n1.
 func coalescedVersion(typ string, ttlMs int64) *pb.StoredMessage {
-	sm := message("a@n1", typ, ttlMs)
+	return coalescedVersionTo("a@n1", typ, ttlMs)
+}
+
+// coalescedVersionTo is coalescedVersion for rcpt.
+func coalescedVersionTo(rcpt, typ string, ttlMs int64) *pb.StoredMessage {
+	sm := message(rcpt, typ, ttlMs)
 	sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
 	return sm
 }

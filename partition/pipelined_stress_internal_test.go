@@ -474,11 +474,7 @@ func TestReplayedOldVersionNeverLandsAboveAPipelinedNewerOne(t *testing.T) {
 	ctx := context.Background()
 	for i := range 150 {
 		rcpt := fmt.Sprintf("a%d@n1", i)
-		v := func(typ string) *pb.StoredMessage {
-			sm := message(rcpt, typ, 0)
-			sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
-			return sm
-		}
+		v := func(typ string) *pb.StoredMessage { return coalescedVersionTo(rcpt, typ, 0) }
 		if sent, err := r.Send(ctx, v("v1"), true); err != nil || sent.Outcome != DeadLettered {
 			t.Fatalf("Send(v1) = %+v, %v", sent, err)
 		}

@@ -146,11 +146,7 @@ func newSlowFanout(t *testing.T) *slowFanout {
 	f.r = newTestRelayWith(t, f.d, func(c *outbox.Config) { c.Path = path })
 	f.r.Start()
 	ctx := context.Background()
-	v := func(rcpt, typ string) *pb.StoredMessage {
-		sm := message(rcpt, typ, 0)
-		sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
-		return sm
-	}
+	v := func(rcpt, typ string) *pb.StoredMessage { return coalescedVersionTo(rcpt, typ, 0) }
 	if sent, err := f.r.Send(ctx, v("a@n1", "v1"), true); err != nil || sent.Outcome != DeadLettered {
 		t.Fatalf("Send(v1) = %+v, %v; want DeadLettered", sent, err)
 	}
@@ -217,11 +213,7 @@ func TestReplayWaitsForANewerVersionASendIsStoring(t *testing.T) {
 	const rounds = 300
 	for i := range rounds {
 		rcpt := fmt.Sprintf("a%d@n1", i)
-		v := func(typ string) *pb.StoredMessage {
-			sm := message(rcpt, typ, 0)
-			sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
-			return sm
-		}
+		v := func(typ string) *pb.StoredMessage { return coalescedVersionTo(rcpt, typ, 0) }
 		if sent, err := r.Send(ctx, v("v1"), true); err != nil || sent.Outcome != DeadLettered {
 			t.Fatalf("Send(v1) = %+v, %v", sent, err)
 		}

@@ -68,11 +68,7 @@ func TestReplayWaitsForADirectAttemptsVersionNote(t *testing.T) {
 	const rounds = 300 // before the note was taken under the lock, a round in tens to a hundred or two hit the window
 	for i := range rounds {
 		rcpt := fmt.Sprintf("a%d@n1", i)
-		v := func(typ string) *pb.StoredMessage {
-			sm := message(rcpt, typ, 0)
-			sm.Envelope.Conflict, sm.Envelope.CoalesceKey = pb.Envelope_OVERWRITE, "state"
-			return sm
-		}
+		v := func(typ string) *pb.StoredMessage { return coalescedVersionTo(rcpt, typ, 0) }
 		if sent, err := r.Send(ctx, v("v1"), true); err != nil || sent.Outcome != DeadLettered {
 			t.Fatalf("Send(v1) = %+v, %v", sent, err)
 		}
